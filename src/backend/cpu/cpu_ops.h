@@ -1,0 +1,41 @@
+/*
+ * cpu_ops.h -- the CPU backend's kernels.
+ *
+ * Every kernel has a scalar reference (`*_ref`, single-threaded, plain loops, the
+ * definition of the result) and a fast version that picks AVX-512, AVX2+FMA or NEON code at
+ * run time and splits work over the thread pool. tests/ops compare the two on random shapes.
+ *
+ * Activations are float32; weights are consumed in their stored dtype (see weight.h).
+ * Batch invariance: the fast matmul computes each output element with a summation order
+ * that depends only on `cols` (never on n, the thread count or the row split), so a row's
+ * result is the same whatever batch it is in.
+ */
+#ifndef DI_CPU_OPS_H
+#define DI_CPU_OPS_H
+
+#include "backend/weight.h"
+#include "core/threadpool.h"
+
+#include <stdint.h>
+
+/* Which SIMD level the fast kernels use on this machine: "avx512", "avx2", "neon", "scalar". */
+const char *di_cpu_simd_name(void);
+
+/* y[t][r] = sum_c x[t][c] * W[r][c]   for t < n, r < rows.
+ * x: [n][w->cols] float, y: [n][w->rows] float (row stride = w->rows). */
+void di_cpu_matmul(di_pool *pool, const di_weight *w, const float *x, int64_t n, float *y);
+void di_cpu_matmul_ref(const di_weight *w, const float *x, int64_t n, float *y);
+
+/* Transposed product: y[t][c] = sum_r x[t][r] * W[r][c]   for t < n, c < cols.
+ * x: [n][w->rows], y: [n][w->cols]. Used by MLA's absorbed attention (W_UK^T q). */
+void di_cpu_matmul_t(di_pool *pool, const di_weight *w, const float *x, int64_t n, float *y);
+void di_cpu_matmul_t_ref(const di_weight *w, const float *x, int64_t n, float *y);
+
+/* Dequantizes row r of w into out[w->cols]. */
+void di_cpu_weight_row_f32(const di_weight *w, int64_t r, float *out);
+
+/* Measured memory read bandwidth in bytes/s over `bytes` of memory with all pool threads
+ * (for the benchmarks' roofline). */
+double di_cpu_measure_read_bandwidth(di_pool *pool, size_t bytes);
+
+#endif /* DI_CPU_OPS_H */
