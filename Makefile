@@ -29,6 +29,7 @@ demo: deps all
 	bash tools/demo.sh $(BUILD)/deepinfer
 
 fuzz: deps
+	@bash tools/install_fuzz_deps.sh
 	CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DDI_FUZZ=ON -DDI_BUILD_TESTS=OFF
 	cmake --build build-fuzz -j $(JOBS)
 
