@@ -148,10 +148,161 @@ DI_API di_status di_context_eval(di_context *ctx, const int32_t *ids, int64_t n_
                                  float *logits, int64_t n_logits);
 
 /* ---------------------------------------------------------------------------------------- */
+/* Sampling                                                                                   */
+/* ---------------------------------------------------------------------------------------- */
+
+/* The most top-N logprobs a request may ask for (vLLM's default limit). */
+#define DI_SAMPLING_MAX_LOGPROBS 20
+
+/* Adds bias to the logit of token id before any other processing. */
+typedef struct di_logit_bias {
+    int32_t id;
+    float bias;
+} di_logit_bias;
+
+/* How one request's tokens are chosen. Names, meanings and defaults follow vLLM's
+ * SamplingParams. The arrays are borrowed: the caller keeps them alive for as long as the
+ * struct is used (the engine copies them when a request is added). */
+typedef struct di_sampling_params {
+    float temperature;        /* 1.0; 0 (below 1e-5) = greedy: argmax, lowest id on ties */
+    int32_t top_k;            /* -1 = off (0 is also off); else keep the k most likely */
+    float top_p;              /* 1.0 = off; in (0, 1]: smallest set with mass >= top_p */
+    float min_p;              /* 0.0 = off; in [0, 1]: drop p < min_p * p_max */
+    float repetition_penalty; /* 1.0 = off; > 0, on tokens of the prompt and the output */
+    float presence_penalty;   /* 0.0; in [-2, 2], subtracted once per token in the output */
+    float frequency_penalty;  /* 0.0; in [-2, 2], times the token's count in the output */
+    const di_logit_bias *logit_bias; /* [n_logit_bias] or NULL */
+    int64_t n_logit_bias;
+    const char *const *stop; /* [n_stop] stop strings, matched by the engine on the text */
+    int64_t n_stop;
+    const int32_t *stop_token_ids; /* [n_stop_token_ids] or NULL */
+    int64_t n_stop_token_ids;
+    bool ignore_eos;          /* false; true: keep generating after the EOS token */
+    int64_t max_tokens;       /* 16; most tokens to generate, >= 1 */
+    int64_t min_tokens;       /* 0; EOS and stop_token_ids are masked until this many */
+    int32_t n;                /* 1; completions per prompt */
+    int32_t logprobs;         /* -1 = none; N in [0, 20]: the sampled token's and top-N */
+    int32_t prompt_logprobs;  /* -1 = none; N in [0, 20] per prompt position */
+    int64_t seed;             /* -1 = none: the engine draws one and reports it */
+} di_sampling_params;
+
+DI_API di_sampling_params di_sampling_default_params(void);
+
+/* Checks every field. On failure returns DI_ERR_INVALID_ARG and writes a message that names
+ * the parameter (e.g. "top_p must be in (0, 1], got 1.5") to err (when err != NULL and
+ * errlen > 0) and to di_last_error(). */
+DI_API di_status di_sampling_params_validate(const di_sampling_params *params, char *err,
+                                             size_t errlen);
+
+/* ---------------------------------------------------------------------------------------- */
 /* Tokenizer                                                                                  */
 /* ---------------------------------------------------------------------------------------- */
 
-/* (section owned by the tokenizer module) */
+/* Byte-level BPE read from a Hugging Face tokenizer.json (DeepSeek V2/V3/V4, Qwen, Llama-3,
+ * GPT-2 families). Encoding matches the `tokenizers` library id for id. A tokenizer is
+ * immutable once loaded: any number of threads may encode / decode with one at once.
+ *
+ * Text in is bytes. Ill-formed UTF-8 is repaired before tokenizing: every ill-formed
+ * sequence becomes U+FFFD by the "maximal subpart" rule (WHATWG, Python's
+ * bytes.decode("utf-8", errors="replace")). Text out is always valid UTF-8. */
+typedef struct di_tokenizer di_tokenizer;
+typedef struct di_detok di_detok;
+
+/* Returned by di_tokenizer_encode / di_tokenizer_decode on failure (see di_last_error). */
+#define DI_TOK_ERROR INT64_MIN
+
+/* `path` is a tokenizer.json file or a model folder. From a folder, tokenizer.json is read
+ * and tokenizer_config.json (if present) sets bos / eos and, when it has add_bos_token /
+ * add_eos_token, which of them add_special prepends / appends (what transformers 4.x's
+ * LlamaTokenizerFast does for DeepSeek checkpoints). Unsupported parts (a Unigram model, an
+ * NFKC normalizer, ...) fail with DI_ERR_UNSUPPORTED naming them. */
+DI_API di_status di_tokenizer_load(const char *path, di_tokenizer **out);
+/* Same, from tokenizer.json contents in memory (no tokenizer_config.json). */
+DI_API di_status di_tokenizer_load_json(const char *json, size_t len, di_tokenizer **out);
+DI_API void di_tokenizer_free(di_tokenizer *tok);
+
+/* Encodes len bytes of text into ids. Added / special tokens in the text are always
+ * recognized. add_special applies the post-processor (e.g. prepends BOS). Returns the
+ * number of ids written, -needed if cap is too small (nothing useful written), or
+ * DI_TOK_ERROR. */
+DI_API int64_t di_tokenizer_encode(const di_tokenizer *tok, const char *text, size_t len,
+                                   bool add_special, int32_t *ids, int64_t cap);
+
+/* Decodes ids to UTF-8 text as HF's decode does (unknown ids are ignored; skip_special drops
+ * special added tokens). Writes no terminating NUL. Returns bytes written, -needed if cap is
+ * too small, or DI_TOK_ERROR. */
+DI_API int64_t di_tokenizer_decode(const di_tokenizer *tok, const int32_t *ids, int64_t n_ids,
+                                   bool skip_special, char *out, int64_t cap);
+
+/* Number of ids: 1 + the largest id of the vocab and the added tokens. */
+DI_API int32_t di_tokenizer_vocab_size(const di_tokenizer *tok);
+/* The id of a token's text (added tokens first, then the vocab), or -1. */
+DI_API int32_t di_tokenizer_token_to_id(const di_tokenizer *tok, const char *token, size_t len);
+/* The text of an id as stored in tokenizer.json (e.g. "Ġworld"), NUL-terminated and owned
+ * by the tokenizer; NULL when the id has no token. */
+DI_API const char *di_tokenizer_id_to_token(const di_tokenizer *tok, int32_t id);
+DI_API bool di_tokenizer_is_special(const di_tokenizer *tok, int32_t id);
+/* BOS / EOS ids (-1 if unknown): from tokenizer_config.json when loaded from a folder,
+ * otherwise from the post-processor or well-known token names. */
+DI_API int32_t di_tokenizer_bos_id(const di_tokenizer *tok);
+DI_API int32_t di_tokenizer_eos_id(const di_tokenizer *tok);
+
+/* Streaming detokenizer: push ids one at a time and get text that only ever contains whole
+ * UTF-8 characters; bytes of an unfinished character are held back until a later id
+ * completes them. The concatenation of all pushes and the final flush equals
+ * di_tokenizer_decode of the whole sequence. The tokenizer must outlive the detokenizer. */
+DI_API di_status di_detok_create(const di_tokenizer *tok, bool skip_special, di_detok **out);
+/* Writes the text that id completes; returns bytes written (may be 0), or -needed if cap is
+ * too small (the id is then not consumed), or DI_TOK_ERROR. */
+DI_API int64_t di_detok_push(di_detok *d, int32_t id, char *out, int64_t cap);
+/* Writes what is held back (an unfinished character becomes U+FFFD, as decode does) and
+ * resets the detokenizer for a new sequence. Returns bytes written or -needed. */
+DI_API int64_t di_detok_flush(di_detok *d, char *out, int64_t cap);
+DI_API void di_detok_free(di_detok *d);
+
+/* ---- Chat templates ---------------------------------------------------------------------- */
+
+/* A model's Jinja chat template (tokenizer_config.json "chat_template"), rendered the way
+ * transformers' apply_chat_template(tokenize=False) renders it. Immutable once loaded; one
+ * template may be rendered from several threads at once. */
+typedef struct di_chat_template di_chat_template;
+
+/* path: a model folder (reads DIR/tokenizer_config.json), a tokenizer_config.json file, or a
+ * raw .jinja template file (then bos_token/eos_token/... are not defined). The special
+ * tokens (bos/eos/unk/sep/pad/cls/mask_token, a string or {"content": ...}) become template
+ * variables, as transformers passes them. */
+DI_API di_status di_chat_template_load(const char *path, di_chat_template **out);
+
+/* A template from its text; special tokens come from special_tokens_from (a model folder or
+ * a tokenizer_config.json), or none when it is NULL. Syntax errors report "line L:C". */
+DI_API di_status di_chat_template_from_text(const char *jinja_text,
+                                            const char *special_tokens_from,
+                                            di_chat_template **out);
+
+typedef struct di_chat_render_params {
+    /* JSON array of messages ({"role": ..., "content": ..., ...}), or an object
+     * {"messages": [...], "tools": [...]}. Required. */
+    const char *messages_json;
+    const char *tools_json;     /* JSON array, or NULL (tools is none, unless messages_json
+                                   is an object with "tools") */
+    const char *extra_json;     /* JSON object of further variables, e.g. {"thinking": true};
+                                   NULL for none */
+    bool add_generation_prompt;
+} di_chat_render_params;
+
+/* Renders the prompt text into *out_text (NUL-terminated, free with di_free). Errors: bad
+ * JSON (DI_ERR_INVALID_ARG), the template's raise_exception or a failing expression
+ * (DI_ERR_INVALID_ARG, message "line L:C: ..."), limits on work or size (DI_ERR_RANGE). */
+DI_API di_status di_chat_template_render_ex(const di_chat_template *tmpl,
+                                            const di_chat_render_params *params,
+                                            char **out_text);
+DI_API di_status di_chat_template_render(const di_chat_template *tmpl,
+                                         const char *messages_json,
+                                         bool add_generation_prompt, const char *tools_json,
+                                         char **out_text);
+/* The template's Jinja text. */
+DI_API const char *di_chat_template_text(const di_chat_template *tmpl);
+DI_API void di_chat_template_free(di_chat_template *tmpl);
 
 #ifdef __cplusplus
 }
