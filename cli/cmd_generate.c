@@ -10,6 +10,12 @@
  * is never fed back, so the context needs prompt + max_tokens - 1 positions; it is created
  * with prompt + max_tokens, which must fit the model's context.
  *
+ * --prompt TEXT tokenizes the text with the model folder's tokenizer (or --tokenizer), adding
+ * BOS as the tokenizer's config says; --chat first renders the text as one user message
+ * through the chat template (which writes BOS itself, so no BOS is added again) with the
+ * generation prompt. Output then also carries the generated text (special tokens skipped,
+ * as vLLM and the OpenAI API return it).
+ *
  * Speeds: prefill tok/s = prompt tokens / prefill time; decode tok/s = tokens fed back one at
  * a time / their time (the first generated token comes out of the prefill).
  */
@@ -20,33 +26,41 @@
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
 
 static const char *const k_usage =
-    "usage: deepinfer generate --model DIR (--ids \"3 17 42\" | --ids-file F)\n"
-    "                          [--max-tokens N] [--temperature 0] [--ignore-eos]\n"
-    "                          [--format text|json] [--threads N]\n"
+    "usage: deepinfer generate --model DIR (--ids \"3 17 42\" | --ids-file F | --prompt TEXT)\n"
+    "                          [--chat] [--tokenizer PATH] [--max-tokens N] [--temperature 0]\n"
+    "                          [--ignore-eos] [--format text|json] [--threads N]\n"
     "\n"
-    "Generates a continuation of a prompt given as token ids (greedy decoding).\n"
+    "Generates a continuation of a prompt (greedy decoding).\n"
     "\n"
     "options:\n"
     "  --model DIR       checkpoint folder (config.json + *.safetensors)   [required]\n"
     "  --ids \"A B ..\"    prompt token ids separated by spaces            [or --ids-file]\n"
     "  --ids-file F      file of whitespace-separated prompt token ids\n"
+    "  --prompt TEXT     prompt text, tokenized with the model's tokenizer (BOS added as its\n"
+    "                    tokenizer_config.json says)\n"
+    "  --chat            render --prompt as a user message through the chat template first\n"
+    "  --tokenizer PATH  tokenizer.json or a folder with it (and tokenizer_config.json);\n"
+    "                    default: the model folder\n"
     "  --max-tokens N    tokens to generate at most (default 128)\n"
     "  --temperature T   0 = greedy (default; the only value supported for now)\n"
     "  --ignore-eos      do not stop at the end-of-sequence token\n"
-    "  --format FMT      text (default): the generated ids on one line, a speed summary on\n"
-    "                    stderr; json: one object {ids, finish_reason, usage, timing}\n"
+    "  --format FMT      text (default): the generated ids on one line (the text instead\n"
+    "                    with --prompt), a speed summary on stderr; json: one object\n"
+    "                    {ids, [text,] finish_reason, usage, timing}\n"
     "  --threads N       compute threads; 0 = all cores (default)\n"
     "  -h, --help        show this help\n"
     "\n"
     "exit status: 0 ok, 1 failure (model, memory), 2 bad command line\n";
 
 typedef struct gen_options {
-    const char *model_dir, *ids_text, *ids_file, *format;
+    const char *model_dir, *ids_text, *ids_file, *format, *prompt, *tokenizer;
     int64_t max_tokens, threads;
     double temperature;
-    bool ignore_eos, json;
+    bool ignore_eos, json, chat;
 } gen_options;
 
 typedef struct gen_result {
@@ -67,6 +81,9 @@ static int parse_options(const char *cmd, int argc, char **argv, gen_options *o)
         {"model", CLI_OPT_STRING, &o->model_dir, 0, 0},
         {"ids", CLI_OPT_STRING, &o->ids_text, 0, 0},
         {"ids-file", CLI_OPT_STRING, &o->ids_file, 0, 0},
+        {"prompt", CLI_OPT_STRING, &o->prompt, 0, 0},
+        {"chat", CLI_OPT_FLAG, &o->chat, 0, 0},
+        {"tokenizer", CLI_OPT_STRING, &o->tokenizer, 0, 0},
         {"max-tokens", CLI_OPT_INT, &o->max_tokens, 1, INT32_MAX},
         {"temperature", CLI_OPT_DOUBLE, &o->temperature, 0, 0},
         {"ignore-eos", CLI_OPT_FLAG, &o->ignore_eos, 0, 0},
@@ -76,6 +93,11 @@ static int parse_options(const char *cmd, int argc, char **argv, gen_options *o)
     int rc = cli_parse(cmd, k_usage, opts, (int)CLI_LEN(opts), argc, argv);
     if (rc != CLI_CONTINUE) return rc;
     if (!o->model_dir) return cli_missing(cmd, "model");
+    if (o->prompt && (o->ids_text || o->ids_file))
+        return cli_error(CLI_EXIT_USAGE, cmd, "--prompt cannot be combined with --ids/--ids-file");
+    if (o->chat && !o->prompt) return cli_error(CLI_EXIT_USAGE, cmd, "--chat needs --prompt");
+    if (o->tokenizer && !o->prompt)
+        return cli_error(CLI_EXIT_USAGE, cmd, "--tokenizer needs --prompt");
     if (o->temperature < 0)
         return cli_error(CLI_EXIT_USAGE, cmd, "--temperature %g: must be >= 0", o->temperature);
     if (o->temperature > 0)
@@ -159,6 +181,77 @@ static int generate(const char *cmd, di_model *model, const cli_ids *prompt, con
 }
 
 /* ---------------------------------------------------------------------------------------- */
+/* Text prompts                                                                               */
+/* ---------------------------------------------------------------------------------------- */
+
+static bool is_dir(const char *path) {
+    struct stat sb;
+    return stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
+/* The --chat prompt: the text as one user message through the chat template of the tokenizer
+ * folder (or the model folder), with the generation prompt. *out is freed with di_free. */
+static int render_chat(const char *cmd, const gen_options *o, char **out) {
+    const char *dir = o->tokenizer && is_dir(o->tokenizer) ? o->tokenizer : o->model_dir;
+    di_chat_template *tmpl = NULL;
+    di_status st = di_chat_template_load(dir, &tmpl);
+    if (st != DI_OK) return cli_lib_error(cmd, st);
+    json_t *msgs = json_pack("[{s:s, s:s}]", "role", "user", "content", o->prompt);
+    char *msgs_json = msgs ? json_dumps(msgs, 0) : NULL;
+    json_decref(msgs);
+    if (!msgs_json) {
+        di_chat_template_free(tmpl);
+        return cli_error(CLI_EXIT_USAGE, cmd, "--prompt: not valid UTF-8 text");
+    }
+    st = di_chat_template_render(tmpl, msgs_json, true, NULL, out);
+    free(msgs_json);
+    di_chat_template_free(tmpl);
+    return st != DI_OK ? cli_lib_error(cmd, st) : CLI_CONTINUE;
+}
+
+/* Tokenizes --prompt (after the chat template with --chat) into out; *tok stays loaded for
+ * decoding the output. */
+static int tokenize_prompt(const char *cmd, const gen_options *o, di_tokenizer **tok,
+                           cli_ids *out) {
+    di_status st = di_tokenizer_load(o->tokenizer ? o->tokenizer : o->model_dir, tok);
+    if (st != DI_OK) return cli_lib_error(cmd, st);
+    char *rendered = NULL;
+    if (o->chat) {
+        int rc = render_chat(cmd, o, &rendered);
+        if (rc != CLI_CONTINUE) return rc;
+    }
+    const char *text = rendered ? rendered : o->prompt;
+    bool add_special = !o->chat; /* the chat template writes BOS itself */
+    int64_t n = di_tokenizer_encode(*tok, text, strlen(text), add_special, NULL, 0);
+    if (n < 0 && n != DI_TOK_ERROR) {
+        out->v = malloc((size_t)(-n) * sizeof(int32_t));
+        n = out->v ? di_tokenizer_encode(*tok, text, strlen(text), add_special, out->v, -n)
+                   : DI_TOK_ERROR;
+    }
+    di_free(rendered);
+    if (n == DI_TOK_ERROR) return cli_lib_error(cmd, DI_ERR_INVALID_ARG);
+    out->n = n;
+    if (n == 0) return cli_error(CLI_EXIT_USAGE, cmd, "--prompt: the prompt has no tokens");
+    return CLI_CONTINUE;
+}
+
+/* The generated text (special tokens skipped); NULL on failure. Caller frees. */
+static char *decode_text(const di_tokenizer *tok, const gen_result *r) {
+    int64_t need = di_tokenizer_decode(tok, r->ids, r->n, true, NULL, 0);
+    if (need == DI_TOK_ERROR) return NULL;
+    int64_t cap = need < 0 ? -need : need;
+    char *text = malloc((size_t)cap + 1);
+    if (!text) return NULL;
+    int64_t got = di_tokenizer_decode(tok, r->ids, r->n, true, text, cap);
+    if (got < 0) {
+        free(text);
+        return NULL;
+    }
+    text[got] = '\0';
+    return text;
+}
+
+/* ---------------------------------------------------------------------------------------- */
 /* Output                                                                                     */
 /* ---------------------------------------------------------------------------------------- */
 
@@ -166,7 +259,7 @@ static double per_second(int64_t n, double seconds) {
     return seconds > 0 ? (double)n / seconds : 0.0;
 }
 
-static int print_json(const char *cmd, const gen_result *r, int64_t n_prompt) {
+static int print_json(const char *cmd, const gen_result *r, int64_t n_prompt, const char *text) {
     json_t *ids = json_array();
     for (int64_t i = 0; i < r->n; i++)
         json_array_append_new(ids, json_integer(r->ids[i]));
@@ -177,6 +270,7 @@ static int print_json(const char *cmd, const gen_result *r, int64_t n_prompt) {
                                "decode_tok_s", per_second(r->n_decoded, r->decode_s));
     json_t *o = json_pack("{s:o, s:s, s:o, s:o}", "ids", ids, "finish_reason", r->finish_reason,
                           "usage", usage, "timing", timing);
+    if (o && text) json_object_set_new(o, "text", json_string(text));
     int rc = o ? json_dumpf(o, stdout, JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(6)) : -1;
     json_decref(o);
     if (rc != 0) return cli_error(CLI_EXIT_FAILURE, cmd, "cannot write JSON to stdout");
@@ -184,9 +278,13 @@ static int print_json(const char *cmd, const gen_result *r, int64_t n_prompt) {
     return CLI_EXIT_OK;
 }
 
-static int print_text(const gen_result *r, int64_t n_prompt) {
-    for (int64_t i = 0; i < r->n; i++)
-        printf("%s%d", i ? " " : "", (int)r->ids[i]);
+static int print_text(const gen_result *r, int64_t n_prompt, const char *text) {
+    if (text) {
+        fputs(text, stdout);
+    } else {
+        for (int64_t i = 0; i < r->n; i++)
+            printf("%s%d", i ? " " : "", (int)r->ids[i]);
+    }
     putchar('\n');
     fprintf(stderr, "prompt %lld tok (%.1f tok/s), generated %lld tok (%.1f tok/s)\n",
             (long long)n_prompt, per_second(n_prompt, r->prefill_s), (long long)r->n,
@@ -198,7 +296,8 @@ static int print_text(const gen_result *r, int64_t n_prompt) {
 /* Command                                                                                    */
 /* ---------------------------------------------------------------------------------------- */
 
-static int run(const char *cmd, const gen_options *o, const cli_ids *prompt) {
+static int run(const char *cmd, const gen_options *o, const cli_ids *prompt,
+               const di_tokenizer *tok) {
     di_model *model;
     di_model_info info;
     int rc = cli_load_model(cmd, o->model_dir, o->threads, &model, &info);
@@ -206,8 +305,12 @@ static int run(const char *cmd, const gen_options *o, const cli_ids *prompt) {
     gen_result r = {0};
     rc = check_request(cmd, prompt, o, &info);
     if (rc == CLI_CONTINUE) rc = generate(cmd, model, prompt, o, &info, &r);
+    char *text = NULL;
+    if (rc == CLI_CONTINUE && tok && !(text = decode_text(tok, &r)))
+        rc = cli_lib_error(cmd, DI_ERR_INTERNAL);
     if (rc == CLI_CONTINUE)
-        rc = o->json ? print_json(cmd, &r, prompt->n) : print_text(&r, prompt->n);
+        rc = o->json ? print_json(cmd, &r, prompt->n, text) : print_text(&r, prompt->n, text);
+    free(text);
     free(r.ids);
     di_model_free(model);
     return rc;
@@ -219,9 +322,13 @@ int cmd_generate(int argc, char **argv) {
     int rc = parse_options(cmd, argc, argv, &o);
     if (rc != CLI_CONTINUE) return rc;
     cli_ids prompt = {0};
-    rc = cli_ids_from_options(cmd, o.ids_text, o.ids_file, &prompt);
-    if (rc != CLI_CONTINUE) return rc;
-    rc = run(cmd, &o, &prompt);
+    di_tokenizer *tok = NULL;
+    if (o.prompt)
+        rc = tokenize_prompt(cmd, &o, &tok, &prompt);
+    else
+        rc = cli_ids_from_options(cmd, o.ids_text, o.ids_file, &prompt);
+    if (rc == CLI_CONTINUE) rc = run(cmd, &o, &prompt, tok);
     cli_ids_free(&prompt);
+    di_tokenizer_free(tok);
     return rc;
 }

@@ -126,7 +126,8 @@ DI_API di_status di_model_get_info(const di_model *model, di_model_info *out);
 typedef struct di_context di_context;
 
 typedef struct di_context_params {
-    int64_t max_tokens; /* capacity of the sequence (prompt + generated); <= 0: model max */
+    int64_t max_tokens; /* capacity of the sequence (prompt + generated); <= 0: 4096 or the
+                           model's context if smaller */
     int32_t n_threads;  /* <= 0: the model's */
 } di_context_params;
 

@@ -21,6 +21,12 @@
 /* Which SIMD level the fast kernels use on this machine: "avx512", "avx2", "neon", "scalar". */
 const char *di_cpu_simd_name(void);
 
+/* Makes the fast kernels use `level` ("scalar", "avx2", "avx512", "neon"; NULL = the best
+ * this CPU has) from now on, process-wide. Returns 0, or -1 (nothing changed) if the level is
+ * unknown or this CPU lacks it. For tests and benchmarks; the environment variable
+ * DI_SIMD=<level> does the same at first use. Not to be called while kernels run. */
+int di_cpu_simd_force(const char *level);
+
 /* y[t][r] = sum_c x[t][c] * W[r][c]   for t < n, r < rows.
  * x: [n][w->cols] float, y: [n][w->rows] float (row stride = w->rows). */
 void di_cpu_matmul(di_pool *pool, const di_weight *w, const float *x, int64_t n, float *y);

@@ -1,0 +1,113 @@
+/*
+ * cpu_backend.c -- binds the backend op interface (backend.h) to the CPU kernels.
+ *
+ * The backend owns only the attention's per-thread score rows ([n_threads][max_ctx]
+ * floats); the thread pool is borrowed. Everything else is a thin forwarding call, so the
+ * forward pass pays one indirect call per op and nothing more.
+ */
+#include "backend/backend.h"
+#include "backend/cpu/cpu_nn.h"
+#include "backend/cpu/cpu_ops.h"
+
+#include <string.h>
+
+typedef struct cpu_backend {
+    di_pool *pool;  /* borrowed */
+    float *scratch; /* [n_threads][max_ctx], owned */
+    int64_t max_ctx;
+} cpu_backend;
+
+/* Below this many multiply-adds a product runs on the calling thread: waking the pool costs
+ * microseconds, more than a small product takes. The kernels' results do not depend on the
+ * split, so this changes no bits. */
+#define CPU_MIN_PARALLEL_MACS 65536
+
+static di_pool *pool_for(const cpu_backend *be, int64_t macs) {
+    return macs < CPU_MIN_PARALLEL_MACS ? NULL : be->pool;
+}
+
+static void cpu_matmul(void *ctx, const di_weight *w, const float *x, int64_t n, float *y) {
+    di_cpu_matmul(pool_for(ctx, n * w->rows * w->cols), w, x, n, y);
+}
+
+static void cpu_matmul_t(void *ctx, const di_weight *w, const float *x, int64_t n, float *y) {
+    di_cpu_matmul_t(pool_for(ctx, n * w->rows * w->cols), w, x, n, y);
+}
+
+static void cpu_head_matmul(void *ctx, const di_head_matmul_params *p) {
+    di_cpu_head_matmul(((cpu_backend *)ctx)->pool, p);
+}
+
+static void cpu_embed(void *ctx, const di_weight *table, const int32_t *ids, int64_t n,
+                      float *out) {
+    di_cpu_embed(((cpu_backend *)ctx)->pool, table, ids, n, out);
+}
+
+static void cpu_rmsnorm(void *ctx, const float *x, int64_t x_stride, const float *w, int64_t n,
+                        int64_t dim, float eps, float *y, int64_t y_stride) {
+    di_cpu_rmsnorm(((cpu_backend *)ctx)->pool, x, x_stride, w, n, dim, eps, y, y_stride);
+}
+
+static void cpu_rope(void *ctx, const di_rope_op_params *p) {
+    di_cpu_rope(((cpu_backend *)ctx)->pool, p);
+}
+
+static void cpu_mla_attention(void *ctx, const di_mla_attn_params *p) {
+    cpu_backend *be = ctx;
+    di_cpu_mla_attention(be->pool, p, be->scratch, be->max_ctx);
+}
+
+static void cpu_silu_mul(void *ctx, const float *gate, const float *up, int64_t n, float *out) {
+    di_cpu_silu_mul(((cpu_backend *)ctx)->pool, gate, up, n, out);
+}
+
+static void cpu_axpy(void *ctx, float a, const float *x, int64_t n, float *y) {
+    di_cpu_axpy(((cpu_backend *)ctx)->pool, a, x, n, y);
+}
+
+static void cpu_copy2d(void *ctx, float *dst, int64_t dst_stride, const float *src,
+                       int64_t src_stride, int64_t rows, int64_t cols) {
+    (void)ctx;
+    for (int64_t r = 0; r < rows; r++)
+        memcpy(dst + r * dst_stride, src + r * src_stride, (size_t)cols * sizeof(float));
+}
+
+static void cpu_free(void *ctx) {
+    cpu_backend *be = ctx;
+    if (!be) return;
+    di_aligned_free(be->scratch);
+    di_free(be);
+}
+
+static const di_backend_ops g_cpu_ops = {
+    .name = "cpu",
+    .matmul = cpu_matmul,
+    .matmul_t = cpu_matmul_t,
+    .head_matmul = cpu_head_matmul,
+    .embed = cpu_embed,
+    .rmsnorm = cpu_rmsnorm,
+    .rope = cpu_rope,
+    .mla_attention = cpu_mla_attention,
+    .silu_mul = cpu_silu_mul,
+    .axpy = cpu_axpy,
+    .copy2d = cpu_copy2d,
+    .free = cpu_free,
+};
+
+di_status di_backend_cpu_init(di_backend *out, di_pool *pool, int64_t max_ctx) {
+    if (!out || max_ctx <= 0) return di_error(DI_ERR_INVALID_ARG, "cpu backend: bad arguments");
+    cpu_backend *be = di_calloc(1, sizeof *be);
+    if (!be) return di_error(DI_ERR_OUT_OF_MEMORY, "cpu backend: out of memory");
+    be->pool = pool;
+    be->max_ctx = max_ctx;
+    size_t n = (size_t)di_pool_size(pool) * (size_t)max_ctx;
+    be->scratch = di_aligned_alloc(n * sizeof(float));
+    if (!be->scratch) {
+        di_free(be);
+        return di_error(DI_ERR_OUT_OF_MEMORY, "cpu backend: cannot allocate %zu bytes of scratch",
+                        n * sizeof(float));
+    }
+    out->ops = &g_cpu_ops;
+    out->ctx = be;
+    return DI_OK;
+}

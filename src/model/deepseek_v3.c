@@ -1,0 +1,479 @@
+/*
+ * deepseek_v3.c -- the DeepSeek-V2 / V3 forward pass (MLA + DeepSeekMoE), written once
+ * against the backend op interface.
+ *
+ * Semantics follow transformers 5.17 (modeling_deepseek_v2.py / modeling_deepseek_v3.py):
+ *   - RMSNorm in float; q_a_layernorm and kv_a_layernorm use eps 1e-6 (transformers builds
+ *     them without config.rms_norm_eps), the others rms_norm_eps.
+ *   - RoPE over the qk_rope_head_dim slice. V2 always rotates adjacent pairs (complex
+ *     multiply); V3 rotates adjacent pairs when rope_interleave (transformers de-interleaves
+ *     first, which changes no q.k product) and rotate_half pairs otherwise. Inverse
+ *     frequencies as modeling_rope_utils computes them (default / linear / YaRN with truncate),
+ *     YaRN's attention_factor multiplied into cos and sin.
+ *   - Softmax scale qk_head_dim^-0.5, times mscale(factor, mscale_all_dim)^2 when the rope
+ *     type is not "default" and mscale_all_dim is set (the same rule in V2 and V3).
+ *   - MoE layers are those with il >= first_k_dense_replace (and il % moe_layer_freq == 0);
+ *     router logits in float from the gate weight; di_router_select picks experts. V2's
+ *     transformers router never renormalises, so norm_topk_prob is forced off for V2.
+ *
+ * Attention runs in absorbed form (see cpu_attention.c): the cache holds only the normed
+ * latent c_kv and the rotated k_rope of each token; per head, q_nope is mapped into the
+ * latent space through W_UK (matmul_t over a row view of kv_b_proj), and the attention's
+ * latent output is mapped back through W_UV.
+ *
+ * MoE on a batch: tokens are grouped by expert so that each active expert's weights are read
+ * once per chunk; each token's routed output is then summed in the order of its selected
+ * experts, so the result does not depend on how tokens were grouped (batch invariance).
+ *
+ * The forward pass allocates nothing: every buffer is carved at state creation from
+ * (chunk = min(max_tokens, DS_MAX_CHUNK)) rows, and longer inputs run in chunks.
+ */
+#include "model/deepseek_v3.h"
+#include "kv/mla_cache.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#define DS_MAX_CHUNK       128
+#define DS_LATENT_NORM_EPS 1e-6f
+#define DS_PI              3.14159265358979323846
+
+/* ---------------------------------------------------------------------------------------- */
+/* RoPE tables and softmax scale (transformers' formulas)                                     */
+/* ---------------------------------------------------------------------------------------- */
+
+static double yarn_get_mscale(double scale, double mscale) {
+    return scale <= 1.0 ? 1.0 : 0.1 * mscale * log(scale) + 1.0;
+}
+
+static double yarn_correction_dim(double rot, double dim, double base, double max_pos) {
+    return dim * log(max_pos / (rot * 2.0 * DS_PI)) / (2.0 * log(base));
+}
+
+/* Fills inv_freq, rope_attn_factor, softmax_scale and rope_interleaved. */
+void ds_rope_setup(ds_model *m) {
+    const di_hparams *hp = m->hp;
+    const di_rope_params *rp = &hp->rope;
+    const int64_t dim = hp->qk_rope_head_dim, half = dim / 2;
+    const float base = (float)rp->theta;
+    float pos_freq[256];
+    for (int64_t i = 0; i < half; i++) {
+        pos_freq[i] = powf(base, (float)(2 * i) / (float)dim);
+        m->inv_freq[i] = 1.0f / pos_freq[i];
+    }
+    m->rope_attn_factor = 1.0f;
+    double factor = rp->factor;
+    if (rp->scaling == DI_ROPE_LINEAR) {
+        for (int64_t i = 0; i < half; i++)
+            m->inv_freq[i] /= (float)factor;
+    } else if (rp->scaling == DI_ROPE_YARN) {
+        double orig = (double)rp->original_max_position_embeddings;
+        if (orig <= 0) orig = (double)hp->max_position_embeddings;
+        if (!(factor > 0)) factor = (double)hp->max_position_embeddings / orig;
+        double af = rp->attention_factor;
+        if (!(af > 0)) {
+            if (rp->mscale != 0 && rp->mscale_all_dim != 0)
+                af = yarn_get_mscale(factor, rp->mscale) /
+                     yarn_get_mscale(factor, rp->mscale_all_dim);
+            else
+                af = yarn_get_mscale(factor, 1.0);
+        }
+        m->rope_attn_factor = (float)af;
+        double beta_fast = rp->beta_fast != 0 ? rp->beta_fast : 32.0;
+        double beta_slow = rp->beta_slow != 0 ? rp->beta_slow : 1.0;
+        double low = yarn_correction_dim(beta_fast, (double)dim, rp->theta, orig);
+        double high = yarn_correction_dim(beta_slow, (double)dim, rp->theta, orig);
+        if (rp->truncate) {
+            low = floor(low);
+            high = ceil(high);
+        }
+        low = DI_MAX(low, 0.0);
+        high = DI_MIN(high, (double)(dim - 1));
+        if (low == high) high += 0.001;
+        for (int64_t i = 0; i < half; i++) {
+            float ramp = ((float)i - (float)low) / (float)(high - low);
+            ramp = ramp < 0.0f ? 0.0f : ramp > 1.0f ? 1.0f : ramp;
+            float extrap_factor = 1.0f - ramp;
+            float extrap = 1.0f / pos_freq[i];
+            float interp = 1.0f / ((float)factor * pos_freq[i]);
+            m->inv_freq[i] = interp * (1.0f - extrap_factor) + extrap * extrap_factor;
+        }
+    }
+    double scale = 1.0 / sqrt((double)(hp->qk_nope_head_dim + hp->qk_rope_head_dim));
+    if (rp->scaling != DI_ROPE_NONE && rp->mscale_all_dim != 0) {
+        double ms = yarn_get_mscale(factor, rp->mscale_all_dim);
+        scale = scale * ms * ms;
+    }
+    m->softmax_scale = (float)scale;
+    m->rope_interleaved = hp->family == DI_FAMILY_DEEPSEEK_V2 ? true : hp->rope_interleave;
+}
+
+/* cos/sin [n][half] for positions pos0 .. pos0 + n - 1, as float32 like transformers. */
+static void rope_tables(const ds_model *m, int64_t pos0, int64_t n, float *cs, float *sn) {
+    const int64_t half = m->hp->qk_rope_head_dim / 2;
+    for (int64_t t = 0; t < n; t++) {
+        for (int64_t i = 0; i < half; i++) {
+            float ang = (float)(pos0 + t) * m->inv_freq[i];
+            cs[t * half + i] = (float)cos((double)ang) * m->rope_attn_factor;
+            sn[t * half + i] = (float)sin((double)ang) * m->rope_attn_factor;
+        }
+    }
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Per-sequence state                                                                         */
+/* ---------------------------------------------------------------------------------------- */
+
+typedef struct ds_state {
+    di_mla_cache cache;
+    int64_t max_tokens, chunk; /* chunk = C below */
+    void *arena;               /* owns every buffer below */
+    float *x;                  /* [C][H] residual stream */
+    float *xn;                 /* [C][H] normed input of a block */
+    float *qa;                 /* [C][q_lora_rank] */
+    float *q;                  /* [C][nh][dn + dr] */
+    float *kva;                /* [C][R + dr] kv_a_proj_with_mqa output */
+    float *q_lat;              /* [nh][C][R] absorbed queries */
+    float *o_lat;              /* [nh][C][R] attention output in latent space */
+    float *attn;               /* [C][nh * dv] o_proj input */
+    float *hbuf;               /* [C][H] block output before the residual add */
+    float *gate, *up;          /* [C][max_inter] */
+    float *cos, *sin;          /* [C][dr / 2] */
+    float *rlogits;            /* [C][E] router logits */
+    float *sel_w;              /* [C][K] expert weights */
+    float *rscratch;           /* [3 E] router scratch */
+    float *xe;                 /* [C][H] one expert's gathered inputs */
+    float *eo;                 /* [C][K][H] routed outputs per (token, slot) */
+    float *moe_out;            /* [C][H] */
+    int32_t *sel_id;           /* [C][K] selected experts */
+    int64_t *cnt;              /* [E + 1] tokens per expert, then offsets */
+    int32_t *ent;              /* [C * K] (token * K + slot) grouped by expert */
+} ds_state;
+
+static void *carve(char **p, size_t bytes) {
+    void *r = *p;
+    *p += (bytes + 63) & ~(size_t)63;
+    return r;
+}
+
+static di_status ds_state_create(const void *weights, int64_t max_tokens, void **out) {
+    const ds_model *m = weights;
+    const di_hparams *hp = m->hp;
+    const int64_t H = hp->hidden_size, nh = hp->num_attention_heads, R = hp->kv_lora_rank;
+    const int64_t dn = hp->qk_nope_head_dim, dr = hp->qk_rope_head_dim, dv = hp->v_head_dim;
+    const int64_t E = DI_MAX(hp->n_routed_experts, 1), K = DI_MAX(hp->num_experts_per_tok, 1);
+    ds_state *s = di_calloc(1, sizeof *s);
+    if (!s) return di_error(DI_ERR_OUT_OF_MEMORY, "context: out of memory");
+    s->max_tokens = max_tokens;
+    const int64_t C = s->chunk = DI_MIN(max_tokens, DS_MAX_CHUNK);
+    di_status st = di_mla_cache_init(&s->cache, hp->num_hidden_layers, max_tokens, R, dr);
+    if (st) {
+        di_free(s);
+        return st;
+    }
+    const size_t f = sizeof(float);
+    size_t sizes[] = {C * H * f,
+                      C * H * f,
+                      C * DI_MAX(hp->q_lora_rank, 1) * f,
+                      C * nh * (dn + dr) * f,
+                      C * (R + dr) * f,
+                      nh * C * R * f,
+                      nh * C * R * f,
+                      C * nh * dv * f,
+                      C * H * f,
+                      C * m->max_inter * f,
+                      C * m->max_inter * f,
+                      C * (dr / 2) * f,
+                      C * (dr / 2) * f,
+                      C * E * f,
+                      C * K * f,
+                      3 * E * f,
+                      C * H * f,
+                      C * K * H * f,
+                      C * H * f,
+                      C * K * sizeof(int32_t),
+                      (E + 1) * sizeof(int64_t),
+                      C * K * sizeof(int32_t)};
+    size_t total = 0;
+    for (size_t i = 0; i < DI_ARRAY_LEN(sizes); i++)
+        total += (sizes[i] + 63) & ~(size_t)63;
+    s->arena = di_aligned_alloc(total);
+    if (!s->arena) {
+        di_mla_cache_free(&s->cache);
+        di_free(s);
+        return di_error(DI_ERR_OUT_OF_MEMORY, "context: cannot allocate %zu bytes of buffers",
+                        total);
+    }
+    memset(s->arena, 0, total);
+    char *p = s->arena;
+    size_t k = 0;
+    s->x = carve(&p, sizes[k++]);
+    s->xn = carve(&p, sizes[k++]);
+    s->qa = carve(&p, sizes[k++]);
+    s->q = carve(&p, sizes[k++]);
+    s->kva = carve(&p, sizes[k++]);
+    s->q_lat = carve(&p, sizes[k++]);
+    s->o_lat = carve(&p, sizes[k++]);
+    s->attn = carve(&p, sizes[k++]);
+    s->hbuf = carve(&p, sizes[k++]);
+    s->gate = carve(&p, sizes[k++]);
+    s->up = carve(&p, sizes[k++]);
+    s->cos = carve(&p, sizes[k++]);
+    s->sin = carve(&p, sizes[k++]);
+    s->rlogits = carve(&p, sizes[k++]);
+    s->sel_w = carve(&p, sizes[k++]);
+    s->rscratch = carve(&p, sizes[k++]);
+    s->xe = carve(&p, sizes[k++]);
+    s->eo = carve(&p, sizes[k++]);
+    s->moe_out = carve(&p, sizes[k++]);
+    s->sel_id = carve(&p, sizes[k++]);
+    s->cnt = carve(&p, sizes[k++]);
+    s->ent = carve(&p, sizes[k++]);
+    *out = s;
+    return DI_OK;
+}
+
+static void ds_state_free(void *state) {
+    ds_state *s = state;
+    if (!s) return;
+    di_mla_cache_free(&s->cache);
+    di_aligned_free(s->arena);
+    di_free(s);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Blocks                                                                                     */
+/* ---------------------------------------------------------------------------------------- */
+
+/* MLA for n tokens at pos0: reads s->xn, writes the cache rows and s->hbuf ([n][H]). */
+static void attention(const ds_model *m, const ds_layer *L, int64_t il, ds_state *s,
+                      const di_backend *be, int64_t n, int64_t pos0) {
+    const di_hparams *hp = m->hp;
+    const int64_t nh = hp->num_attention_heads, R = hp->kv_lora_rank, dv = hp->v_head_dim;
+    const int64_t dn = hp->qk_nope_head_dim, dr = hp->qk_rope_head_dim, qk = dn + dr;
+    void *c = be->ctx;
+
+    /* Queries: [n][nh][dn + dr]. */
+    if (hp->q_lora_rank > 0) {
+        be->ops->matmul(c, &L->q_a_proj, s->xn, n, s->qa);
+        be->ops->rmsnorm(c, s->qa, hp->q_lora_rank, L->q_a_norm, n, hp->q_lora_rank,
+                         DS_LATENT_NORM_EPS, s->qa, hp->q_lora_rank);
+        be->ops->matmul(c, &L->q_b_proj, s->qa, n, s->q);
+    } else {
+        be->ops->matmul(c, &L->q_proj, s->xn, n, s->q);
+    }
+
+    /* Latent and rope key of each new token, straight into the cache. */
+    float *ckv = di_mla_cache_ckv(&s->cache, il, 0);  /* [pos0 + n][R] */
+    float *kr = di_mla_cache_krope(&s->cache, il, 0); /* [pos0 + n][dr] */
+    be->ops->matmul(c, &L->kv_a_proj, s->xn, n, s->kva);
+    be->ops->rmsnorm(c, s->kva, R + dr, L->kv_a_norm, n, R, DS_LATENT_NORM_EPS, ckv + pos0 * R, R);
+    be->ops->copy2d(c, kr + pos0 * dr, dr, s->kva + R, R + dr, n, dr);
+
+    di_rope_op_params rq = {.x = s->q + dn,
+                            .n_tokens = n,
+                            .n_heads = nh,
+                            .rope_dim = dr,
+                            .tstride = nh * qk,
+                            .hstride = qk,
+                            .cos = s->cos,
+                            .sin = s->sin,
+                            .interleaved = m->rope_interleaved};
+    be->ops->rope(c, &rq);
+    di_rope_op_params rk = rq;
+    rk.x = kr + pos0 * dr;
+    rk.n_heads = 1;
+    rk.tstride = dr;
+    rk.hstride = 0;
+    be->ops->rope(c, &rk);
+
+    /* Absorb W_UK: q_lat(h, t) = W_UK_h^T q_nope(h, t)  ([dn] -> [R]). */
+    di_head_matmul_params uk = {.w = L->w_uk,
+                                .transposed = true,
+                                .n_heads = nh,
+                                .n_tokens = n,
+                                .x = s->q,
+                                .x_hstride = qk,
+                                .x_tstride = nh * qk,
+                                .y = s->q_lat,
+                                .y_hstride = n * R,
+                                .y_tstride = R};
+    be->ops->head_matmul(c, &uk);
+
+    di_mla_attn_params ap = {.n_tokens = n,
+                             .n_heads = nh,
+                             .pos0 = pos0,
+                             .kv_lora_rank = R,
+                             .rope_dim = dr,
+                             .scale = m->softmax_scale,
+                             .q_lat = s->q_lat,
+                             .q_rope = s->q + dn,
+                             .q_rope_tstride = nh * qk,
+                             .q_rope_hstride = qk,
+                             .c_kv = ckv,
+                             .k_rope = kr,
+                             .out = s->o_lat};
+    be->ops->mla_attention(c, &ap);
+
+    /* Un-absorb W_UV: attn(t, h) = W_UV_h o_lat(h, t)  ([R] -> [dv]), then o_proj. */
+    di_head_matmul_params uv = {.w = L->w_uv,
+                                .transposed = false,
+                                .n_heads = nh,
+                                .n_tokens = n,
+                                .x = s->o_lat,
+                                .x_hstride = n * R,
+                                .x_tstride = R,
+                                .y = s->attn,
+                                .y_hstride = dv,
+                                .y_tstride = nh * dv};
+    be->ops->head_matmul(c, &uv);
+    be->ops->matmul(c, &L->o_proj, s->attn, n, s->hbuf);
+}
+
+/* SwiGLU MLP over n rows of x ([n][H]) -> y ([n][H]). */
+static void mlp(const ds_mlp *w, ds_state *s, const di_backend *be, const float *x, int64_t n,
+                float *y) {
+    void *c = be->ctx;
+    be->ops->matmul(c, &w->gate, x, n, s->gate);
+    be->ops->matmul(c, &w->up, x, n, s->up);
+    be->ops->silu_mul(c, s->gate, s->up, n * w->gate.rows, s->gate);
+    be->ops->matmul(c, &w->down, s->gate, n, y);
+}
+
+/* DeepSeekMoE over s->xn: routed experts grouped by expert, plus shared experts.
+ * Writes s->moe_out ([n][H]). The routing and grouping run on the host. */
+static void moe(const ds_model *m, const ds_layer *L, ds_state *s, const di_backend *be,
+                int64_t n) {
+    const di_hparams *hp = m->hp;
+    const int64_t H = hp->hidden_size, E = hp->n_routed_experts, K = hp->num_experts_per_tok;
+    void *c = be->ctx;
+
+    be->ops->matmul(c, &L->router, s->xn, n, s->rlogits);
+    di_router_params rp = m->router;
+    rp.bias = L->router_bias;
+    for (int64_t t = 0; t < n; t++)
+        di_router_select(&rp, s->rlogits + t * E, s->sel_id + t * K, s->sel_w + t * K, s->rscratch);
+
+    /* Counting sort of (token, slot) entries by expert; tokens stay in order. */
+    memset(s->cnt, 0, (size_t)(E + 1) * sizeof *s->cnt);
+    for (int64_t i = 0; i < n * K; i++)
+        s->cnt[s->sel_id[i] + 1]++;
+    for (int64_t e = 0; e < E; e++)
+        s->cnt[e + 1] += s->cnt[e];
+    for (int64_t i = 0; i < n * K; i++)
+        s->ent[s->cnt[s->sel_id[i]]++] = (int32_t)i;
+    /* cnt[e] is now the end of expert e's entries; its start is cnt[e - 1] (0 for e = 0). */
+
+    for (int64_t e = 0, begin = 0; e < E; begin = s->cnt[e], e++) {
+        int64_t ne = s->cnt[e] - begin;
+        if (ne == 0) continue;
+        const int32_t *ent = s->ent + begin;
+        for (int64_t i = 0; i < ne; i++)
+            be->ops->copy2d(c, s->xe + i * H, H, s->xn + (ent[i] / K) * H, H, 1, H);
+        mlp(&L->experts[e], s, be, s->xe, ne, s->hbuf);
+        for (int64_t i = 0; i < ne; i++)
+            be->ops->copy2d(c, s->eo + (int64_t)ent[i] * H, H, s->hbuf + i * H, H, 1, H);
+    }
+
+    /* Each token: sum of weighted expert outputs in its slot order, then the shared experts. */
+    memset(s->moe_out, 0, (size_t)(n * H) * sizeof(float));
+    for (int64_t t = 0; t < n; t++)
+        for (int64_t k = 0; k < K; k++)
+            be->ops->axpy(c, s->sel_w[t * K + k], s->eo + (t * K + k) * H, H, s->moe_out + t * H);
+    if (L->has_shared) {
+        mlp(&L->shared, s, be, s->xn, n, s->hbuf);
+        be->ops->axpy(c, 1.0f, s->hbuf, n * H, s->moe_out);
+    }
+}
+
+/* One chunk of n <= C tokens. Logits for chunk rows [lrow0, n) go to logits (if not NULL). */
+static void forward_chunk(const ds_model *m, ds_state *s, const di_backend *be, const int32_t *ids,
+                          int64_t n, int64_t pos0, float *logits, int64_t lrow0) {
+    const di_hparams *hp = m->hp;
+    const int64_t H = hp->hidden_size;
+    const float eps = (float)hp->rms_norm_eps;
+    void *c = be->ctx;
+
+    be->ops->embed(c, &m->embed, ids, n, s->x);
+    rope_tables(m, pos0, n, s->cos, s->sin);
+    for (int64_t il = 0; il < hp->num_hidden_layers; il++) {
+        const ds_layer *L = &m->layers[il];
+        be->ops->rmsnorm(c, s->x, H, L->attn_norm, n, H, eps, s->xn, H);
+        attention(m, L, il, s, be, n, pos0);
+        be->ops->axpy(c, 1.0f, s->hbuf, n * H, s->x);
+
+        be->ops->rmsnorm(c, s->x, H, L->ffn_norm, n, H, eps, s->xn, H);
+        if (L->is_moe) {
+            moe(m, L, s, be, n);
+            be->ops->axpy(c, 1.0f, s->moe_out, n * H, s->x);
+        } else {
+            mlp(&L->dense, s, be, s->xn, n, s->hbuf);
+            be->ops->axpy(c, 1.0f, s->hbuf, n * H, s->x);
+        }
+    }
+    if (!logits || lrow0 >= n) return;
+    be->ops->rmsnorm(c, s->x + lrow0 * H, H, m->norm, n - lrow0, H, eps, s->xn, H);
+    be->ops->matmul(c, &m->lm_head, s->xn, n - lrow0, logits);
+}
+
+static void ds_forward(const void *weights, void *state, const di_backend *be,
+                       const di_forward_args *a) {
+    const ds_model *m = weights;
+    ds_state *s = state;
+    const int64_t V = m->hp->vocab_size;
+    const int64_t first = a->logits ? a->n - a->n_logits : a->n; /* first row with logits */
+    for (int64_t c0 = 0; c0 < a->n; c0 += s->chunk) {
+        int64_t cn = DI_MIN(s->chunk, a->n - c0);
+        int64_t lrow0 = DI_MAX(first - c0, 0);
+        float *lg = a->logits && lrow0 < cn ? a->logits + (c0 + lrow0 - first) * V : NULL;
+        forward_chunk(m, s, be, a->ids + c0, cn, a->pos0 + c0, lg, lrow0);
+    }
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* vtable                                                                                     */
+/* ---------------------------------------------------------------------------------------- */
+
+static di_status ds_load(const di_hparams *hp, const di_st_set *st, const char *dir, void **out) {
+    if (hp->qk_rope_head_dim / 2 > 256)
+        return di_error(DI_ERR_UNSUPPORTED, "config.json: qk_rope_head_dim %lld is too large",
+                        (long long)hp->qk_rope_head_dim);
+    ds_model *m;
+    di_status s = ds_model_bind(hp, st, dir, &m);
+    if (s) return s;
+    m->qk_head_dim = hp->qk_nope_head_dim + hp->qk_rope_head_dim;
+    m->max_inter =
+        DI_MAX(hp->intermediate_size, hp->moe_intermediate_size * DI_MAX(hp->n_shared_experts, 1));
+    m->router = di_router_params_from_hparams(hp);
+    if (hp->family == DI_FAMILY_DEEPSEEK_V2) m->router.norm_topk_prob = false;
+    ds_rope_setup(m);
+    *out = m;
+    return DI_OK;
+}
+
+static void ds_free(void *weights) {
+    ds_model_free(weights);
+}
+
+static void ds_info(const void *weights, di_model_info *out) {
+    const ds_model *m = weights;
+    const di_hparams *hp = m->hp;
+    out->n_params_total = m->n_params_total;
+    out->n_params_active = m->n_params_active;
+    out->n_params_mtp = m->n_params_mtp;
+    out->weight_bytes = m->weight_bytes;
+    out->kv_bytes_per_token =
+        di_mla_cache_bytes_per_token(hp->num_hidden_layers, hp->kv_lora_rank, hp->qk_rope_head_dim);
+    snprintf(out->dtypes, sizeof out->dtypes, "%s", m->dtypes);
+}
+
+const di_arch_vtable di_arch_deepseek_v3 = {
+    .name = "deepseek_v3",
+    .load = ds_load,
+    .free = ds_free,
+    .info = ds_info,
+    .state_create = ds_state_create,
+    .state_free = ds_state_free,
+    .forward = ds_forward,
+};
