@@ -267,8 +267,10 @@ static void mm_rows(void *ctx, int64_t r0, int64_t r1, int tid) {
         for (int64_t g = r0; g < r1; g += DI_MM_NR) {
             const int nr = (int)DI_MIN((int64_t)DI_MM_NR, r1 - g);
             if (!k->direct(job->w, g, nr, job->x, job->w->cols, (int)job->n, acc, as)) {
-                panel_chunked(job, 0, job->n, g, nr); /* same bits, slower */
-                continue;
+                /* Not for this weight or n (or a NaN byte): same bits by the chunked path. */
+                for (int64_t p0 = g; p0 < r1; p0 += DI_MM_PANEL)
+                    panel_chunked(job, 0, job->n, p0, DI_MIN(DI_MM_PANEL, r1 - p0));
+                return;
             }
             for (int64_t t = 0; t < job->n; t++)
                 for (int j = 0; j < nr; j++)

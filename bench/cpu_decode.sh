@@ -1,0 +1,354 @@
+#!/usr/bin/env bash
+# cpu_decode.sh -- CPU prefill and decode throughput of deepinfer, against the memory-bandwidth
+# roofline of the same model and against llama.cpp's llama-bench on the same weights.
+#
+# Design stance: decode on a CPU is bound by reading the weights, so the first yardstick is
+# the roofline B / bytes_per_token, where B is the read bandwidth that build/bench_matmul
+# measures and bytes_per_token is computed from the checkpoint itself (config.json plus the
+# safetensors header). The second yardstick is llama.cpp, run on a GGUF holding the same bf16
+# weights (for example the pair written by make_random_v2lite.py). llama.cpp is never built
+# or downloaded here: pass the path of a llama-bench you built yourself, or leave it out and
+# that column is skipped.
+#
+# Matching the two engines:
+#   prefill  deepinfer: one `generate` call with an N_PROMPT-token prompt, timing.prefill_tok_s.
+#            llama-bench: -p N_PROMPT -n 0 (one batch of N_PROMPT tokens from an empty context).
+#   decode   deepinfer: the N_GEN tokens generated after that prompt (--ignore-eos), so decode
+#            runs at context depth N_PROMPT .. N_PROMPT+N_GEN; timing.decode_tok_s.
+#            llama-bench: -p 0 -n N_GEN -d N_PROMPT, i.e. N_GEN single-token decodes after an
+#            N_PROMPT-token context (llama-bench's plain tg runs from an empty context).
+#   Both use THREADS threads, bf16 weights and the median of REPS timed runs (deepinfer gets
+#   one untimed warm-up run; llama-bench does its own warm-up). Both prompts are random ids
+#   of the same length; with random weights the content does not change the work.
+#
+# Usage: bench/cpu_decode.sh [--name value ...]   (each name is also read from the environment)
+#   --deepinfer PATH     build/deepinfer                         (DEEPINFER)
+#   --model-dir DIR      Hugging Face checkpoint folder, required (MODEL_DIR)
+#   --gguf PATH          GGUF of the same weights, for llama.cpp  (GGUF)
+#   --llama-bench PATH   an already-built llama-bench; optional   (LLAMA_BENCH)
+#   --bench-matmul PATH  default: bench_matmul beside DEEPINFER   (BENCH_MATMUL)
+#                        (its arguments: BENCH_MATMUL_ARGS, default "THREADS")
+#   --bandwidth-gbs X    skip the measurement and use X GB/s      (BANDWIDTH_GBS)
+#   --threads N          default: nproc                           (THREADS)
+#   --n-prompt N         default 128                              (N_PROMPT)
+#   --n-gen N            default 64                               (N_GEN)
+#   --reps N             default 3                                (REPS)
+#   --out-dir DIR        default bench/out (git-ignored)          (OUT_DIR)
+# Writes OUT_DIR/cpu_decode.md (the table), OUT_DIR/cpu_decode.json (all numbers) and the raw
+# outputs of every run under OUT_DIR/cpu_decode_raw/.
+set -euo pipefail
+
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+
+# ---- arguments -------------------------------------------------------------------------------
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --deepinfer) DEEPINFER=$2 ;;
+        --model-dir) MODEL_DIR=$2 ;;
+        --gguf) GGUF=$2 ;;
+        --llama-bench) LLAMA_BENCH=$2 ;;
+        --bench-matmul) BENCH_MATMUL=$2 ;;
+        --bandwidth-gbs) BANDWIDTH_GBS=$2 ;;
+        --threads) THREADS=$2 ;;
+        --n-prompt) N_PROMPT=$2 ;;
+        --n-gen) N_GEN=$2 ;;
+        --reps) REPS=$2 ;;
+        --out-dir) OUT_DIR=$2 ;;
+        -h | --help)
+            sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
+            exit 0
+            ;;
+        *)
+            echo "cpu_decode.sh: unknown argument \"$1\" (see --help)" >&2
+            exit 2
+            ;;
+    esac
+    [ $# -ge 2 ] || { echo "cpu_decode.sh: $1 needs a value" >&2; exit 2; }
+    shift 2
+done
+
+DEEPINFER=${DEEPINFER:-$REPO/build/deepinfer}
+MODEL_DIR=${MODEL_DIR:-}
+GGUF=${GGUF:-}
+LLAMA_BENCH=${LLAMA_BENCH:-}
+BENCH_MATMUL=${BENCH_MATMUL:-$(dirname "$DEEPINFER")/bench_matmul}
+BANDWIDTH_GBS=${BANDWIDTH_GBS:-}
+THREADS=${THREADS:-$(nproc)}
+N_PROMPT=${N_PROMPT:-128}
+N_GEN=${N_GEN:-64}
+REPS=${REPS:-3}
+OUT_DIR=${OUT_DIR:-$REPO/bench/out}
+RAW=$OUT_DIR/cpu_decode_raw
+
+die() { echo "cpu_decode.sh: $*" >&2; exit 1; }
+note() { echo "== $*" >&2; }
+
+[ -n "$MODEL_DIR" ] || die "no checkpoint: pass --model-dir DIR (or set MODEL_DIR)"
+[ -f "$MODEL_DIR/config.json" ] || die "$MODEL_DIR/config.json: not found"
+[ -x "$DEEPINFER" ] || die "$DEEPINFER: not an executable (build it, or pass --deepinfer PATH)"
+for v in THREADS N_PROMPT N_GEN REPS; do
+    [[ ${!v} =~ ^[1-9][0-9]*$ ]] || die "$v must be a positive integer, got \"${!v}\""
+done
+command -v python3 > /dev/null || die "python3 is needed to read JSON"
+rm -rf "$RAW"
+mkdir -p "$RAW"
+
+# ---- (a) measured read bandwidth --------------------------------------------------------------
+# bench_matmul prints the measured read bandwidth ("... <number> GB/s") before its matmul
+# timings: we take the first such line and stop the program there. Its arguments are
+# `[threads]`; a --bandwidth-only flag is passed if the binary knows one. BENCH_MATMUL_ARGS
+# replaces both.
+measure_bandwidth() {
+    local args
+    if [ -n "${BENCH_MATMUL_ARGS:-}" ]; then
+        read -r -a args <<< "$BENCH_MATMUL_ARGS"
+    elif grep -q -a -- "--bandwidth-only" "$BENCH_MATMUL"; then
+        args=(--bandwidth-only "$THREADS")
+    else
+        args=("$THREADS")
+    fi
+    note "$BENCH_MATMUL ${args[*]} (until it prints the read bandwidth)"
+    python3 - "$RAW/bench_matmul.txt" "$BENCH_MATMUL" "${args[@]}" << 'PY'
+import re, shutil, subprocess, sys
+log = open(sys.argv[1], "w")
+cmd = sys.argv[2:]
+if shutil.which("stdbuf"):           # line-buffer its stdout, so the first line comes at once
+    cmd = ["stdbuf", "-oL"] + cmd
+p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+for line in p.stdout:
+    log.write(line)
+    m = re.search(r"([0-9]+(?:\.[0-9]+)?)\s*GB/s", line)
+    if m:
+        p.terminate()
+        p.wait()
+        print(m.group(1))
+        sys.exit(0)
+p.wait()
+sys.exit("no '<number> GB/s' in the output of %s (exit %s), see %s" % (sys.argv[2], p.returncode, sys.argv[1]))
+PY
+}
+
+BW_SOURCE="BANDWIDTH_GBS"
+if [ -z "$BANDWIDTH_GBS" ]; then
+    if [ -x "$BENCH_MATMUL" ]; then
+        BANDWIDTH_GBS=$(measure_bandwidth)
+        BW_SOURCE="$(basename "$BENCH_MATMUL")"
+    else
+        note "$BENCH_MATMUL not found: no roofline (pass --bandwidth-gbs to give one)"
+        BANDWIDTH_GBS=0
+        BW_SOURCE="none"
+    fi
+fi
+
+# ---- (b) bytes read per decoded token, from config.json and the safetensors header ------------
+python3 - "$MODEL_DIR" > "$RAW/bytes_per_token.json" << 'PY'
+import json, os, re, struct, sys
+d = sys.argv[1]
+cfg = json.load(open(os.path.join(d, "config.json")))
+L = cfg["num_hidden_layers"]
+V = cfg["vocab_size"]
+topk = cfg.get("num_experts_per_tok") or 0
+
+# Every tensor's byte size, from the header(s): a single model.safetensors or an index of shards.
+files = []
+idx = os.path.join(d, "model.safetensors.index.json")
+if os.path.exists(idx):
+    files = sorted(set(json.load(open(idx))["weight_map"].values()))
+else:
+    files = sorted(f for f in os.listdir(d) if f.endswith(".safetensors"))
+if not files:
+    sys.exit(f"{d}: no *.safetensors files")
+size = {}
+for f in files:
+    with open(os.path.join(d, f), "rb") as fh:
+        n = struct.unpack("<Q", fh.read(8))[0]
+        hdr = json.loads(fh.read(n))
+    for name, t in hdr.items():
+        if name != "__metadata__":
+            size[name] = t["data_offsets"][1] - t["data_offsets"][0]
+
+# Per-token reads: every non-expert tensor of the first L layers (attention, norms, dense MLP,
+# router, shared experts); top-k routed experts per MoE layer, each the mean size of one expert
+# of that layer (gate+up+down, with any scales); the final norm and lm_head; one embedding row.
+# Layers >= L (multi-token-prediction modules) and the KV cache are not counted.
+cat = {"attention+norms": 0, "dense_mlp": 0, "router": 0, "shared_experts": 0,
+       "routed_topk": 0, "final_norm+lm_head": 0, "embedding_row": 0}
+expert = {}          # layer -> {expert id -> bytes}
+lay = re.compile(r"model\.layers\.(\d+)\.(.*)")
+exp = re.compile(r"mlp\.experts\.(\d+)\.")
+for name, b in size.items():
+    m = lay.match(name)
+    if not m:
+        if name == "model.embed_tokens.weight":
+            cat["embedding_row"] += b // V
+        elif name in ("lm_head.weight", "model.norm.weight"):
+            cat["final_norm+lm_head"] += b
+        continue
+    i, rest = int(m.group(1)), m.group(2)
+    if i >= L:
+        continue
+    e = exp.match(rest)
+    if e:
+        expert.setdefault(i, {}).setdefault(int(e.group(1)), 0)
+        expert[i][int(e.group(1))] += b
+    elif rest.startswith("mlp.shared_experts."):
+        cat["shared_experts"] += b
+    elif rest.startswith("mlp.gate."):
+        cat["router"] += b
+    elif rest.startswith("mlp."):
+        cat["dense_mlp"] += b
+    else:
+        cat["attention+norms"] += b
+for i, ex in expert.items():
+    cat["routed_topk"] += topk * sum(ex.values()) // len(ex)
+if cfg.get("tie_word_embeddings") and "lm_head.weight" not in size:
+    cat["final_norm+lm_head"] += size.get("model.embed_tokens.weight", 0)
+total = sum(cat.values())
+H = cfg["hidden_size"]
+formula = ("bytes/token = sum over the %d layers of (attention + norms [+ dense MLP | + router + "
+           "shared experts + num_experts_per_tok(%d) x one routed expert (3 x hidden(%d) x "
+           "moe_intermediate_size(%s) x dtype bytes)]) + final norm + lm_head (vocab(%d) x hidden x "
+           "dtype bytes) + one embedding row; sizes from the safetensors header; KV cache reads "
+           "not counted" % (L, topk, H, cfg.get("moe_intermediate_size"), V))
+print(json.dumps({"bytes_per_token": total, "parts": cat, "moe_layers": len(expert),
+                  "layers": L, "formula": formula, "model_type": cfg.get("model_type")}))
+PY
+BYTES_PER_TOKEN=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["bytes_per_token"])' "$RAW/bytes_per_token.json")
+note "bytes per decoded token: $BYTES_PER_TOKEN"
+
+# ---- (c) deepinfer generate -------------------------------------------------------------------
+PROMPT_IDS=$(python3 - "$MODEL_DIR/config.json" "$N_PROMPT" << 'PY'
+import json, random, sys
+V = json.load(open(sys.argv[1]))["vocab_size"]
+r = random.Random(20240601)
+# Ordinary (non-special) token ids: DeepSeek tokenizers keep specials at the ends of the range.
+lo, hi = min(1000, V // 4), min(100000, V - 1)
+print(" ".join(str(r.randrange(lo, hi)) for _ in range(int(sys.argv[2]))))
+PY
+)
+GEN_HELP=$("$DEEPINFER" generate -h 2>&1 || true)
+GEN_ARGS=(generate --model "$MODEL_DIR" --ids "$PROMPT_IDS" --max-tokens "$N_GEN" --temperature 0
+    --format json)
+if grep -q -- "--ignore-eos" <<< "$GEN_HELP"; then
+    GEN_ARGS+=(--ignore-eos)
+else
+    note "deepinfer generate has no --ignore-eos: runs that stop early are reported"
+fi
+if grep -q -- "--threads" <<< "$GEN_HELP"; then GEN_ARGS+=(--threads "$THREADS"); fi
+
+for i in $(seq 0 "$REPS"); do
+    tag=$([ "$i" -eq 0 ] && echo "warm-up" || echo "run $i/$REPS")
+    note "deepinfer generate ($tag): $N_PROMPT prompt tokens, $N_GEN new tokens, $THREADS threads"
+    "$DEEPINFER" "${GEN_ARGS[@]}" > "$RAW/deepinfer_$i.json" 2> "$RAW/deepinfer_$i.err" ||
+        die "deepinfer generate failed (exit $?): $(tail -n 5 "$RAW/deepinfer_$i.err")"
+done
+
+# ---- (d) llama-bench ----------------------------------------------------------------------------
+LLAMA_OK=0
+if [ -n "$LLAMA_BENCH" ] && [ -x "$LLAMA_BENCH" ] && [ -n "$GGUF" ] && [ -f "$GGUF" ]; then
+    common=(-m "$GGUF" -t "$THREADS" -r "$REPS" -o json)
+    note "llama-bench prefill: -p $N_PROMPT -n 0"
+    "$LLAMA_BENCH" "${common[@]}" -p "$N_PROMPT" -n 0 > "$RAW/llama_pp.json" 2> "$RAW/llama_pp.err" ||
+        die "llama-bench failed: $(tail -n 5 "$RAW/llama_pp.err")"
+    note "llama-bench decode: -p 0 -n $N_GEN -d $N_PROMPT"
+    "$LLAMA_BENCH" "${common[@]}" -p 0 -n "$N_GEN" -d "$N_PROMPT" > "$RAW/llama_tg.json" \
+        2> "$RAW/llama_tg.err" || die "llama-bench failed: $(tail -n 5 "$RAW/llama_tg.err")"
+    LLAMA_OK=1
+else
+    note "llama.cpp skipped (needs LLAMA_BENCH, an executable, and GGUF, a file)"
+fi
+
+# ---- (e) the table ------------------------------------------------------------------------------
+python3 - "$RAW" "$OUT_DIR" "$REPS" "$N_PROMPT" "$N_GEN" "$THREADS" "$BANDWIDTH_GBS" "$BW_SOURCE" \
+    "$LLAMA_OK" "$MODEL_DIR" "${GGUF:-}" << 'PY'
+import json, os, platform, re, statistics, sys, time
+raw, out, reps, n_prompt, n_gen, threads, bw, bw_src, llama_ok, model_dir, gguf = sys.argv[1:]
+reps, n_prompt, n_gen, threads, bw, llama_ok = int(reps), int(n_prompt), int(n_gen), int(threads), float(bw), llama_ok == "1"
+bpt = json.load(open(os.path.join(raw, "bytes_per_token.json")))
+roof = bw * 1e9 / bpt["bytes_per_token"] if bw > 0 else None
+
+runs, warn = [], []
+for i in range(1, reps + 1):
+    j = json.load(open(os.path.join(raw, f"deepinfer_{i}.json")))
+    t, u = j["timing"], j.get("usage", {})
+    gen = u.get("completion_tokens", len(j.get("ids", [])))
+    if gen != n_gen:
+        warn.append(f"deepinfer run {i} generated {gen} tokens, not {n_gen} (finish_reason {j.get('finish_reason')})")
+    runs.append((t["prefill_tok_s"], t["decode_tok_s"]))
+di_pp = statistics.median(r[0] for r in runs)
+di_tg = statistics.median(r[1] for r in runs)
+
+def llama(path):
+    rows = json.load(open(path))
+    r = rows[0]
+    return statistics.median(r["samples_ts"]) if r.get("samples_ts") else r["avg_ts"], r
+
+lc_pp = lc_tg = None
+lc_info = {}
+if llama_ok:
+    lc_pp, rp = llama(os.path.join(raw, "llama_pp.json"))
+    lc_tg, rt = llama(os.path.join(raw, "llama_tg.json"))
+    lc_info = {k: rt.get(k) for k in ("build_commit", "cpu_info", "model_type", "model_size",
+                                      "flash_attn", "n_batch", "n_ubatch", "type_k", "type_v")}
+    lc_info["flash_attn"] = {-1: "auto", 0: "off", 1: "on"}.get(lc_info["flash_attn"], lc_info["flash_attn"])
+
+def f(x, d=2):
+    return "n/a" if x is None else f"{x:.{d}f}"
+
+def ratio(a, b):
+    return "n/a" if not a or not b else f"{a / b:.2f}"
+
+def pct(x):
+    return "n/a" if x is None or roof is None else f"{100 * x / roof:.0f}%"
+
+gb = bpt["bytes_per_token"] / 1e9
+L = []
+L.append(f"### CPU decode: deepinfer vs. roofline and llama.cpp ({time.strftime('%Y-%m-%d %H:%M')})")
+L.append("")
+L.append(f"- model: `{os.path.basename(os.path.normpath(model_dir))}` ({bpt['layers']} layers, "
+         f"{bpt['moe_layers']} MoE), bf16; llama.cpp on `{os.path.basename(gguf) or 'n/a'}`")
+cpu = platform.machine()
+try:
+    cpu = re.search(r"^model name\s*:\s*(.*)$", open("/proc/cpuinfo").read(), re.M).group(1)
+except (OSError, AttributeError):
+    pass
+L.append(f"- machine: {lc_info.get('cpu_info') or cpu}, "
+         f"{os.cpu_count()} logical CPUs; {threads} threads for both engines")
+L.append(f"- measured read bandwidth B = {f(bw if bw > 0 else None, 1)} GB/s ({bw_src}); "
+         f"bytes per decoded token = {gb:.3f} GB; roofline = B / bytes = {f(roof)} tok/s")
+L.append(f"- prompt {n_prompt} random ids; decode = {n_gen} tokens at context {n_prompt}..{n_prompt + n_gen} "
+         f"(llama-bench `-p 0 -n {n_gen} -d {n_prompt}`); prefill = {n_prompt} tokens from an empty "
+         f"context (llama-bench `-p {n_prompt} -n 0`); median of {reps} runs")
+if lc_info:
+    L.append(f"- llama.cpp build {lc_info.get('build_commit')}, flash_attn={lc_info.get('flash_attn')}, "
+             f"n_batch={lc_info.get('n_batch')}, n_ubatch={lc_info.get('n_ubatch')}, "
+             f"KV {lc_info.get('type_k')}/{lc_info.get('type_v')}")
+L.append("")
+L.append("| | deepinfer | llama.cpp | deepinfer / llama.cpp |")
+L.append("|---|---:|---:|---:|")
+L.append(f"| decode tok/s | {f(di_tg)} | {f(lc_tg)} | {ratio(di_tg, lc_tg)} |")
+L.append(f"| decode, % of roofline ({f(roof)} tok/s) | {pct(di_tg)} | {pct(lc_tg)} | |")
+L.append(f"| prefill tok/s ({n_prompt} tokens) | {f(di_pp, 1)} | {f(lc_pp, 1)} | {ratio(di_pp, lc_pp)} |")
+L.append("")
+L.append("Runs (tok/s, decode / prefill): deepinfer " +
+         ", ".join(f"{d:.2f} / {p:.1f}" for p, d in runs) +
+         ("; llama.cpp " + ", ".join(f"{x:.2f}" for x in rt.get("samples_ts", [])) + " / " +
+          ", ".join(f"{x:.1f}" for x in rp.get("samples_ts", [])) if llama_ok else "") + ".")
+L.append("")
+L.append("bytes per token: " + bpt["formula"] + ". Parts (MB): " +
+         ", ".join(f"{k} {v / 1e6:.1f}" for k, v in bpt["parts"].items()) + ".")
+for w in warn:
+    L.append("")
+    L.append("WARNING: " + w)
+md = "\n".join(L) + "\n"
+os.makedirs(out, exist_ok=True)
+open(os.path.join(out, "cpu_decode.md"), "w").write(md)
+json.dump({"deepinfer": {"decode_tok_s": di_tg, "prefill_tok_s": di_pp, "runs": runs},
+           "llama_cpp": {"decode_tok_s": lc_tg, "prefill_tok_s": lc_pp, **lc_info},
+           "bandwidth_gbs": bw, "bandwidth_source": bw_src, "roofline_tok_s": roof,
+           "bytes_per_token": bpt, "n_prompt": n_prompt, "n_gen": n_gen, "threads": threads,
+           "reps": reps, "warnings": warn},
+          open(os.path.join(out, "cpu_decode.json"), "w"), indent=1)
+sys.stdout.write(md)
+PY
+note "wrote $OUT_DIR/cpu_decode.md"
