@@ -10,6 +10,10 @@ static const di_cli_command g_commands[] = {
     {"info", cmd_info, "describe a checkpoint: architecture, parameters, dtypes, memory"},
     {"logits", cmd_logits, "write float32 logits for every position of a token sequence"},
     {"generate", cmd_generate, "generate a continuation of a prompt"},
+    {"perplexity", cmd_perplexity, "perplexity of the model on a text file"},
+    {"tokenize", cmd_tokenize, "text to token ids with a tokenizer.json or model folder"},
+    {"detokenize", cmd_detokenize, "token ids to text"},
+    {"chat-template", cmd_chat_template, "render a model's chat template for a conversation"},
 };
 
 static void usage(FILE *f) {
