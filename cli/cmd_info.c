@@ -67,6 +67,12 @@ static void print_text(const di_model_info *in) {
     printf("weights          %s (%lld bytes)\n", weights, (long long)in->weight_bytes);
     printf("kv cache         %lld bytes per token (%s at full context)\n",
            (long long)in->kv_bytes_per_token, kv_full);
+    if (in->kv_fixed_bytes > 0) {
+        char fixed[32];
+        format_bytes((double)in->kv_fixed_bytes, fixed, sizeof fixed);
+        printf("kv fixed         %s per sequence (bounded window state, any context)\n", fixed);
+    }
+    if (in->kv_by_layer_type[0]) printf("kv by layer type %s\n", in->kv_by_layer_type);
     printf("bos / eos ids    %d / %d\n", (int)in->bos_token_id, (int)in->eos_token_id);
 }
 
@@ -85,6 +91,8 @@ static int print_json(const char *cmd, const di_model_info *in) {
     json_object_set_new(o, "weight_bytes", json_integer(in->weight_bytes));
     json_object_set_new(o, "weight_gib", json_real((double)in->weight_bytes / GIB));
     json_object_set_new(o, "kv_bytes_per_token", json_integer(in->kv_bytes_per_token));
+    json_object_set_new(o, "kv_fixed_bytes", json_integer(in->kv_fixed_bytes));
+    json_object_set_new(o, "kv_by_layer_type", json_string(in->kv_by_layer_type));
     json_object_set_new(o, "bos_token_id", json_integer(in->bos_token_id));
     json_object_set_new(o, "eos_token_id", json_integer(in->eos_token_id));
     int rc = json_dumpf(o, stdout, JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(6));

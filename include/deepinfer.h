@@ -115,6 +115,12 @@ typedef struct di_model_info {
     char dtypes[64];            /* stored dtypes seen, e.g. "bf16+f8_e4m3" */
     int32_t bos_token_id;       /* -1 if none */
     int32_t eos_token_id;       /* -1 if none */
+    /* Per-sequence cache state that does not grow with the context (DeepSeek-V4: the
+     * sliding-window rings and the compressors' open windows), bytes; 0 for V2/V3. */
+    int64_t kv_fixed_bytes;
+    /* That state and the growth split by layer type, e.g.
+     * "sliding x2: 8.0 KiB fixed, 0 B/token; csa x1: ..." ("" when there is one type). */
+    char kv_by_layer_type[256];
 } di_model_info;
 
 DI_API di_status di_model_get_info(const di_model *model, di_model_info *out);

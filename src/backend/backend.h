@@ -79,6 +79,70 @@ typedef struct di_head_matmul_params {
     int64_t y_hstride, y_tstride;
 } di_head_matmul_params;
 
+/* ---- DeepSeek-V4 ops (cpu_v4_ops.c; semantics in docs/v4-reference-notes.md) ---------------- */
+
+/* mHC mixing weights and collapse for n tokens with n_hc streams of width dim:
+ *   f = flatten(X[t]) / sqrt(mean(f^2) + eps);  mix = fn f   ([(2 + n_hc) n_hc] or [n_hc])
+ *   pre = sigmoid(mix[0:n_hc] * scale[0] + base[0:n_hc]) + hc_eps;   h[t] = sum_j pre_j X[t][j]
+ * With iters > 0 (a sublayer) also post = 2 sigmoid(mix[n:2n] * scale[1] + base[n:2n]) and
+ * M = Sinkhorn(softmax_rows(mix[2n:] * scale[2] + base[2n:]) + hc_eps, iters); with
+ * iters == 0 (the head) only pre and h. All in fp32 (sums in double). */
+typedef struct di_v4_hc_params {
+    int64_t n_tokens, n_hc, dim;
+    const float *x;    /* [n_tokens][n_hc][dim] streams */
+    const float *fn;   /* [n_mix][n_hc * dim], n_mix = iters ? (2 + n_hc) n_hc : n_hc */
+    const float *base; /* [n_mix] */
+    const float *scale; /* [3] (sublayer) or [1] (head) */
+    int64_t iters;
+    float eps, hc_eps;
+    float *h;    /* [n_tokens][dim] collapsed input */
+    float *post; /* [n_tokens][n_hc] (iters > 0) */
+    float *mix;  /* [n_tokens][n_hc][n_hc] M (iters > 0) */
+} di_v4_hc_params;
+
+/* Sink attention over an explicit key list per query (V4's shared K=V head): for query t,
+ * head h, keys k_j = keys[t * max_keys + j] (j < n_keys[t], each a [dim] row):
+ *   l_j = scale q(t,h).k_j;  p_j = exp(l_j - M) / (sum_i exp(l_i - M) + exp(sink_h - M)),
+ *   M = max(max_j l_j, sink_h);  out(t,h) = sum_j p_j k_j.
+ * q(t,h) at q + t * q_tstride + h * dim; out likewise with out_tstride.
+ * scratch: [scratch_rows][max_keys] floats (score rows); scratch_rows >= n_tokens. A backend
+ * may use one row per worker instead of one per token (to spread heads over threads). */
+typedef struct di_v4_attn_params {
+    int64_t n_tokens, n_heads, dim;
+    float scale;
+    const float *q;
+    int64_t q_tstride;
+    const float *sinks; /* [n_heads] */
+    const float *const *keys;
+    const int32_t *n_keys; /* [n_tokens] */
+    int64_t max_keys;
+    float *out;
+    int64_t out_tstride;
+    float *scratch;
+    int64_t scratch_rows;
+} di_v4_attn_params;
+
+/* One compressed entry: out[c] = sum_i softmax_i(z_i[c]) c_i[c] over n_slots slots, per
+ * channel c < width (the compressor's softmax pooling, fp32 with a double sum). */
+typedef struct di_v4_pool_params {
+    int64_t n_slots, width;
+    const float *const *c; /* [n_slots] rows of width floats */
+    const float *const *z; /* [n_slots] */
+    float *out;            /* [width] */
+} di_v4_pool_params;
+
+/* Lightning-indexer scores: for query t and entry w < n_visible[t],
+ *   out[t * out_stride + w] = sum_h weights[t][h] * relu(q(t,h) . keys[w]) * scale
+ * q: [n_tokens][n_heads][dim], weights: [n_tokens][n_heads], keys: [>= n_visible][dim]. */
+typedef struct di_v4_index_params {
+    int64_t n_tokens, n_heads, dim;
+    float scale;
+    const float *q, *weights, *keys;
+    const int64_t *n_visible;
+    float *out;
+    int64_t out_stride;
+} di_v4_index_params;
+
 typedef struct di_backend_ops {
     const char *name;
 
@@ -113,6 +177,21 @@ typedef struct di_backend_ops {
 
     /* Releases the backend's own state (ctx). Optional (NULL: nothing to free). */
     void (*free)(void *ctx);
+
+    /* ---- DeepSeek-V4 (appended; see the params structs above) ---- */
+    /* y = x W^T for W in F4_E2M1 (two per byte, low nibble first) with a float scale per
+     * block_cols columns (w->scale [rows][scale_cols]); other dtypes go to matmul. */
+    void (*matmul_fp4)(void *ctx, const di_weight *w, const float *x, int64_t n, float *y);
+    void (*v4_hc_pre)(void *ctx, const di_v4_hc_params *p);
+    /* out[t][k] = post[t][k] y[t] + sum_j M[t][j][k] x[t][j]  (out must not alias x). */
+    void (*v4_hc_post)(void *ctx, int64_t n_tokens, int64_t n_hc, int64_t dim, const float *x,
+                       const float *y, const float *post, const float *mix, float *out);
+    void (*v4_attention)(void *ctx, const di_v4_attn_params *p);
+    void (*v4_pool)(void *ctx, const di_v4_pool_params *p);
+    void (*v4_index_scores)(void *ctx, const di_v4_index_params *p);
+    /* out[i] = silu(min(gate[i], L)) * clamp(up[i], -L, L); limit <= 0: no clamp. */
+    void (*v4_swiglu)(void *ctx, const float *gate, const float *up, int64_t n, float limit,
+                      float *out);
 } di_backend_ops;
 
 typedef struct di_backend {
@@ -128,5 +207,11 @@ static inline void di_backend_free(di_backend *be) {
     if (be && be->ops && be->ops->free) be->ops->free(be->ctx);
     if (be) be->ctx = NULL;
 }
+
+/* The CUDA backend on device `device` (src/backend/cuda). Ops take device pointers and
+ * device-side weights (di_cuda_weight_upload in backend/cuda/cuda_backend.h) and run on the
+ * backend's own stream. max_ctx sizes the attention's split-KV scratch. Fails with
+ * DI_ERR_UNSUPPORTED ("no CUDA device") when there is none or the build has no CUDA. */
+di_status di_backend_cuda_init(di_backend *be, int device, int64_t max_ctx);
 
 #endif /* DI_BACKEND_H */

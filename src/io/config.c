@@ -556,9 +556,8 @@ static di_status cfg_check(const cfg_reader *r, di_hparams *hp, bool fkdr_given)
 static di_status cfg_parse_root(const cfg_reader *r, di_hparams *hp) {
     di_status st = cfg_family(r, hp);
     if (st) return st;
-    if (hp->family == DI_FAMILY_DEEPSEEK_V4)
-        return di_error(DI_ERR_UNSUPPORTED, "%s: DeepSeek-V4 checkpoints are not supported yet",
-                        r->path);
+    if (hp->family == DI_FAMILY_DEEPSEEK_V4 || di_config_v4_fields_present(r->root))
+        return di_config_v4_parse(r->root, r->path, hp); /* V4, or refuses V4 fields in V2/V3 */
     const cfg_defaults *d = hp->family == DI_FAMILY_DEEPSEEK_V2   ? &g_defaults_v2
                             : hp->family == DI_FAMILY_DEEPSEEK_V3 ? &g_defaults_v3
                                                                   : &g_defaults_v32;

@@ -15,6 +15,7 @@
 #define DI_CONFIG_H
 
 #include "core/core.h"
+#include "io/config_v4.h"
 
 #include <stdbool.h>
 
@@ -89,6 +90,8 @@ typedef struct di_hparams {
     bool fp8;
     int64_t fp8_block[2]; /* weight_block_size, e.g. 128 x 128 */
     char dtype[16];       /* torch_dtype / dtype, e.g. "bfloat16" */
+
+    di_v4_hparams v4; /* DeepSeek-V4 only (config_v4.c); zero for other families */
 } di_hparams;
 
 /* Parses config.json text; `path` is used in error messages. */

@@ -54,5 +54,7 @@ const di_arch_vtable *di_arch_lookup(const di_hparams *hp, const char *config_pa
 
 /* DeepSeek-V2 / V3 (deepseek_v3.c). */
 extern const di_arch_vtable di_arch_deepseek_v3;
+/* DeepSeek-V4 Flash / Pro (deepseek_v4.c). */
+extern const di_arch_vtable di_arch_deepseek_v4;
 
 #endif /* DI_MODEL_H */

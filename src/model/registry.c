@@ -11,6 +11,7 @@ static const struct {
 } g_registry[] = {
     {DI_FAMILY_DEEPSEEK_V2, &di_arch_deepseek_v3}, /* V2 / V2-Lite: same code path */
     {DI_FAMILY_DEEPSEEK_V3, &di_arch_deepseek_v3}, /* V3 / V3.1 / R1 */
+    {DI_FAMILY_DEEPSEEK_V4, &di_arch_deepseek_v4}, /* V4 Flash / Pro */
 };
 
 const di_arch_vtable *di_arch_lookup(const di_hparams *hp, const char *config_path) {

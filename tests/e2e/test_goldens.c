@@ -1,6 +1,8 @@
 /*
  * test_goldens.c -- every tiny checkpoint in tests/data/<case>/ against its golden reference
- * (tools/make_goldens.py: transformers 5.17 run in float64).
+ * (tools/make_goldens.py, and tools/make_goldens_v4.py for the v4_* cases: transformers 5.17
+ * run in float64). A case whose architecture has no implementation is reported as skipped
+ * with the reason (DI_ERR_UNSUPPORTED at load), never failed.
  *
  * Per case:
  *   - logits: the prompt evaluated in one call; every position's logits within

@@ -8,6 +8,7 @@
 #include "backend/backend.h"
 #include "backend/cpu/cpu_nn.h"
 #include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/cpu_v4_ops.h"
 
 #include <string.h>
 
@@ -72,6 +73,42 @@ static void cpu_copy2d(void *ctx, float *dst, int64_t dst_stride, const float *s
         memcpy(dst + r * dst_stride, src + r * src_stride, (size_t)cols * sizeof(float));
 }
 
+/* DeepSeek-V4 ops (cpu_v4_ops.c). */
+static void cpu_matmul_fp4(void *ctx, const di_weight *w, const float *x, int64_t n, float *y) {
+    if (w->dtype != DI_DTYPE_F4_E2M1) {
+        cpu_matmul(ctx, w, x, n, y);
+        return;
+    }
+    di_cpu_matmul_fp4(pool_for(ctx, n * w->rows * w->cols), w, x, n, y);
+}
+
+static void cpu_v4_hc_pre(void *ctx, const di_v4_hc_params *p) {
+    di_cpu_v4_hc_pre(((cpu_backend *)ctx)->pool, p);
+}
+
+static void cpu_v4_hc_post(void *ctx, int64_t n_tokens, int64_t n_hc, int64_t dim,
+                           const float *x, const float *y, const float *post, const float *mix,
+                           float *out) {
+    di_cpu_v4_hc_post(((cpu_backend *)ctx)->pool, n_tokens, n_hc, dim, x, y, post, mix, out);
+}
+
+static void cpu_v4_attention(void *ctx, const di_v4_attn_params *p) {
+    di_cpu_v4_attention(((cpu_backend *)ctx)->pool, p);
+}
+
+static void cpu_v4_pool(void *ctx, const di_v4_pool_params *p) {
+    di_cpu_v4_pool(((cpu_backend *)ctx)->pool, p);
+}
+
+static void cpu_v4_index_scores(void *ctx, const di_v4_index_params *p) {
+    di_cpu_v4_index_scores(((cpu_backend *)ctx)->pool, p);
+}
+
+static void cpu_v4_swiglu(void *ctx, const float *gate, const float *up, int64_t n, float limit,
+                          float *out) {
+    di_cpu_v4_swiglu(((cpu_backend *)ctx)->pool, gate, up, n, limit, out);
+}
+
 static void cpu_free(void *ctx) {
     cpu_backend *be = ctx;
     if (!be) return;
@@ -92,6 +129,13 @@ static const di_backend_ops g_cpu_ops = {
     .axpy = cpu_axpy,
     .copy2d = cpu_copy2d,
     .free = cpu_free,
+    .matmul_fp4 = cpu_matmul_fp4,
+    .v4_hc_pre = cpu_v4_hc_pre,
+    .v4_hc_post = cpu_v4_hc_post,
+    .v4_attention = cpu_v4_attention,
+    .v4_pool = cpu_v4_pool,
+    .v4_index_scores = cpu_v4_index_scores,
+    .v4_swiglu = cpu_v4_swiglu,
 };
 
 di_status di_backend_cpu_init(di_backend *out, di_pool *pool, int64_t max_ctx) {

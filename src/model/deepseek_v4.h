@@ -1,0 +1,150 @@
+/*
+ * deepseek_v4.h -- private to src/model: the DeepSeek-V4 weight struct shared by the binder
+ * (deepseek_v4_weights.c) and the forward pass (deepseek_v4.c).
+ *
+ * Matrices are di_weight views into the checkpoint mapping in their stored dtype (BF16, FP8
+ * e4m3 with the E8M0 block scales converted to floats at load, or FP4 e2m1 with a float scale
+ * per 32 columns); small vectors and the fp32 mHC / sink / position-bias tensors are float
+ * copies owned by the model. Shapes: D hidden, H heads, d head_dim, n = hc_mult,
+ * nm = (2 + n) n mixing rows, ql = q_lora_rank, g = o_groups, r = o_lora_rank, E experts,
+ * I moe_intermediate_size, nI x dI indexer heads, m compress rate, cw = c d (c = 2 for CSA).
+ */
+#ifndef DI_DEEPSEEK_V4_H
+#define DI_DEEPSEEK_V4_H
+
+#include "kv/v4_state.h"
+#include "model/model.h"
+#include "moe/router.h"
+
+#include <stdbool.h>
+
+typedef struct v4_mlp {
+    di_weight w1; /* [I][D] gate */
+    di_weight w3; /* [I][D] up */
+    di_weight w2; /* [D][I] down */
+} v4_mlp;
+
+typedef struct v4_compressor {
+    int64_t m, width, cw; /* window, entry width (d or dI), channels (2 width if overlap) */
+    bool overlap;         /* CSA-style overlapping windows */
+    di_weight wkv;        /* [cw][D] */
+    di_weight wgate;      /* [cw][D] */
+    const float *ape;     /* [m][cw] position bias */
+    const float *norm;    /* [width] */
+} v4_compressor;
+
+typedef struct v4_block {
+    int kind;                                               /* di_v4_layer_kind */
+    int64_t m;                                              /* compress rate (0 sliding) */
+    const float *attn_norm, *ffn_norm;                      /* [D] */
+    const float *hc_attn_fn, *hc_attn_base, *hc_attn_scale; /* [nm][n D], [nm], [3] */
+    const float *hc_ffn_fn, *hc_ffn_base, *hc_ffn_scale;
+
+    di_weight wq_a;        /* [ql][D] */
+    const float *q_norm;   /* [ql] */
+    di_weight wq_b;        /* [H d][ql] */
+    di_weight wkv;         /* [d][D] */
+    const float *kv_norm;  /* [d] */
+    di_weight wo_a;        /* [g r][H d / g] */
+    di_weight *wo_a_group; /* [g] row views [r][H d / g] */
+    di_weight wo_b;        /* [D][g r] */
+    const float *sinks;    /* [H] */
+
+    v4_compressor comp;    /* CSA, HCA */
+    v4_compressor icomp;   /* CSA: the indexer's own compressor (width dI) */
+    di_weight idx_wq_b;    /* [nI dI][ql] */
+    di_weight idx_weights; /* [nI][D] weights_proj */
+
+    bool hash;              /* hash-routed MoE (tid2eid) */
+    di_weight gate;         /* [E][D] */
+    const float *gate_bias; /* [E] (top-k layers) */
+    const int32_t *tid2eid; /* [vocab][K] (hash layers), range-checked at load */
+    v4_mlp *experts;        /* [E] */
+    v4_mlp shared;
+} v4_block;
+
+/* Upstream MTP module (mtp.k.*): a sliding, top-k-routed block plus the projections that
+ * feed it and its own head mixing. Bound when present; not run by forward. */
+typedef struct v4_mtp {
+    v4_block block;
+    di_weight e_proj, h_proj;   /* [D][D] */
+    const float *enorm, *hnorm; /* [D] */
+    const float *norm;          /* [D] */
+    const float *hc_head_fn, *hc_head_base, *hc_head_scale;
+} v4_mtp;
+
+typedef struct v4_model {
+    const di_hparams *hp;                      /* borrowed */
+    const di_v4_hparams *v;                    /* &hp->v4 */
+    di_weight embed;                           /* [V][D] */
+    di_weight head;                            /* [V][D] */
+    const float *norm;                         /* [D] */
+    const float *hc_head_fn;                   /* [n][n D] */
+    const float *hc_head_base, *hc_head_scale; /* [n], [1] */
+    v4_block *blocks;                          /* [num_hidden_layers] */
+    v4_mtp *mtp;                               /* [n_mtp] or NULL */
+    int64_t n_mtp;
+
+    /* derived at load */
+    float inv_main[256], inv_comp[256]; /* [rd / 2] inverse frequencies */
+    float *ones;                        /* [max(d, D)] weight of the unweighted RMSNorms */
+
+    /* info */
+    int64_t n_params_total, n_params_routed, n_params_active, n_params_mtp, weight_bytes;
+    char dtypes[64];
+
+    void **owned;
+    int64_t n_owned, cap_owned;
+} v4_model;
+
+/* Per-sequence context: the attention state plus every activation buffer, carved once from
+ * C = chunk rows (longer inputs run in chunks of C). Shapes as above, plus rd2 = rd / 2,
+ * K = num_experts_per_tok, MK = max keys per query, ME = max entries of any layer. */
+typedef struct v4_ctx {
+    di_v4_state kv;
+    int64_t max_tokens, chunk, max_keys, max_entries;
+    void *arena;                    /* owns every buffer below */
+    float *x, *x2;                  /* [C][n][D] residual streams (ping-pong through hc_post) */
+    float *h, *xn, *y;              /* [C][D] collapsed input, its norm, the sublayer output */
+    float *post, *mix;              /* [C][n], [C][n][n] */
+    float *qr;                      /* [C][ql] normed q LoRA vector */
+    float *q, *o;                   /* [C][H d] queries, attention outputs */
+    float *kvr;                     /* [C][d] this chunk's K=V rows */
+    float *z;                       /* [C][g r] grouped output projection */
+    float *cos_m, *sin_m, *nsin_m;  /* [C][rd2] main rope (nsin: inverse rotation) */
+    float *cos_c, *sin_c, *nsin_c;  /* [C][rd2] compress rope */
+    float *cc, *zz;                 /* [C][2 d] main compressor projections */
+    float *ic, *iz;                 /* [C][2 dI] indexer compressor projections */
+    float *qi, *iw;                 /* [C][nI dI], [C][nI] indexer queries and head weights */
+    float *iscore;                  /* [C][ME] indexer scores */
+    float *ascratch;                /* [scratch_rows][MK] attention score rows */
+    int64_t scratch_rows;           /* max(C, 64): also one row per worker for up to 64 workers */
+    const float **keys;             /* [C][MK] key rows per query */
+    int32_t *n_keys;                /* [C] */
+    int64_t *n_vis;                 /* [C] entries visible to each query */
+    int32_t *sel;                   /* [MK] indexer top-k scratch */
+    const float **slot_c, **slot_z; /* [2 m_max] compressor pooling slots */
+    float *rlogits, *sel_w;         /* [C][E], [C][K] */
+    float *rscratch;                /* [3 E] */
+    /* an expert may get every (token, slot) pair if tid2eid repeats ids: K C rows */
+    float *gate, *up;    /* [K C][I] */
+    float *xe, *moe_out; /* [K C][D] */
+    float *eo;           /* [C][K][D] */
+    int32_t *sel_id;     /* [C][K] */
+    int64_t *cnt;        /* [E + 1] */
+    int32_t *ent;        /* [C K] */
+} v4_ctx;
+
+/* deepseek_v4_attn.c: one layer's attention for n tokens at pos0 (reads c->xn, writes c->y
+ * and the layer's state). */
+void v4_attention(const v4_model *m, const v4_block *L, int64_t il, v4_ctx *c, const di_backend *be,
+                  int64_t n, int64_t pos0);
+/* y = x W^T whatever W's dtype (FP4 through matmul_fp4). */
+void v4_matmul(const di_backend *be, const di_weight *w, const float *x, int64_t n, float *y);
+
+/* deepseek_v4_weights.c */
+di_status v4_model_bind(const di_hparams *hp, const di_st_set *st, const char *dir, v4_model **out);
+void v4_model_free(v4_model *m);
+void *v4_own(v4_model *m, void *p);
+
+#endif /* DI_DEEPSEEK_V4_H */

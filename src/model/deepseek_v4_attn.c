@@ -1,0 +1,268 @@
+/*
+ * deepseek_v4_attn.c -- DeepSeek-V4 attention for one layer and one chunk of tokens:
+ * sliding window, compressed sparse attention (CSA: overlapping compressor + Lightning
+ * indexer top-k) and heavily compressed attention (HCA), over one shared K=V head with
+ * per-head sinks, partial interleaved RoPE (inverse RoPE on the output) and the grouped
+ * output projection. Semantics: docs/v4-reference-notes.md, "Attention".
+ *
+ * Chunking and state (why the result does not depend on how the input is split):
+ *   - The chunk's K=V rows live in c->kvr while the chunk attends; the layer's ring still
+ *     holds the W positions before the chunk. Query p reads window position s from the
+ *     chunk if s >= pos0, else from ring slot s mod W (s > p - W >= pos0 - W, so the slot
+ *     still holds s). The ring is updated after the attention.
+ *   - Compressor rows are pushed token by token into the state's open window; a window that
+ *     completes emits its entry at once, before the chunk's attention, so query p sees
+ *     exactly the entries w < (p + 1) / m whatever the chunking (n_vis[t]).
+ *   - Every key list is built in a fixed order (window by position, then entries by index)
+ *     and every op is row-invariant, so a token's logits are bitwise the same in any chunk.
+ */
+#include "model/deepseek_v4.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+void v4_matmul(const di_backend *be, const di_weight *w, const float *x, int64_t n, float *y) {
+    if (w->dtype == DI_DTYPE_F4_E2M1)
+        be->ops->matmul_fp4(be->ctx, w, x, n, y);
+    else
+        be->ops->matmul(be->ctx, w, x, n, y);
+}
+
+/* Rotates the trailing rd dims of n_heads vectors per token (interleaved pairs). */
+static void rope(const v4_model *m, const di_backend *be, float *x, int64_t n, int64_t n_heads,
+                 int64_t width, int64_t tstride, const float *cs, const float *sn) {
+    const int64_t rd = m->v->rope_dim;
+    di_rope_op_params p = {.x = x + (width - rd),
+                           .n_tokens = n,
+                           .n_heads = n_heads,
+                           .rope_dim = rd,
+                           .tstride = tstride,
+                           .hstride = width,
+                           .cos = cs,
+                           .sin = sn,
+                           .interleaved = true};
+    be->ops->rope(be->ctx, &p);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Compressor                                                                                 */
+/* ---------------------------------------------------------------------------------------- */
+
+/* Emits the entry of the window that just completed in cs into out ([width]): softmax
+ * pooling over its slots (CSA: the previous window's first halves, then this window's
+ * second halves), RMSNorm, RoPE (compress) at position w m. */
+static void emit_entry(const v4_model *m, const v4_compressor *cw, di_v4_comp_state *cs, v4_ctx *c,
+                       const di_backend *be, int64_t w, float *out) {
+    const int64_t mm = cs->m, width = cs->width;
+    int64_t ns = 0;
+    if (cs->overlap && cs->has_prev)
+        for (int64_t i = 0; i < mm; i++, ns++) {
+            c->slot_c[ns] = di_v4_comp_row_c(cs, true, i);
+            c->slot_z[ns] = di_v4_comp_row_z(cs, true, i);
+        }
+    const int64_t off = cs->overlap ? width : 0;
+    for (int64_t i = 0; i < mm; i++, ns++) {
+        c->slot_c[ns] = di_v4_comp_row_c(cs, false, i) + off;
+        c->slot_z[ns] = di_v4_comp_row_z(cs, false, i) + off;
+    }
+    di_v4_pool_params pp = {
+        .n_slots = ns, .width = width, .c = c->slot_c, .z = c->slot_z, .out = out};
+    be->ops->v4_pool(be->ctx, &pp);
+    be->ops->rmsnorm(be->ctx, out, width, cw->norm, 1, width, (float)m->hp->rms_norm_eps, out,
+                     width);
+    const int64_t rd2 = m->v->rope_dim / 2;
+    float cs_[256], sn_[256];
+    for (int64_t i = 0; i < rd2; i++) {
+        float ang = (float)(w * mm) * m->inv_comp[i];
+        cs_[i] = (float)cos((double)ang);
+        sn_[i] = (float)sin((double)ang);
+    }
+    rope(m, be, out, 1, 1, width, width, cs_, sn_);
+}
+
+/* Pushes the chunk's compressor rows (cc, zz: [n][cw]) through the open window, emitting
+ * every entry that completes into entries ([max_entries][width]). */
+static void run_compressor(const v4_model *m, const v4_compressor *cw, di_v4_comp_state *cs,
+                           float *entries, int64_t *n_entries, v4_ctx *c, const di_backend *be,
+                           const float *cc, const float *zz, int64_t n, int64_t pos0,
+                           int64_t *n_vis) {
+    const int64_t w_ = cs->cw;
+    for (int64_t t = 0; t < n; t++) {
+        const int64_t p = pos0 + t;
+        float *rc = di_v4_comp_next_c(cs), *rz = di_v4_comp_next_z(cs);
+        memcpy(rc, cc + t * w_, (size_t)w_ * sizeof(float));
+        const float *ape = cw->ape + (p % cs->m) * w_;
+        for (int64_t i = 0; i < w_; i++)
+            rz[i] = zz[t * w_ + i] + ape[i];
+        if (di_v4_comp_commit(cs)) {
+            emit_entry(m, cw, cs, c, be, *n_entries, entries + *n_entries * cs->width);
+            (*n_entries)++;
+            di_v4_comp_advance(cs);
+        }
+        if (n_vis) n_vis[t] = *n_entries;
+    }
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Lightning indexer                                                                          */
+/* ---------------------------------------------------------------------------------------- */
+
+/* Heap order: a ranks below b if its score is lower, or equal with a higher index (torch's
+ * top-k ties are avoided by the goldens; lower index first is our rule). */
+static bool below(const float *s, int32_t a, int32_t b) {
+    return s[a] < s[b] || (s[a] == s[b] && a > b);
+}
+
+static void sift_down(int32_t *hp, int64_t n, int64_t i, const float *s) {
+    for (;;) {
+        int64_t l = 2 * i + 1, r = l + 1, lo = i;
+        if (l < n && below(s, hp[l], hp[lo])) lo = l;
+        if (r < n && below(s, hp[r], hp[lo])) lo = r;
+        if (lo == i) return;
+        int32_t tmp = hp[i];
+        hp[i] = hp[lo];
+        hp[lo] = tmp;
+        i = lo;
+    }
+}
+
+static int cmp_i32(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* The k best of scores[0, nv) into sel (ascending entry index); returns k. A min-heap of
+ * the current best k: O(nv log k) per query. */
+static int64_t top_k(const float *scores, int64_t nv, int64_t k, int32_t *sel) {
+    if (k > nv) k = nv;
+    for (int64_t i = 0; i < k; i++)
+        sel[i] = (int32_t)i;
+    for (int64_t i = k / 2 - 1; i >= 0; i--)
+        sift_down(sel, k, i, scores);
+    for (int64_t w = k; w < nv; w++) {
+        if (!below(scores, sel[0], (int32_t)w)) continue;
+        sel[0] = (int32_t)w;
+        sift_down(sel, k, 0, scores);
+    }
+    qsort(sel, (size_t)k, sizeof *sel, cmp_i32);
+    return k;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Attention                                                                                  */
+/* ---------------------------------------------------------------------------------------- */
+
+void v4_attention(const v4_model *m, const v4_block *L, int64_t il, v4_ctx *c, const di_backend *be,
+                  int64_t n, int64_t pos0) {
+    const di_v4_hparams *v = m->v;
+    const int64_t H = m->hp->num_attention_heads, d = v->head_dim, W = v->sliding_window;
+    const int64_t ql = v->q_lora_rank, g = v->o_groups, r = v->o_lora_rank;
+    const float eps = (float)m->hp->rms_norm_eps;
+    const bool comp = L->kind != DI_V4_SLIDING, csa = L->kind == DI_V4_CSA;
+    const float *cs = comp ? c->cos_c : c->cos_m, *sn = comp ? c->sin_c : c->sin_m;
+    const float *nsn = comp ? c->nsin_c : c->nsin_m;
+    di_v4_layer_state *S = &c->kv.layers[il];
+    void *bc = be->ctx;
+
+    /* 1. Queries: q LoRA (normed), heads normalised without weight, RoPE at t. */
+    v4_matmul(be, &L->wq_a, c->xn, n, c->qr);
+    be->ops->rmsnorm(bc, c->qr, ql, L->q_norm, n, ql, eps, c->qr, ql);
+    v4_matmul(be, &L->wq_b, c->qr, n, c->q);
+    be->ops->rmsnorm(bc, c->q, d, m->ones, n * H, d, eps, c->q, d);
+    rope(m, be, c->q, n, H, d, H * d, cs, sn);
+
+    /* 2. The shared K=V row of each token. */
+    v4_matmul(be, &L->wkv, c->xn, n, c->kvr);
+    be->ops->rmsnorm(bc, c->kvr, d, L->kv_norm, n, d, eps, c->kvr, d);
+    rope(m, be, c->kvr, n, 1, d, d, cs, sn);
+
+    /* 3. Compressed entries (and indexer keys) of every window this chunk completes. */
+    if (comp) {
+        const v4_compressor *cp = &L->comp;
+        v4_matmul(be, &cp->wkv, c->xn, n, c->cc);
+        v4_matmul(be, &cp->wgate, c->xn, n, c->zz);
+        int64_t ne = S->n_entries;
+        run_compressor(m, cp, &S->comp, S->entries, &ne, c, be, c->cc, c->zz, n, pos0, c->n_vis);
+        if (csa) {
+            int64_t ni = S->n_entries;
+            v4_matmul(be, &L->icomp.wkv, c->xn, n, c->ic);
+            v4_matmul(be, &L->icomp.wgate, c->xn, n, c->iz);
+            run_compressor(m, &L->icomp, &S->icomp, S->ientries, &ni, c, be, c->ic, c->iz, n, pos0,
+                           NULL);
+        }
+        S->n_entries = ne;
+    }
+
+    /* 4. Indexer scores of the visible entries (CSA). */
+    if (csa) {
+        const int64_t nI = v->index_n_heads, dI = v->index_head_dim;
+        v4_matmul(be, &L->idx_wq_b, c->qr, n, c->qi);
+        rope(m, be, c->qi, n, nI, dI, nI * dI, cs, sn);
+        v4_matmul(be, &L->idx_weights, c->xn, n, c->iw);
+        di_v4_index_params ip = {.n_tokens = n,
+                                 .n_heads = nI,
+                                 .dim = dI,
+                                 .scale = (float)(1.0 / sqrt((double)nI) / sqrt((double)dI)),
+                                 .q = c->qi,
+                                 .weights = c->iw,
+                                 .keys = S->ientries,
+                                 .n_visible = c->n_vis,
+                                 .out = c->iscore,
+                                 .out_stride = c->max_entries};
+        be->ops->v4_index_scores(bc, &ip);
+    }
+
+    /* 5. Key lists: window (by position), then the visible / selected entries. */
+    for (int64_t t = 0; t < n; t++) {
+        const int64_t p = pos0 + t;
+        const float **k = c->keys + t * c->max_keys;
+        int64_t nk = 0;
+        for (int64_t s = DI_MAX(0, p - W + 1); s <= p; s++)
+            k[nk++] = s >= pos0 ? c->kvr + (s - pos0) * d : S->ring + (s % W) * d;
+        if (csa) {
+            int64_t ns = top_k(c->iscore + t * c->max_entries, c->n_vis[t], v->index_topk, c->sel);
+            for (int64_t i = 0; i < ns; i++)
+                k[nk++] = S->entries + (int64_t)c->sel[i] * d;
+        } else if (comp) {
+            for (int64_t w = 0; w < c->n_vis[t]; w++)
+                k[nk++] = S->entries + w * d;
+        }
+        c->n_keys[t] = (int32_t)nk;
+    }
+
+    di_v4_attn_params ap = {.n_tokens = n,
+                            .n_heads = H,
+                            .dim = d,
+                            .scale = (float)(1.0 / sqrt((double)d)),
+                            .q = c->q,
+                            .q_tstride = H * d,
+                            .sinks = L->sinks,
+                            .keys = c->keys,
+                            .n_keys = c->n_keys,
+                            .max_keys = c->max_keys,
+                            .out = c->o,
+                            .out_tstride = H * d,
+                            .scratch = c->ascratch,
+                            .scratch_rows = c->scratch_rows};
+    be->ops->v4_attention(bc, &ap);
+
+    /* The ring now takes the chunk's last W rows (after every query has read it). */
+    for (int64_t t = DI_MAX(0, n - W); t < n; t++)
+        memcpy(S->ring + ((pos0 + t) % W) * d, c->kvr + t * d, (size_t)d * sizeof(float));
+
+    /* 6. Inverse RoPE at t (values carried rope), grouped output projection. */
+    rope(m, be, c->o, n, H, d, H * d, cs, nsn);
+    di_head_matmul_params gp = {.w = L->wo_a_group,
+                                .transposed = false,
+                                .n_heads = g,
+                                .n_tokens = n,
+                                .x = c->o,
+                                .x_hstride = H * d / g,
+                                .x_tstride = H * d,
+                                .y = c->z,
+                                .y_hstride = r,
+                                .y_tstride = g * r};
+    be->ops->head_matmul(bc, &gp);
+    v4_matmul(be, &L->wo_b, c->z, n, c->y);
+}
