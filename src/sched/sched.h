@@ -1,0 +1,225 @@
+/*
+ * sched.h -- continuous batching over paged KV blocks: the request state machine and the
+ * per-step batch decision. Plain C over token ids and counts; no tensors, no backend.
+ *
+ * The engine step is
+ *     di_sched_schedule(s, &batch);          which sequences run which tokens this step
+ *     model_runner(batch) -> sampled[];      one token per sequence with n_logits == 1
+ *     di_sched_postprocess(s, sampled);      append, stop checks, free finished requests
+ * (di_sched_step does exactly that). The overlap loop schedules step N+1 before step N's
+ * results are post-processed; see di_sched_schedule and docs/engine-design.md.
+ *
+ * Request life:
+ *     WAITING --admit--> PREFILL (chunked, maybe several steps) --last chunk--> DECODE
+ *     PREFILL / DECODE --out of KV blocks, newest first--> PREEMPTED (waiting again, first
+ *        in line, its generated tokens kept and recomputed as part of its "prompt")
+ *     any --stop condition / abort / prompt that can never fit--> FINISHED
+ *
+ * Design stance (nano-vllm / vLLM v1 habits):
+ *   - A request is a token array (prompt then output) and a count of tokens whose KV rows
+ *     are computed (n_computed). Prefill, chunked prefill, recompute after preemption and
+ *     decode are the same thing: run tokens [n_computed, n_tokens) in pieces under a budget.
+ *   - Each step: decodes first (one token each, oldest first), then chunks of running
+ *     prefills, then new admissions, all under max_batch_tokens; prefill tokens (including
+ *     V4 window replay) are further capped by max_prefill_tokens so a long prompt never
+ *     stretches a step and decodes keep flowing.
+ *   - KV blocks are reserved check-then-commit before a sequence enters the batch. When a
+ *     running request cannot grow, the newest running request is preempted (its blocks
+ *     freed; their full blocks stay in the prefix cache) -- never an error. Admission never
+ *     preempts.
+ *   - Everything a step needs is allocated when a request is added (its token array and
+ *     block table at their final size) or at init (the batch arrays): schedule and
+ *     postprocess never allocate.
+ *
+ * Invariants (checked by di_sched_check after every step in the tests):
+ *   - Each block's count equals the number of running requests whose table holds it.
+ *   - A running request holds ceil((n_computed + n_pending) / block_size) blocks (or its
+ *     prefix-cache hit, if larger), n_pending being its tokens in pending batches; its live
+ *     rows in the pending batches add up to n_pending tokens and n_future samples.
+ *   - Waiting and finished requests hold no blocks, no state slot, nothing pending.
+ */
+#ifndef DI_SCHED_H
+#define DI_SCHED_H
+
+#include "core/core.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef struct di_sched di_sched;
+
+typedef struct di_sched_config {
+    int32_t block_size;         /* tokens per KV block */
+    int32_t n_blocks;           /* blocks in the KV pool */
+    int64_t max_batch_tokens;   /* tokens per step (decodes + prefill + replay), >= max_running */
+    int64_t max_prefill_tokens; /* prefill + replay tokens per step; <= 0: max_batch_tokens */
+    int32_t max_running;        /* most sequences running at once */
+    int64_t max_model_len;      /* prompt + output limit; n_blocks * block_size must hold it */
+    int32_t eos_token_id;       /* -1: none */
+    bool enable_prefix_cache;
+    /* V4 bounded replay: tokens of window state to rebuild after a prefix-cache hit, i.e.
+     * (n_layers + 1) * sliding_window; 0 for models without window layers. */
+    int64_t replay_tokens;
+} di_sched_config;
+
+di_sched_config di_sched_default_config(void);
+
+typedef enum {
+    DI_REQ_WAITING,
+    DI_REQ_PREFILL,
+    DI_REQ_DECODE,
+    DI_REQ_PREEMPTED, /* waiting again after preemption */
+    DI_REQ_FINISHED,
+} di_req_state;
+
+typedef enum {
+    DI_FINISH_NONE,
+    DI_FINISH_STOP,   /* EOS or a stop token id (or di_sched_finish from a stop string) */
+    DI_FINISH_LENGTH, /* max_tokens, or max_model_len reached */
+    DI_FINISH_ABORT,  /* di_sched_abort */
+    DI_FINISH_ERROR,  /* the request can never run (prompt too long for max_model_len) */
+} di_finish_reason;
+
+const char *di_finish_reason_str(di_finish_reason r);
+
+/* What the scheduler needs of a request's sampling parameters (see di_sampling_params). */
+typedef struct di_sched_req_params {
+    int64_t max_tokens; /* >= 1 */
+    int64_t min_tokens; /* EOS / stop ids do not stop before this many output tokens */
+    bool ignore_eos;
+    const int32_t *stop_token_ids; /* [n_stop_token_ids], copied by di_sched_add */
+    int64_t n_stop_token_ids;
+} di_sched_req_params;
+
+/* The scheduler's part of a request's sampling parameters (borrows stop_token_ids). */
+static inline di_sched_req_params di_sched_params_from_sampling(const di_sampling_params *p) {
+    di_sched_req_params r;
+    r.max_tokens = p->max_tokens;
+    r.min_tokens = p->min_tokens;
+    r.ignore_eos = p->ignore_eos;
+    r.stop_token_ids = p->stop_token_ids;
+    r.n_stop_token_ids = p->n_stop_token_ids;
+    return r;
+}
+
+/* With the overlap loop, a decode may be scheduled before the token it consumes is known:
+ * its input id is then DI_SCHED_PENDING_TOKEN(row), the token sampled for seqs[row] of the
+ * previous batch, which the runner substitutes on the device; postprocess of the previous
+ * batch then writes the real id in its place. Real ids are >= 0. */
+#define DI_SCHED_PENDING_TOKEN(row) (-1 - (int32_t)(row))
+
+/* One sequence of a step's batch. Pointers stay valid until the request is released. */
+typedef struct di_sched_seq {
+    int64_t req_id;
+    int32_t slot;          /* per-sequence state slot in [0, max_running) (V4 window rings) */
+    bool reset_state;      /* first piece since admission: clear the slot's state first */
+    const int32_t *tokens; /* [n_tokens] ids at positions start .. start + n_tokens - 1 */
+    int64_t n_tokens;
+    int64_t start;              /* position of tokens[0] */
+    int64_t n_replay;           /* leading tokens whose KV rows already exist (shared, do not
+                                   write them): they only rebuild window state */
+    const int32_t *block_table; /* [n_blocks_table] covers positions 0 .. start + n_tokens - 1 */
+    int64_t n_blocks_table;
+    int32_t n_logits; /* 0, or 1: logits of the last position are needed */
+} di_sched_seq;
+
+typedef struct di_sched_batch {
+    int64_t step;       /* the scheduler's step counter */
+    di_sched_seq *seqs; /* [n_seqs], owned by the scheduler */
+    int32_t n_seqs;
+    int64_t n_tokens; /* all tokens of the step */
+    int64_t n_decode_tokens;
+    int64_t n_prefill_tokens; /* prompt / recompute tokens, replay excluded */
+    int64_t n_replay_tokens;
+    int32_t n_logits; /* sequences that need a sampled token */
+} di_sched_batch;
+
+typedef struct di_sched_stats {
+    int32_t n_running;
+    int32_t n_waiting;
+    int32_t n_finished;       /* finished, not yet released */
+    int32_t kv_blocks_used;   /* held by running requests */
+    int32_t kv_blocks_cached; /* registered in the prefix cache (held or evictable) */
+    int32_t kv_blocks_total;
+    int64_t prefix_hit_tokens; /* summed over all admissions */
+    int64_t n_preemptions;
+    int64_t n_steps;
+} di_sched_stats;
+
+typedef struct di_sched_req_info {
+    di_req_state state;
+    di_finish_reason finish_reason;
+    const char *error;     /* message when finish_reason is DI_FINISH_ERROR, else "" */
+    const int32_t *output; /* [n_output] generated tokens */
+    int64_t n_output;
+    int64_t n_prompt;
+    int64_t n_cached_tokens; /* prefix-cache hit tokens at the first admission */
+    int64_t n_preemptions;
+} di_sched_req_info;
+
+di_status di_sched_create(const di_sched_config *cfg, di_sched **out);
+void di_sched_free(di_sched *s);
+
+/* Copies the prompt and the parameters; the request waits behind earlier ones. Fails
+ * (nothing added) on a duplicate id, an empty prompt or max_tokens < 1. A prompt that can
+ * never fit is accepted and finished at once with DI_FINISH_ERROR. */
+di_status di_sched_add(di_sched *s, int64_t id, const int32_t *prompt, int64_t n_prompt,
+                       const di_sched_req_params *params);
+
+/* Decides the next step. *out points to one of the scheduler's two batch buffers, readable
+ * until the buffer is reused (the schedule call after next) and emptied by di_sched_discard.
+ * An empty batch (n_seqs == 0) means nothing can run now.
+ *
+ * At most two batches may be pending (scheduled, not post-processed): the plain loop
+ * alternates schedule and postprocess; the overlap loop schedules step N+1 while step N is in
+ * flight, then post-processes N. Step N+1 then continues every request from where step N
+ * leaves it, decodes consume N's tokens through DI_SCHED_PENDING_TOKEN, and a request whose
+ * token in flight ends it by length gets no more work. */
+di_status di_sched_schedule(di_sched *s, const di_sched_batch **out);
+
+/* Applies the results of the oldest pending batch: sampled[i] is the token of seqs[i] when
+ * seqs[i].n_logits == 1 (ignored otherwise). Registers newly full blocks in the prefix
+ * cache, appends tokens, checks stop conditions, frees finished requests' blocks. Rows of
+ * requests aborted, finished or preempted since the batch was scheduled are ignored. */
+di_status di_sched_postprocess(di_sched *s, const int32_t *sampled);
+
+/* Gives up the pending batches without results (the model runner failed): every request in
+ * them is preempted -- blocks freed, back to the front of the waiting queue -- so it is
+ * recomputed from its tokens (and the prefix cache) later, with fresh per-sequence state. */
+di_status di_sched_discard(di_sched *s);
+
+/* The model runner as the engine step sees it. run() executes the batch and writes one
+ * sampled token per sequence with n_logits == 1 into sampled[i] ([n_seqs]); it returns a
+ * status, and on failure the step is discarded (di_sched_discard). */
+typedef struct di_sched_runner {
+    di_status (*run)(void *ctx, const di_sched_batch *batch, int32_t *sampled);
+    void *ctx;
+} di_sched_runner;
+
+/* One engine step without overlap: schedule -> runner -> postprocess. *out (may be NULL)
+ * receives the batch that ran, empty when nothing ran (nothing to run, or the runner failed
+ * and the step was discarded); its sampled tokens are
+ * in *sampled_out ([n_seqs], owned by the scheduler, valid until the next step). */
+di_status di_sched_step(di_sched *s, const di_sched_runner *runner, const di_sched_batch **out,
+                        const int32_t **sampled_out);
+
+/* Finishes a request now (any state): its blocks are freed, full ones stay cached. */
+di_status di_sched_abort(di_sched *s, int64_t id);
+/* Same, with a reason chosen by the engine (a stop string matched by the detokenizer). */
+di_status di_sched_finish(di_sched *s, int64_t id, di_finish_reason reason);
+
+/* Ids of finished requests not yet released, oldest first; returns the count, or -needed
+ * when cap is too small. */
+int64_t di_sched_finished(const di_sched *s, int64_t *ids, int64_t cap);
+/* Forgets a finished request (its info and output become invalid). */
+di_status di_sched_release(di_sched *s, int64_t id);
+
+di_status di_sched_get(const di_sched *s, int64_t id, di_sched_req_info *out);
+void di_sched_get_stats(const di_sched *s, di_sched_stats *out);
+bool di_sched_has_work(const di_sched *s);
+
+/* Checks pool, prefix cache and every request's bookkeeping; DI_ERR_INTERNAL with a message
+ * on the first inconsistency. O(blocks + requests); for tests and debug builds. */
+di_status di_sched_check(const di_sched *s);
+
+#endif /* DI_SCHED_H */

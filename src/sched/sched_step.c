@@ -1,0 +1,314 @@
+/*
+ * sched_step.c -- one step's batch decision: decodes, then prefill chunks of running
+ * requests, then admissions, under the token budgets; KV blocks reserved check-then-commit;
+ * preemption of the newest running request when a running one cannot grow.
+ *
+ * Why the newest: the oldest running request can always finish (the config guarantees one
+ * sequence of max_model_len fits the pool, and every other request is newer and can be
+ * preempted), so the system always makes progress, and the work thrown away is the least.
+ *
+ * Preempting a request already placed in this step's batch takes it out again and gives its
+ * tokens back to the budget. That only happens in the prefill pass (a decode scheduled
+ * earlier may be newer than a prefilling request); in the decode pass every newer request
+ * is still unscheduled, because decodes are visited oldest first.
+ *
+ * Every decision starts from where the pending batches leave a request (n_computed +
+ * n_pending), so the same code serves the plain loop and the overlap loop.
+ */
+#include "sched/sched_internal.h"
+
+#include <string.h>
+
+typedef struct budget {
+    int64_t tokens;  /* left of max_batch_tokens */
+    int64_t prefill; /* left of max_prefill_tokens */
+} budget;
+
+/* ---------------------------------------------------------------------------------------- */
+/* The batch                                                                                  */
+/* ---------------------------------------------------------------------------------------- */
+
+static di_sched_pending *building(di_sched *s) {
+    return &s->bufs[s->newest];
+}
+
+di_sched_pending *di_sched_oldest_pending(di_sched *s) {
+    return &s->bufs[s->n_pending == 2 ? 1 - s->newest : s->newest];
+}
+
+/* Puts the next n tokens of r (from where the pending batches leave it) into the batch. */
+static void batch_add(di_sched *s, di_sched_req *r, int64_t n, bool decode, budget *bud) {
+    di_sched_pending *pb = building(s);
+    di_sched_batch *b = &pb->batch;
+    int32_t row = b->n_seqs++;
+    di_sched_seq *q = &pb->seqs[row];
+    int64_t start = di_sched_eff_computed(r);
+    if (start == r->n_tokens) /* overlap: the input is the token step N is still sampling */
+        r->tokens[start] = DI_SCHED_PENDING_TOKEN(r->future_row);
+    q->req_id = r->id;
+    q->slot = r->slot;
+    q->reset_state = r->reset_state;
+    q->tokens = r->tokens + start;
+    q->n_tokens = n;
+    q->start = start;
+    q->n_replay = DI_MAX(0, DI_MIN(r->replay_end - start, n));
+    q->block_table = r->blocks;
+    q->n_blocks_table = r->n_blocks;
+    q->n_logits = start + n == di_sched_eff_tokens(r) ? 1 : 0;
+    pb->reqs[row] = r;
+    pb->epochs[row] = r->epoch;
+    pb->is_decode[row] = decode;
+    r->reset_state = false;
+    r->n_pending += n;
+    r->n_future += q->n_logits;
+    r->sched_mark = s->sched_calls;
+
+    b->n_tokens += n;
+    b->n_logits += q->n_logits;
+    b->n_replay_tokens += q->n_replay;
+    if (decode)
+        b->n_decode_tokens += n;
+    else
+        b->n_prefill_tokens += n - q->n_replay;
+    bud->tokens -= n;
+    if (!decode) bud->prefill -= n;
+}
+
+/* Takes r out of the batch being built (it is being preempted), returning its budget. */
+static void batch_remove(di_sched *s, di_sched_req *r, budget *bud) {
+    di_sched_pending *pb = building(s);
+    di_sched_batch *b = &pb->batch;
+    for (int32_t i = 0; i < b->n_seqs; i++) {
+        if (pb->reqs[i] != r) continue;
+        const di_sched_seq *q = &pb->seqs[i];
+        b->n_tokens -= q->n_tokens;
+        b->n_logits -= q->n_logits;
+        b->n_replay_tokens -= q->n_replay;
+        bud->tokens += q->n_tokens;
+        if (pb->is_decode[i]) {
+            b->n_decode_tokens -= q->n_tokens;
+        } else {
+            b->n_prefill_tokens -= q->n_tokens - q->n_replay;
+            bud->prefill += q->n_tokens;
+        }
+        size_t tail = (size_t)(b->n_seqs - i - 1);
+        memmove(&pb->seqs[i], &pb->seqs[i + 1], tail * sizeof *pb->seqs);
+        memmove(&pb->reqs[i], &pb->reqs[i + 1], tail * sizeof *pb->reqs);
+        memmove(&pb->epochs[i], &pb->epochs[i + 1], tail * sizeof *pb->epochs);
+        memmove(&pb->is_decode[i], &pb->is_decode[i + 1], tail * sizeof *pb->is_decode);
+        b->n_seqs--;
+        return; /* its pending counts are reset by the preemption that follows */
+    }
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Preemption                                                                                 */
+/* ---------------------------------------------------------------------------------------- */
+
+/* Sends a running request (not in the batch any more) back to the front of the waiting
+ * queue. Its blocks are freed (full ones stay in the prefix cache, so the recompute often
+ * starts from a hit); its tokens, generated ones included, are kept and become the prefix to
+ * recompute. */
+void di_sched_preempt(di_sched *s, di_sched_req *r) {
+    di_sched_remove_running(s, r);
+    di_sched_release_blocks(s, r);
+    r->state = DI_REQ_PREEMPTED;
+    r->n_preemptions++;
+    s->n_preemptions++;
+    di_sched_waiting_push_front(s, r);
+}
+
+/* Preempts the newest running request, taking it out of this step's batch first. */
+static void preempt_newest(di_sched *s, budget *bud) {
+    di_sched_req *r = s->running[s->n_running - 1];
+    if (r->sched_mark == s->sched_calls) batch_remove(s, r, bud);
+    di_sched_preempt(s, r);
+}
+
+/* Makes `need` blocks allocatable by preempting running requests newer than r. Returns false
+ * when r itself is the newest and the blocks are still missing. need <= 0 happens while a
+ * replay runs inside blocks shared from the prefix cache. */
+static bool make_room(di_sched *s, const di_sched_req *r, int64_t need, budget *bud) {
+    if (need <= 0) return true;
+    while (!di_block_pool_can_allocate(&s->pool, need)) {
+        if (s->running[s->n_running - 1] == r) return false;
+        preempt_newest(s, bud);
+    }
+    return true;
+}
+
+/* Commits `need` new blocks to r's table; make_room or the caller checked they exist. */
+static void grow(di_sched *s, di_sched_req *r, int64_t need) {
+    if (need <= 0) return;
+    di_status st = di_block_pool_allocate(&s->pool, need, r->blocks + r->n_blocks);
+    (void)st; /* cannot fail: checked */
+    r->n_blocks += need;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* The three passes                                                                           */
+/* ---------------------------------------------------------------------------------------- */
+
+/* Decoding once the pending batches are applied: one token left to compute. */
+static bool is_decoding(const di_sched_req *r) {
+    return di_sched_eff_computed(r) == di_sched_eff_tokens(r) - 1;
+}
+
+static void schedule_decodes(di_sched *s, budget *bud) {
+    for (int32_t i = 0; i < s->n_running; i++) {
+        di_sched_req *r = s->running[i];
+        if (!is_decoding(r)) continue;
+        /* Overlap: the token in flight already ends the request by length. */
+        if (di_sched_eff_tokens(r) >= r->cap) continue;
+        if (bud->tokens < 1) break; /* not reached: max_batch_tokens >= max_running */
+        int64_t need = di_sched_blocks_for(s, di_sched_eff_computed(r) + 1) - r->n_blocks;
+        if (!make_room(s, r, need, bud)) {
+            preempt_newest(s, bud); /* r is the newest: it yields to the older ones */
+            break;
+        }
+        grow(s, r, need);
+        batch_add(s, r, 1, true, bud);
+    }
+}
+
+static void schedule_prefill_chunks(di_sched *s, budget *bud) {
+    int64_t bs = s->cfg.block_size;
+    for (int32_t i = 0; i < s->n_running; i++) {
+        di_sched_req *r = s->running[i];
+        if (is_decoding(r) || r->sched_mark == s->sched_calls) continue;
+        int64_t done = di_sched_eff_computed(r);
+        int64_t chunk = DI_MIN(r->n_tokens - done, DI_MIN(bud->tokens, bud->prefill));
+        if (chunk <= 0) break;
+        int64_t need = di_sched_blocks_for(s, done + chunk) - r->n_blocks;
+        if (!make_room(s, r, need, bud)) {
+            /* r is the newest: take the part that fits and keep the blocks it has. */
+            int64_t room = (r->n_blocks + di_block_pool_n_available(&s->pool)) * bs;
+            chunk = DI_MIN(chunk, room - done);
+            if (chunk <= 0) continue;
+            need = di_sched_blocks_for(s, done + chunk) - r->n_blocks;
+        }
+        grow(s, r, need);
+        batch_add(s, r, chunk, false, bud);
+    }
+}
+
+/* Admits the head of the waiting queue if its first chunk fits; returns false to stop
+ * admitting (first come, first served: a big request is not overtaken by small ones). */
+static bool admit_one(di_sched *s, budget *bud) {
+    di_sched_req *r = di_sched_waiting_at(s, 0);
+    int64_t bs = s->cfg.block_size;
+
+    /* Prefix-cache hit: full blocks only, and at least the last token is computed so that
+     * the step yields its logits. */
+    int64_t n_hit = 0;
+    di_prefix_chain chain = di_prefix_chain_root();
+    if (s->cfg.enable_prefix_cache)
+        n_hit = di_prefix_cache_match(&s->pc, r->tokens, (r->n_tokens - 1) / bs, s->match_scratch,
+                                      &chain);
+    int64_t hit_tokens = n_hit * bs;
+    int64_t start = hit_tokens, replay_end = 0;
+    if (s->cfg.replay_tokens > 0 && n_hit > 0) {
+        /* Window layers' state is not cached: rebuild it from the trailing hit tokens. */
+        start = DI_MAX(0, hit_tokens - s->cfg.replay_tokens);
+        replay_end = hit_tokens;
+    }
+    int64_t chunk = DI_MIN(r->n_tokens - start, DI_MIN(bud->tokens, bud->prefill));
+    int64_t need = DI_MAX(0, di_sched_blocks_for(s, start + chunk) - n_hit);
+    int64_t n_pinned = 0; /* hit blocks nobody holds leave the allocatable set once held */
+    for (int64_t i = 0; i < n_hit; i++)
+        if (s->pool.ref[s->match_scratch[i]] == 0) n_pinned++;
+    if (!di_block_pool_can_allocate(&s->pool, need + n_pinned)) return false;
+
+    /* Commit. Hit blocks are referenced before allocating so eviction cannot take them. */
+    s->wait_head = (s->wait_head + 1) % s->wait_cap;
+    s->n_waiting--;
+    for (int64_t i = 0; i < n_hit; i++) {
+        di_block_pool_ref(&s->pool, s->match_scratch[i]);
+        r->blocks[i] = s->match_scratch[i];
+    }
+    r->n_blocks = n_hit;
+    r->n_hit_blocks = n_hit;
+    r->n_registered = n_hit;
+    r->chain = chain;
+    grow(s, r, need);
+    r->n_computed = start;
+    r->replay_end = replay_end;
+    r->slot = s->free_slots[--s->n_free_slots];
+    r->reset_state = true;
+    r->admit_seq = ++s->admit_counter;
+    r->state = DI_REQ_PREFILL;
+    s->running[s->n_running++] = r;
+    s->prefix_hit_tokens += hit_tokens;
+    if (!r->admitted_once) r->n_cached_tokens = hit_tokens;
+    r->admitted_once = true;
+    batch_add(s, r, chunk, false, bud);
+    return true;
+}
+
+di_status di_sched_schedule(di_sched *s, const di_sched_batch **out) {
+    if (s->n_pending == 2)
+        return di_error(DI_ERR_INVALID_ARG, "scheduler: two batches in flight; post-process the "
+                                            "older one first");
+    s->newest = 1 - s->newest; /* the other buffer is free: at most one batch is pending */
+    s->sched_calls++;
+    di_sched_pending *pb = building(s);
+    di_sched_batch *b = &pb->batch;
+    memset(b, 0, sizeof *b);
+    b->seqs = pb->seqs;
+    b->step = s->n_steps;
+    budget bud = {s->cfg.max_batch_tokens, s->cfg.max_prefill_tokens};
+
+    int64_t preemptions_before = s->n_preemptions;
+    schedule_decodes(s, &bud);
+    schedule_prefill_chunks(s, &bud);
+    /* Memory was short enough to preempt: admitting now would only thrash. */
+    bool admit = s->n_preemptions == preemptions_before;
+    while (admit && s->n_waiting > 0 && s->n_running < s->cfg.max_running && bud.tokens > 0 &&
+           bud.prefill > 0 && admit_one(s, &bud)) {
+    }
+
+    /* Rows are final now: remember where each request's next token will come from. */
+    for (int32_t i = 0; i < b->n_seqs; i++)
+        if (b->seqs[i].n_logits) pb->reqs[i]->future_row = i;
+    if (b->n_seqs > 0) {
+        pb->pending = true;
+        s->n_pending++;
+        s->n_steps++;
+    } else {
+        s->newest = 1 - s->newest; /* nothing scheduled: keep the pending one the newest */
+    }
+    *out = b;
+    return DI_OK;
+}
+
+di_status di_sched_discard(di_sched *s) {
+    if (s->n_pending == 0)
+        return di_error(DI_ERR_INVALID_ARG, "scheduler: no pending batch to discard");
+    /* Every request with a live row in a pending batch is preempted, newest first, so that
+     * the waiting queue ends up oldest first. */
+    for (int32_t i = s->n_running - 1; i >= 0; i--) {
+        di_sched_req *r = s->running[i];
+        if (r->n_pending > 0) di_sched_preempt(s, r);
+    }
+    for (int k = 0; k < 2; k++) {
+        s->bufs[k].batch.n_seqs = 0;
+        s->bufs[k].pending = false;
+    }
+    s->n_pending = 0;
+    return DI_OK;
+}
+
+di_status di_sched_step(di_sched *s, const di_sched_runner *runner, const di_sched_batch **out,
+                        const int32_t **sampled_out) {
+    const di_sched_batch *b;
+    di_status st = di_sched_schedule(s, &b);
+    if (out) *out = b;
+    if (sampled_out) *sampled_out = s->sampled;
+    if (st != DI_OK || b->n_seqs == 0) return st;
+    st = runner->run(runner->ctx, b, s->sampled);
+    if (st != DI_OK) {
+        di_sched_discard(s);
+        return st;
+    }
+    return di_sched_postprocess(s, s->sampled);
+}
