@@ -14,6 +14,7 @@
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -177,4 +178,49 @@ double cli_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* The default model                                                                          */
+/* ---------------------------------------------------------------------------------------- */
+
+#define CLI_DEFAULT_MODEL "deepseek-v4-tiny"
+
+static bool has_config(const char *dir) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    return access(path, R_OK) == 0;
+}
+
+const char *cli_model_dir(const char *cmd, const char *given) {
+    static char found[4096];
+    if (given) return given;
+    const char *env = getenv("DEEPINFER_MODEL");
+    if (env && *env) {
+        if (has_config(env)) return env;
+        cli_error(CLI_EXIT_USAGE, cmd, "DEEPINFER_MODEL=%s: no config.json there", env);
+        return NULL;
+    }
+    /* Relative to the program, so a build tree or an installed tree works wherever it is. */
+    char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+        exe[n] = '\0';
+        char *slash = strrchr(exe, '/');
+        if (slash) *slash = '\0';
+        const char *rel[] = {"../models/", "../share/deepinfer/models/", "models/"};
+        for (size_t i = 0; i < CLI_LEN(rel); i++) {
+            snprintf(found, sizeof found, "%s/%s%s", exe, rel[i], CLI_DEFAULT_MODEL);
+            if (has_config(found)) return found;
+        }
+    }
+    const char *fixed[] = {DI_INSTALL_DATA_DIR "/models/" CLI_DEFAULT_MODEL,
+                           DI_SOURCE_DIR_CLI "/models/" CLI_DEFAULT_MODEL};
+    for (size_t i = 0; i < CLI_LEN(fixed); i++)
+        if (has_config(fixed[i])) return fixed[i];
+    cli_error(CLI_EXIT_USAGE, cmd,
+              "no --model given and the bundled model \"%s\" was not found (set "
+              "DEEPINFER_MODEL or pass --model DIR)",
+              CLI_DEFAULT_MODEL);
+    return NULL;
 }

@@ -59,6 +59,12 @@ int cli_lib_error(const char *cmd, di_status st);
 /* Checks --format: sets *json for "json", accepts "text". */
 int cli_parse_format(const char *cmd, const char *format, bool *json);
 
+/* The model folder a command uses: `given` (--model) if set, else the bundled default model
+ * (models/deepseek-v4-tiny), looked for in $DEEPINFER_MODEL, next to the program
+ * (<bin>/../models, <bin>/../share/deepinfer/models), in the install prefix and in the
+ * source tree the program was built from. Returns NULL after printing an error (exit 2). */
+const char *cli_model_dir(const char *cmd, const char *given);
+
 /* Loads the model in dir with n_threads threads (0: all cores) and reads its info. */
 int cli_load_model(const char *cmd, const char *dir, int64_t n_threads, di_model **model,
                    di_model_info *info);

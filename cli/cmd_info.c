@@ -10,13 +10,14 @@
 #include <stdio.h>
 
 static const char *const k_usage =
-    "usage: deepinfer info --model DIR [--format text|json] [--threads N]\n"
+    "usage: deepinfer info [--model DIR] [--format text|json] [--threads N]\n"
     "\n"
     "Describes a checkpoint: architecture, family, layers, hidden size, vocabulary, context,\n"
     "parameter counts (total, active per token, MTP), stored dtypes, weight and KV-cache bytes.\n"
     "\n"
     "options:\n"
-    "  --model DIR      checkpoint folder (config.json + *.safetensors)   [required]\n"
+    "  --model DIR      checkpoint folder (config.json + *.safetensors);\n"
+    "                   default: the bundled model (models/deepseek-v4-tiny)\n"
     "  --format FMT     text (default) or json (one JSON object on stdout)\n"
     "  --threads N      compute threads; 0 = all cores (default)\n"
     "  -h, --help       show this help\n"
@@ -113,7 +114,7 @@ int cmd_info(int argc, char **argv) {
     };
     int rc = cli_parse(cmd, k_usage, opts, (int)CLI_LEN(opts), argc, argv);
     if (rc != CLI_CONTINUE) return rc;
-    if (!model_dir) return cli_missing(cmd, "model");
+    if (!(model_dir = cli_model_dir(cmd, model_dir))) return CLI_EXIT_USAGE;
     bool json;
     if ((rc = cli_parse_format(cmd, format, &json)) != CLI_CONTINUE) return rc;
 

@@ -17,14 +17,15 @@
 #include <string.h>
 
 static const char *const k_usage =
-    "usage: deepinfer logits --model DIR (--ids \"3 17 42\" | --ids-file F) --out FILE\n"
+    "usage: deepinfer logits [--model DIR] (--ids \"3 17 42\" | --ids-file F) --out FILE\n"
     "                        [--threads N]\n"
     "\n"
     "Evaluates the token ids as one sequence and writes the logits of every position to FILE:\n"
     "float32 little-endian, row-major [n_ids][vocab_size], no header.\n"
     "\n"
     "options:\n"
-    "  --model DIR      checkpoint folder (config.json + *.safetensors)   [required]\n"
+    "  --model DIR      checkpoint folder (config.json + *.safetensors);\n"
+    "                   default: the bundled model (models/deepseek-v4-tiny)\n"
     "  --ids \"A B ..\"   token ids separated by spaces                    [or --ids-file]\n"
     "  --ids-file F     file of whitespace-separated token ids\n"
     "  --out FILE       output file                                       [required]\n"
@@ -117,7 +118,7 @@ int cmd_logits(int argc, char **argv) {
     };
     int rc = cli_parse(cmd, k_usage, opts, (int)CLI_LEN(opts), argc, argv);
     if (rc != CLI_CONTINUE) return rc;
-    if (!model_dir) return cli_missing(cmd, "model");
+    if (!(model_dir = cli_model_dir(cmd, model_dir))) return CLI_EXIT_USAGE;
     if (!out_path) return cli_missing(cmd, "out");
     cli_ids ids = {0};
     if ((rc = cli_ids_from_options(cmd, ids_text, ids_file, &ids)) != CLI_CONTINUE) return rc;

@@ -21,14 +21,15 @@
 #include <string.h>
 
 static const char *const k_usage =
-    "usage: deepinfer perplexity --model DIR (--file F | --ids-file F) [--ctx N]\n"
+    "usage: deepinfer perplexity [--model DIR] (--file F | --ids-file F) [--ctx N]\n"
     "                            [--format text|json] [--threads N]\n"
     "\n"
     "Perplexity of the model on a text: the text is cut into chunks of --ctx tokens, each\n"
     "evaluated from an empty context; every token but a chunk's first is scored.\n"
     "\n"
     "options:\n"
-    "  --model DIR      checkpoint folder with its tokenizer.json          [required]\n"
+    "  --model DIR      checkpoint folder with its tokenizer.json;\n"
+    "                   default: the bundled model (models/deepseek-v4-tiny)\n"
     "  --file F         UTF-8 text file                                   [or --ids-file]\n"
     "  --ids-file F     file of whitespace-separated token ids (no tokenizer needed)\n"
     "  --ctx N          tokens per chunk (default 512, at most the model's context)\n"
@@ -165,7 +166,7 @@ int cmd_perplexity(int argc, char **argv) {
     };
     int rc = cli_parse(cmd, k_usage, opts, (int)CLI_LEN(opts), argc, argv);
     if (rc != CLI_CONTINUE) return rc;
-    if (!o.model_dir) return cli_missing(cmd, "model");
+    if (!(o.model_dir = cli_model_dir(cmd, o.model_dir))) return CLI_EXIT_USAGE;
     if (!o.file == !o.ids_file)
         return cli_error(CLI_EXIT_USAGE, cmd, "give exactly one of --file and --ids-file");
     rc = cli_parse_format(cmd, o.format, &o.json);

@@ -86,9 +86,14 @@ for cmd in info logits generate; do
     fi
 done
 
-expect_error "info: missing --model" "--model" info --format json
-expect_error "logits: missing --model" "--model" logits --ids "1 2" --out "$TMP/x.bin"
-expect_error "generate: missing --model" "--model" generate --ids "1 2" --max-tokens 2
+# Without --model the bundled model is used; DEEPINFER_MODEL overrides where it is found.
+if [ -f models/deepseek-v4-tiny/config.json ]; then
+    expect_ok "info: the bundled model without --model" info --format json
+else
+    skip "info: the bundled model without --model"
+fi
+DEEPINFER_MODEL=/nonexistent/model expect_error "info: DEEPINFER_MODEL without a model" "DEEPINFER_MODEL" info --format json
+DEEPINFER_MODEL=/nonexistent/model expect_error "logits: DEEPINFER_MODEL without a model" "DEEPINFER_MODEL" logits --ids "1 2" --out "$TMP/x.bin"
 expect_error "generate: nonexistent model dir" "$TMP/no-such-model" \
     generate --model "$TMP/no-such-model" --ids "1 2" --max-tokens 2
 expect_error "info: nonexistent model dir" "$TMP/no-such-model" info --model "$TMP/no-such-model"
