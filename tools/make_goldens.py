@@ -21,23 +21,21 @@ Design stance:
   top-k boundary has a margin > ROUTER_MARGIN and every greedy step > GREEDY_MARGIN.
 """
 
-import argparse
-import hashlib
 import json
 import math
 import os
 import re
 import shutil
-import sys
-import tempfile
-import types
 
 import torch
 
 torch.set_num_threads(1)
 
 import transformers  # noqa: E402
-from safetensors.torch import load_file, save_file  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
+
+import golden_common as gc  # noqa: E402
+from golden_common import FP8_BLOCK, compute_reference, dequantize_fp8, quantize_fp8, write_json  # noqa: E402
 
 ROUTER_MARGIN = 1e-4
 GREEDY_MARGIN = 1e-3
@@ -273,43 +271,9 @@ CASES = {
 # A float64 copy of the transformers modeling code
 # --------------------------------------------------------------------------------------------
 
-_F64_CACHE = {}
-
-
-def _rewrite_f64(src):
-    src = re.sub(r"\btorch\.float32\b", "torch.float64", src)
-    src = re.sub(r"\btorch\.float\b(?!\d)", "torch.float64", src)
-    src = re.sub(r"\.float\(\)", ".double()", src)
-    return src
-
-
-def _exec_module(path, name, package):
-    with open(path) as f:
-        src = _rewrite_f64(f.read())
-    mod = types.ModuleType(name)
-    mod.__file__ = path
-    mod.__package__ = package
-    sys.modules[name] = mod
-    exec(compile(src, path + " [float64 rewrite]", "exec"), mod.__dict__)
-    return mod
-
-
 def load_f64_modeling(arch):
     """Return transformers' modeling_deepseek_v{2,3} re-executed with float32 -> float64."""
-    if arch in _F64_CACHE:
-        return _F64_CACHE[arch]
-    tdir = os.path.dirname(transformers.__file__)
-    rope = _F64_CACHE.get("rope")
-    if rope is None:
-        rope = _exec_module(os.path.join(tdir, "modeling_rope_utils.py"), "transformers._f64_rope_utils", "transformers")
-        _F64_CACHE["rope"] = rope
-    n = {"v2": "deepseek_v2", "v3": "deepseek_v3"}[arch]
-    mod = _exec_module(
-        os.path.join(tdir, "models", n, f"modeling_{n}.py"), f"transformers.models.{n}._f64_modeling", f"transformers.models.{n}"
-    )
-    mod.ROPE_INIT_FUNCTIONS = rope.ROPE_INIT_FUNCTIONS
-    _F64_CACHE[arch] = mod
-    return mod
+    return gc.load_f64_modeling({"v2": "deepseek_v2", "v3": "deepseek_v3"}[arch])
 
 
 def stock_classes(arch):
@@ -349,18 +313,8 @@ def init_weights(model, gen, hidden):
         if not t.is_floating_point() or "rotary_emb" in name:
             continue
         shape = t.shape
-        if name.endswith("norm.weight"):
-            v = 1.0 + 0.1 * torch.randn(shape, generator=gen)
-        elif name.endswith("e_score_correction_bias"):
-            v = 0.1 * torch.randn(shape, generator=gen)
-        elif name.endswith("mlp.gate.weight"):
-            # Router: logits of std ~2 so the top-k boundaries are well separated.
-            v = (2.0 / math.sqrt(shape[-1])) * torch.randn(shape, generator=gen)
-        elif name.endswith("embed_tokens.weight"):
-            v = 0.5 * torch.randn(shape, generator=gen)
-        elif name == "lm_head.weight":
-            v = (3.0 / math.sqrt(shape[-1])) * torch.randn(shape, generator=gen)
-        else:
+        v = gc.init_common(name, shape, gen, head_scale=3.0)
+        if v is None:
             std = min(0.1, max(0.02, 0.8 / math.sqrt(shape[-1])))
             v = std * torch.randn(shape, generator=gen)
         t.copy_(v)
@@ -403,35 +357,6 @@ _FP8_RE = re.compile(
     r"|mlp\.shared_experts\.(gate_proj|up_proj|down_proj)"
     r"|mlp\.experts\.\d+\.(gate_proj|up_proj|down_proj))\.weight$"
 )
-FP8_BLOCK = 128
-FP8_MAX = 448.0
-
-
-def quantize_fp8(w):
-    """Block-quantize a 2-D weight: returns (q e4m3 [R,C], scale_inv f32 [ceil(R/128), ceil(C/128)])
-    with w ~= q * scale_inv per block."""
-    w = w.to(torch.float32)
-    r, c = w.shape
-    br, bc = -(-r // FP8_BLOCK), -(-c // FP8_BLOCK)
-    q = torch.empty(r, c, dtype=torch.float8_e4m3fn)
-    s = torch.empty(br, bc, dtype=torch.float32)
-    for i in range(br):
-        for j in range(bc):
-            blk = w[i * FP8_BLOCK : (i + 1) * FP8_BLOCK, j * FP8_BLOCK : (j + 1) * FP8_BLOCK]
-            amax = blk.abs().max().item()
-            scale = torch.tensor(amax / FP8_MAX if amax > 0 else 1.0, dtype=torch.float32)
-            s[i, j] = scale
-            q[i * FP8_BLOCK : (i + 1) * FP8_BLOCK, j * FP8_BLOCK : (j + 1) * FP8_BLOCK] = (blk / scale).to(
-                torch.float8_e4m3fn
-            )
-    return q, s
-
-
-def dequantize_fp8(q, s):
-    r, c = q.shape
-    sf = s.to(torch.float64).repeat_interleave(FP8_BLOCK, 0)[:r].repeat_interleave(FP8_BLOCK, 1)[:, :c]
-    return q.to(torch.float64) * sf
-
 
 # --------------------------------------------------------------------------------------------
 # Config files
@@ -499,45 +424,9 @@ def deepseek_config_json(case):
     return d
 
 
-def write_json(path, obj):
-    with open(path, "w") as f:
-        json.dump(obj, f, indent=2, sort_keys=False)
-        f.write("\n")
-
-
 # --------------------------------------------------------------------------------------------
 # Writing the checkpoint
 # --------------------------------------------------------------------------------------------
-
-
-def write_safetensors(folder, tensors, n_shards):
-    names = sorted(tensors)
-    meta = {"format": "pt"}
-    if n_shards <= 1:
-        save_file({k: tensors[k].contiguous() for k in names}, os.path.join(folder, "model.safetensors"), metadata=meta)
-        return
-    # Split by cumulative byte size, keeping the name order.
-    sizes = [tensors[k].numel() * tensors[k].element_size() for k in names]
-    total = sum(sizes)
-    target = total / n_shards
-    shards, cur, acc = [], [], 0
-    for k, s in zip(names, sizes):
-        if cur and acc + s / 2 > target * (len(shards) + 1) and len(shards) < n_shards - 1:
-            shards.append(cur)
-            cur = []
-        cur.append(k)
-        acc += s
-    shards.append(cur)
-    weight_map = {}
-    for i, keys in enumerate(shards):
-        fn = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-        save_file({k: tensors[k].contiguous() for k in keys}, os.path.join(folder, fn), metadata=meta)
-        for k in keys:
-            weight_map[k] = fn
-    write_json(
-        os.path.join(folder, "model.safetensors.index.json"),
-        {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))},
-    )
 
 
 def build_checkpoint(case, attempt, folder):
@@ -547,24 +436,15 @@ def build_checkpoint(case, attempt, folder):
     cfg_cls, lm_cls = stock_classes(arch)
     kw = hf5_config_kwargs(case)
     cfg = cfg_cls(**kw)
-    seed = case["seed"] + 7919 * attempt
-    torch.manual_seed(seed)
+    gen = gc.seed_case(case, attempt)
     model = lm_cls(cfg).eval()
-    gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         init_weights(model, gen, cfg.hidden_size)
     bias = {
         n: b.detach().clone().to(torch.float32) for n, b in model.named_buffers() if n.endswith("e_score_correction_bias")
     }
     model = model.to(torch.bfloat16)
-    with tempfile.TemporaryDirectory() as tmp:
-        model.save_pretrained(tmp)
-        with open(os.path.join(tmp, "config.json")) as f:
-            hf_cfg = json.load(f)
-        files = sorted(x for x in os.listdir(tmp) if x.endswith(".safetensors"))
-        tensors = {}
-        for fn in files:
-            tensors.update(load_file(os.path.join(tmp, fn)))
+    hf_cfg, tensors = gc.save_pretrained_tensors(model)
     # The correction bias is F32 in DeepSeek-V3's checkpoints.
     for n, b in bias.items():
         assert n in tensors, n
@@ -590,7 +470,7 @@ def build_checkpoint(case, attempt, folder):
             tensors.update(mtp_tensors(tensors, cfg, gen, cfg.num_hidden_layers + i))
 
     os.makedirs(folder, exist_ok=True)
-    write_safetensors(folder, tensors, 3 if case.get("sharded") else 1)
+    gc.write_safetensors(folder, tensors, 3 if case.get("sharded") else 1)
 
     if case["spelling"] == "deepseek":
         write_json(os.path.join(folder, "config.json"), deepseek_config_json(case))
@@ -612,34 +492,19 @@ def load_reference(case, folder, eff, cls):
     if case.get("fp8"):
         # transformers' FP8 path needs a GPU: write the dequantized weights (F64) and a config
         # without quantization_config to a scratch folder and load that.
-        with tempfile.TemporaryDirectory() as tmp:
-            with open(os.path.join(folder, "config.json")) as f:
-                c = json.load(f)
-            c.pop("quantization_config")
-            write_json(os.path.join(tmp, "config.json"), c)
-            save_file({k: v.contiguous() for k, v in sorted(eff.items())}, os.path.join(tmp, "model.safetensors"))
-            model = cls.from_pretrained(tmp, dtype=torch.float64, attn_implementation="eager")
+        with open(os.path.join(folder, "config.json")) as f:
+            c = json.load(f)
+        c.pop("quantization_config")
+        model = gc.load_f64_scratch(cls, eff, lambda tmp: write_json(os.path.join(tmp, "config.json"), c))
     else:
-        model = cls.from_pretrained(folder, dtype=torch.float64, attn_implementation="eager")
-    model.eval()
-    if hasattr(model, "set_experts_implementation"):
-        model.set_experts_implementation("eager")
-    model.config.use_cache = True
+        model = gc.load_f64_pretrained(cls, folder)
     # Check every weight equals the stored value exactly.
     msd = model.state_dict()
-    for k, v in model.named_parameters():
-        assert v.dtype == torch.float64, (k, v.dtype)
     for k, v in eff.items():
         if k in msd:
             assert torch.equal(msd[k].to(torch.float64), v), k
-    for name, mod in model.named_modules():
-        if name.endswith("mlp.experts"):
-            layer = name.split(".")[2]
-            for e in range(mod.num_experts):
-                p = f"model.layers.{layer}.mlp.experts.{e}."
-                gu = torch.cat([eff[p + "gate_proj.weight"], eff[p + "up_proj.weight"]], 0)
-                assert torch.equal(mod.gate_up_proj[e].detach(), gu), p
-                assert torch.equal(mod.down_proj[e].detach(), eff[p + "down_proj.weight"]), p
+    gc.check_experts(model, eff, "model.layers.{layer}.mlp.experts.{e}.", "gate_proj.weight", "up_proj.weight",
+                     "down_proj.weight")
     return model
 
 
@@ -737,10 +602,7 @@ def router_margins(case, model, ids):
         captured.append((mod, args[0].detach().reshape(-1, mod.hidden_dim).to(torch.float64)))
 
     hs = [m.register_forward_pre_hook(hook) for n, m in model.named_modules() if n.endswith("mlp.gate")]
-    with torch.no_grad():
-        model(input_ids=ids, use_cache=False)
-    for h in hs:
-        h.remove()
+    gc.forward_with_hooks(model, ids, hs)
     worst = float("inf")
     for mod, x in captured:
         logits = x @ mod.weight.detach().to(torch.float64).T
@@ -770,39 +632,6 @@ def router_margins(case, model, ids):
                 ss = scm.sort(-1, descending=True).values
                 worst = min(worst, (ss[:, k - 1] - ss[:, k]).min().item())
     return worst
-
-
-def top2_gap(row):
-    v = row.topk(2).values
-    return (v[0] - v[1]).item()
-
-
-def compute_reference(case, model, prompt):
-    ids = torch.tensor([prompt], dtype=torch.long)
-    with torch.no_grad():
-        logits = model(input_ids=ids, use_cache=False).logits[0]
-    # Greedy by full recompute.
-    seq = list(prompt)
-    greedy, margins = [], []
-    with torch.no_grad():
-        for _ in range(case["n_new"]):
-            lg = model(input_ids=torch.tensor([seq]), use_cache=False).logits[0, -1]
-            nxt = int(lg.argmax())
-            margins.append(top2_gap(lg))
-            greedy.append(nxt)
-            seq.append(nxt)
-        # Same through generate() with the KV cache.
-        out = model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=case["n_new"],
-            min_new_tokens=case["n_new"],
-            do_sample=False,
-            use_cache=True,
-        )
-    gen_ids = out[0, len(prompt) :].tolist()
-    assert gen_ids == greedy, f"generate() {gen_ids} != full-recompute greedy {greedy}"
-    return logits, greedy, margins, torch.tensor([seq[:-1]])
 
 
 # --------------------------------------------------------------------------------------------
@@ -948,10 +777,9 @@ def make_case(name, out_root):
         tensors, eff = build_checkpoint(case, attempt, folder)
         model = load_reference(case, folder, eff, f64_cls)
         resolved = check_resolved(case, model)
-        pg = torch.Generator().manual_seed(case["seed"] * 31 + 7)
-        prompt = torch.randint(2, case["config"]["vocab_size"], (case["n_prompt"],), generator=pg).tolist()
-        logits, greedy, gmargins, full = compute_reference(case, model, prompt)
-        rmargin = router_margins(case, model, full)
+        prompt = gc.random_prompt(case, case["config"]["vocab_size"])
+        logits, greedy, gmargins, seq = compute_reference(case, model, prompt)
+        rmargin = router_margins(case, model, torch.tensor([seq[:-1]]))
         gmin = min(gmargins)
         print(f"[{name}] attempt {attempt}: router margin {rmargin:.3g}, greedy margin {gmin:.3g}, greedy {greedy}")
         if rmargin > ROUTER_MARGIN and gmin > GREEDY_MARGIN:
@@ -973,22 +801,9 @@ def make_case(name, out_root):
     assert ind_diff < 1e-9, f"independent implementation differs by {ind_diff}"
     assert ind[len(prompt) - 1 :].argmax(-1).tolist()[: len(greedy)] == greedy
 
-    logits.to(torch.float64).contiguous().numpy().astype("<f8").tofile(os.path.join(folder, "ref_logits.f64"))
+    gc.write_f64(os.path.join(folder, "ref_logits.f64"), logits)
     ref = {
-        "case": name,
-        "description": case["description"],
-        "prompt_ids": prompt,
-        "n_prompt": len(prompt),
-        "vocab_size": case["config"]["vocab_size"],
-        "logits_file": "ref_logits.f64",
-        "logits_dtype": "float64",
-        "logits_shape": [len(prompt), case["config"]["vocab_size"]],
-        "greedy_ids": greedy,
-        "n_greedy": len(greedy),
-        "transformers_version": transformers.__version__,
-        "torch_version": torch.__version__,
-        "seed": case["seed"],
-        "seed_attempt": attempt,
+        **gc.ref_json_head(name, case, prompt, case["config"]["vocab_size"], greedy, attempt),
         "weights_dtype": "fp8_e4m3_block128+bf16" if case.get("fp8") else "bfloat16",
         "min_router_margin": rmargin,
         "min_greedy_logit_margin": gmin,
@@ -998,25 +813,12 @@ def make_case(name, out_root):
         "resolved": resolved,
     }
     write_json(os.path.join(folder, "ref.json"), ref)
-    total = 0
-    for fn in sorted(os.listdir(folder)):
-        p = os.path.join(folder, fn)
-        os.chmod(p, 0o644)  # safetensors writes 0600
-        total += os.path.getsize(p)
-        with open(p, "rb") as f:
-            h = hashlib.sha256(f.read()).hexdigest()[:16]
-        print(f"  {fn:48s} {os.path.getsize(p):9d}  {h}")
+    total = gc.list_folder(folder, 48)
     print(f"[{name}] done: {total} bytes, stock diff {stock_diff:.3g}, independent diff {ind_diff:.3g}")
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data"))
-    ap.add_argument("--case", action="append", choices=sorted(CASES), help="case to build (repeatable); default all")
-    args = ap.parse_args()
-    transformers.logging.set_verbosity_error()
-    for name in args.case or list(CASES):
-        make_case(name, os.path.normpath(args.out))
+    gc.main(__doc__, CASES, make_case)
 
 
 if __name__ == "__main__":

@@ -24,23 +24,28 @@ Design stance (see docs/v4-reference-notes.md):
 - independent_forward() is a from-the-files float64 forward written from the note alone.
 """
 
-import argparse
-import hashlib
 import json
 import math
 import os
 import re
 import shutil
-import sys
-import tempfile
-import types
 
 import torch
 
 torch.set_num_threads(1)
 
 import transformers  # noqa: E402
-from safetensors.torch import load_file, save_file  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
+
+import golden_common as gc  # noqa: E402
+from golden_common import (  # noqa: E402
+    compute_reference,
+    dequantize_fp4,
+    dequantize_fp8,
+    quantize_fp4_e8m0,
+    quantize_fp8_e8m0,
+    write_json,
+)
 
 ROUTER_MARGIN = 1e-4
 INDEXER_MARGIN = 1e-4
@@ -198,40 +203,9 @@ CASES = {
 # A float64 copy of the transformers modeling code
 # --------------------------------------------------------------------------------------------
 
-_F64 = {}
-
-
-def _rewrite_f64(src):
-    src = re.sub(r"\btorch\.float32\b", "torch.float64", src)
-    src = re.sub(r"\btorch\.float\b(?!\d)", "torch.float64", src)
-    src = re.sub(r"\.float\(\)", ".double()", src)
-    return src
-
-
-def _exec_module(path, name, package):
-    with open(path) as f:
-        src = _rewrite_f64(f.read())
-    mod = types.ModuleType(name)
-    mod.__file__ = path
-    mod.__package__ = package
-    sys.modules[name] = mod
-    exec(compile(src, path + " [float64 rewrite]", "exec"), mod.__dict__)
-    return mod
-
-
 def load_f64_modeling():
-    if "v4" in _F64:
-        return _F64["v4"]
-    tdir = os.path.dirname(transformers.__file__)
-    rope = _exec_module(os.path.join(tdir, "modeling_rope_utils.py"), "transformers._f64v4_rope_utils", "transformers")
-    mod = _exec_module(
-        os.path.join(tdir, "models", "deepseek_v4", "modeling_deepseek_v4.py"),
-        "transformers.models.deepseek_v4._f64_modeling",
-        "transformers.models.deepseek_v4",
-    )
-    mod.ROPE_INIT_FUNCTIONS = rope.ROPE_INIT_FUNCTIONS
-    _F64["v4"] = mod
-    return mod
+    """Return transformers' modeling_deepseek_v4 re-executed with float32 -> float64."""
+    return gc.load_f64_modeling("deepseek_v4")
 
 
 # --------------------------------------------------------------------------------------------
@@ -255,16 +229,9 @@ def init_weights(model, gen, cfg):
             v = torch.stack([torch.randperm(cfg.n_routed_experts, generator=gen)[: shape[1]] for _ in range(shape[0])])
             t.copy_(v)
             continue
-        if name.endswith("norm.weight"):
-            v = 1.0 + 0.1 * torch.randn(shape, generator=gen)
-        elif name.endswith("e_score_correction_bias"):
-            v = 0.1 * torch.randn(shape, generator=gen)
-        elif name.endswith("mlp.gate.weight"):
-            v = (2.0 / math.sqrt(shape[-1])) * torch.randn(shape, generator=gen)
-        elif name.endswith("embed_tokens.weight"):
-            v = 0.5 * torch.randn(shape, generator=gen)
-        elif name == "lm_head.weight":
-            v = (2.0 / math.sqrt(shape[-1])) * torch.randn(shape, generator=gen)
+        v = gc.init_common(name, shape, gen, head_scale=2.0)
+        if v is not None:
+            pass
         elif name.endswith("_hc.fn") or name.endswith("hc_head.hc_fn"):
             v = (1.0 / math.sqrt(shape[-1])) * torch.randn(shape, generator=gen)
         elif name.endswith("_hc.base") or name.endswith("hc_base"):
@@ -284,72 +251,6 @@ def init_weights(model, gen, cfg):
         else:
             v = (1.0 / math.sqrt(shape[-1])) * torch.randn(shape, generator=gen)
         t.copy_(v)
-
-
-def ceil_log2_pow2(x):
-    """2**ceil(log2(x)) for x > 0 (E8M0-representable power-of-two scale), computed exactly."""
-    m, e = math.frexp(x)  # x = m * 2**e, 0.5 <= m < 1
-    return 2.0 ** (e - 1) if m == 0.5 else 2.0**e
-
-
-FP8_MAX, FP8_BLOCK = 448.0, 128
-FP4_VALUES = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
-
-
-def quantize_fp8_e8m0(w):
-    """128x128 blocks, power-of-two scale 2^ceil(log2(amax/448)) stored as E8M0."""
-    w = w.to(torch.float64)
-    r, c = w.shape
-    br, bc = -(-r // FP8_BLOCK), -(-c // FP8_BLOCK)
-    q = torch.empty(r, c, dtype=torch.float8_e4m3fn)
-    s = torch.empty(br, bc, dtype=torch.float64)
-    for i in range(br):
-        for j in range(bc):
-            sl = (slice(i * FP8_BLOCK, (i + 1) * FP8_BLOCK), slice(j * FP8_BLOCK, (j + 1) * FP8_BLOCK))
-            amax = w[sl].abs().max().item()
-            sc = ceil_log2_pow2(amax / FP8_MAX) if amax > 0 else 1.0
-            s[i, j] = sc
-            q[sl] = (w[sl] / sc).to(torch.float32).to(torch.float8_e4m3fn)
-    return q, s.to(torch.float8_e8m0fnu)
-
-
-def dequantize_fp8(q, s):
-    r, c = q.shape
-    sf = s.to(torch.float64).repeat_interleave(FP8_BLOCK, 0)[:r].repeat_interleave(FP8_BLOCK, 1)[:, :c]
-    return q.to(torch.float64) * sf
-
-
-def quantize_fp4_e8m0(w):
-    """E2M1 per element, E8M0 scale 2^ceil(log2(amax/6)) per 32 columns; packed 2 per byte,
-    low nibble = even column; nibble = sign<<3 | index into FP4_VALUES."""
-    w = w.to(torch.float64)
-    r, c = w.shape
-    assert c % 32 == 0
-    blocks = w.view(r, c // 32, 32)
-    amax = blocks.abs().amax(-1)
-    s = torch.tensor([[ceil_log2_pow2(a / 6.0) if a > 0 else 1.0 for a in row] for row in amax.tolist()], dtype=torch.float64)
-    x = blocks / s[..., None]
-    vals = torch.tensor(FP4_VALUES, dtype=torch.float64)
-    d = (x.abs()[..., None] - vals).abs()
-    # nearest; ties -> even index (even mantissa)
-    idx = d.argmin(-1)
-    best = d.gather(-1, idx[..., None])[..., 0]
-    for k in range(7):
-        tie = (d[..., k] == best) & (d[..., k + 1] == best)
-        idx = torch.where(tie, torch.full_like(idx, k if k % 2 == 0 else k + 1), idx)
-    code = idx | ((x < 0) & (idx > 0)).long() << 3
-    code = code.view(r, c)
-    packed = (code[:, 0::2] | (code[:, 1::2] << 4)).to(torch.uint8).view(torch.int8)
-    return packed, s.to(torch.float8_e8m0fnu)
-
-
-def dequantize_fp4(packed, s):
-    p = packed.view(torch.uint8).long()
-    r = p.shape[0]
-    codes = torch.stack([p & 15, p >> 4], -1).view(r, -1)
-    vals = torch.tensor(FP4_VALUES, dtype=torch.float64)
-    v = vals[codes & 7] * torch.where(codes >= 8, -1.0, 1.0).to(torch.float64)
-    return v * s.to(torch.float64).repeat_interleave(32, 1)
 
 
 # HF save_pretrained name (hybrid) -> upstream name
@@ -449,12 +350,6 @@ def upstream_config_json(case):
     }
 
 
-def write_json(path, obj):
-    with open(path, "w") as f:
-        json.dump(obj, f, indent=2, sort_keys=False)
-        f.write("\n")
-
-
 # --------------------------------------------------------------------------------------------
 # Checkpoint
 # --------------------------------------------------------------------------------------------
@@ -464,17 +359,11 @@ def build_checkpoint(case, attempt, folder):
     """Create the random model and write the case folder. Returns eff: float64 effective
     weights in transformers save_pretrained naming (what the reference loads)."""
     cfg = hf_config(case)
-    seed = case["seed"] + 7919 * attempt
-    torch.manual_seed(seed)
+    gen = gc.seed_case(case, attempt)
     model = transformers.DeepseekV4ForCausalLM(cfg).eval()
-    gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         init_weights(model, gen, cfg)
-    with tempfile.TemporaryDirectory() as tmp:
-        model.save_pretrained(tmp)
-        with open(os.path.join(tmp, "config.json")) as f:
-            hf_cfg = json.load(f)
-        tensors = load_file(os.path.join(tmp, "model.safetensors"))
+    hf_cfg, tensors = gc.save_pretrained_tensors(model)
     out = {}
     for k, t in tensors.items():
         if t.is_floating_point():
@@ -502,10 +391,10 @@ def build_checkpoint(case, attempt, folder):
                 up[u] = t.to(torch.int32)
             else:
                 up[u] = t
-        save_file({k: up[k].contiguous() for k in sorted(up)}, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
+        gc.write_safetensors(folder, up)
         write_json(os.path.join(folder, "config.json"), upstream_config_json(case))
     else:
-        save_file({k: out[k].contiguous() for k in sorted(out)}, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
+        gc.write_safetensors(folder, out)
         hf_cfg["dtype"] = "bfloat16"
         hf_cfg.pop("transformers_version", None)
         write_json(os.path.join(folder, "config.json"), hf_cfg)
@@ -514,25 +403,10 @@ def build_checkpoint(case, attempt, folder):
 
 def load_reference(cfg, eff, cls):
     """Load `cls` (float64 rewrite or stock) in float64 on exactly the effective weights."""
-    with tempfile.TemporaryDirectory() as tmp:
-        cfg.save_pretrained(tmp)
-        save_file({k: v.contiguous() for k, v in sorted(eff.items())}, os.path.join(tmp, "model.safetensors"))
-        model = cls.from_pretrained(tmp, dtype=torch.float64, attn_implementation="eager")
-    model.eval()
-    model.set_experts_implementation("eager")
-    model.config.use_cache = True
-    for k, v in model.named_parameters():
-        assert v.dtype == torch.float64, (k, v.dtype)
+    model = gc.load_f64_scratch(cls, eff, cfg.save_pretrained)
     msd = model.state_dict()
     # every weight equals the stored value exactly
-    for name, mod in model.named_modules():
-        if name.endswith("mlp.experts"):
-            li = name.split(".")[2]
-            for e in range(mod.num_experts):
-                p = f"model.layers.{li}.ffn.experts.{e}."
-                gu = torch.cat([eff[p + "w1.weight"], eff[p + "w3.weight"]], 0)
-                assert torch.equal(mod.gate_up_proj[e].detach(), gu), p
-                assert torch.equal(mod.down_proj[e].detach(), eff[p + "w2.weight"]), p
+    gc.check_experts(model, eff, "model.layers.{layer}.ffn.experts.{e}.", "w1.weight", "w3.weight", "w2.weight")
     n_checked = sum(1 for k in msd if msd[k].dtype == torch.float64)
     assert n_checked > 0
     return model
@@ -610,10 +484,7 @@ def margins(model, cfg, ids):
             hs.append(m.register_forward_pre_hook(rhook))
         if n.endswith("indexer.scorer"):
             hs.append(m.register_forward_hook(shook))
-    with torch.no_grad():
-        model(input_ids=ids, use_cache=False)
-    for h in hs:
-        h.remove()
+    gc.forward_with_hooks(model, ids, hs)
     rworst = float("inf")
     for mod, x in routers:
         s = torch.nn.functional.softplus(x @ mod.weight.detach().T).sqrt() + mod.e_score_correction_bias.to(torch.float64)
@@ -632,37 +503,6 @@ def margins(model, cfg, ids):
             iworst = min(iworst, (v[k - 1] - v[k]).item())
             zero_rows += int((v == 0).any())
     return rworst, iworst, n_cut, zero_rows
-
-
-def top2_gap(row):
-    v = row.topk(2).values
-    return (v[0] - v[1]).item()
-
-
-def compute_reference(case, model, prompt):
-    ids = torch.tensor([prompt], dtype=torch.long)
-    with torch.no_grad():
-        logits = model(input_ids=ids, use_cache=False).logits[0]
-    seq = list(prompt)
-    greedy, gm = [], []
-    with torch.no_grad():
-        for _ in range(case["n_new"]):
-            lg = model(input_ids=torch.tensor([seq]), use_cache=False).logits[0, -1]
-            nxt = int(lg.argmax())
-            gm.append(top2_gap(lg))
-            greedy.append(nxt)
-            seq.append(nxt)
-        out = model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=case["n_new"],
-            min_new_tokens=case["n_new"],
-            do_sample=False,
-            use_cache=True,
-        )
-    gen_ids = out[0, len(prompt) :].tolist()
-    assert gen_ids == greedy, f"generate() {gen_ids} != full-recompute greedy {greedy}"
-    return logits, greedy, gm, seq
 
 
 def chunked_logits(model, seq, chunks):
@@ -928,8 +768,7 @@ def make_case(name, out_root):
         cfg, eff = build_checkpoint(case, attempt, folder)
         model = load_reference(cfg, eff, f64.DeepseekV4ForCausalLM)
         resolved = check_resolved(cfg, model)
-        pg = torch.Generator().manual_seed(case["seed"] * 31 + 7)
-        prompt = torch.randint(2, cfg.vocab_size, (case["n_prompt"],), generator=pg).tolist()
+        prompt = gc.random_prompt(case, cfg.vocab_size)
         logits, greedy, gms, seq = compute_reference(case, model, prompt)
         rmin, imin, n_cut, zero_rows = margins(model, cfg, torch.tensor([seq[:-1]]))
         gmin = min(gms)
@@ -964,22 +803,9 @@ def make_case(name, out_root):
     assert ind_full_diff < 1e-9, f"independent implementation differs by {ind_full_diff}"
     assert ind[len(prompt) - 1 :].argmax(-1).tolist() == greedy
 
-    logits.contiguous().numpy().astype("<f8").tofile(os.path.join(folder, "ref_logits.f64"))
+    gc.write_f64(os.path.join(folder, "ref_logits.f64"), logits)
     ref = {
-        "case": name,
-        "description": case["description"],
-        "prompt_ids": prompt,
-        "n_prompt": len(prompt),
-        "vocab_size": cfg.vocab_size,
-        "logits_file": "ref_logits.f64",
-        "logits_dtype": "float64",
-        "logits_shape": [len(prompt), cfg.vocab_size],
-        "greedy_ids": greedy,
-        "n_greedy": len(greedy),
-        "transformers_version": transformers.__version__,
-        "torch_version": torch.__version__,
-        "seed": case["seed"],
-        "seed_attempt": attempt,
+        **gc.ref_json_head(name, case, prompt, cfg.vocab_size, greedy, attempt),
         "tensor_naming": "upstream" if case["upstream"] else "transformers_save_pretrained",
         "weights_dtype": "fp8_e4m3+e8m0_block128, fp4_e2m1+e8m0_per32 (routed experts), bf16, fp32" if case["upstream"] else "bf16 + fp32 (hc_*, attn_sink, ape, gate.bias) + int64 tid2eid",
         "min_router_margin": rmin,
@@ -998,27 +824,14 @@ def make_case(name, out_root):
         "resolved": resolved,
     }
     write_json(os.path.join(folder, "ref.json"), ref)
-    total = 0
-    for fn in sorted(os.listdir(folder)):
-        p = os.path.join(folder, fn)
-        os.chmod(p, 0o644)
-        total += os.path.getsize(p)
-        with open(p, "rb") as f:
-            h = hashlib.sha256(f.read()).hexdigest()[:16]
-        print(f"  {fn:24s} {os.path.getsize(p):9d}  {h}")
+    total = gc.list_folder(folder, 24)
     print(f"[{name}] done: {total} bytes, stock diff {stock_diff:.3g}, chunked diff {chunk_diff:.3g}, "
           f"independent diff {max(ind_diff, ind_full_diff):.3g}, clamp {clamp}", flush=True)
     assert total < 2 * 1024 * 1024, total
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data"))
-    ap.add_argument("--case", action="append", choices=sorted(CASES), help="case to build (repeatable); default all")
-    args = ap.parse_args()
-    transformers.logging.set_verbosity_error()
-    for name in args.case or list(CASES):
-        make_case(name, os.path.normpath(args.out))
+    gc.main(__doc__, CASES, make_case)
 
 
 if __name__ == "__main__":
