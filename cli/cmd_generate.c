@@ -1,14 +1,17 @@
 /*
  * cmd_generate.c -- `deepinfer generate`: continues a prompt of token ids.
  *
- * The prompt is prefilled in one di_context_eval call (logits of its last position only),
- * then each generated token is fed back in its own call. Decoding is greedy (argmax, lowest
- * id on ties); --temperature other than 0 is refused until sampling exists.
+ * The request runs through the engine (di_engine_*: one request, --n completions sharing the
+ * prompt's KV): the prompt is prefilled in one step, then one token per step. Sampling
+ * follows vLLM's SamplingParams (--temperature 0, the default, is greedy: argmax, lowest id
+ * on ties; otherwise --top-p / --top-k / --min-p / penalties and a seeded draw). A request
+ * without --seed gets one drawn by the engine; it is reported ("seed" in JSON) so the run
+ * can be repeated exactly.
  *
  * Generation stops at the model's eos_token_id (finish_reason "stop"; the eos id is part of
- * the output) unless --ignore-eos, or after --max-tokens tokens ("length"). The last token
- * is never fed back, so the context needs prompt + max_tokens - 1 positions; it is created
- * with prompt + max_tokens, which must fit the model's context.
+ * the output) unless --ignore-eos, at a --stop string (matched on the text, removed from
+ * it; needs a tokenizer), or after --max-tokens tokens ("length"). Prompt + max_tokens must
+ * fit the model's context.
  *
  * --prompt TEXT tokenizes the text with the model folder's tokenizer (or --tokenizer), adding
  * BOS as the tokenizer's config says; --chat first renders the text as one user message
@@ -16,8 +19,8 @@
  * generation prompt. Output then also carries the generated text (special tokens skipped,
  * as vLLM and the OpenAI API return it).
  *
- * Speeds: prefill tok/s = prompt tokens / prefill time; decode tok/s = tokens fed back one at
- * a time / their time (the first generated token comes out of the prefill).
+ * Speeds: prefill tok/s = prompt tokens / time to the first token; decode tok/s = the later
+ * tokens / their time (the first generated token comes out of the prefill).
  */
 #include "args.h"
 #include "commands.h"
@@ -31,10 +34,10 @@
 
 static const char *const k_usage =
     "usage: deepinfer generate --model DIR (--ids \"3 17 42\" | --ids-file F | --prompt TEXT)\n"
-    "                          [--chat] [--tokenizer PATH] [--max-tokens N] [--temperature 0]\n"
+    "                          [--chat] [--tokenizer PATH] [--max-tokens N] [sampling]\n"
     "                          [--ignore-eos] [--format text|json] [--threads N]\n"
     "\n"
-    "Generates a continuation of a prompt (greedy decoding).\n"
+    "Generates a continuation of a prompt (greedy by default).\n"
     "\n"
     "options:\n"
     "  --model DIR       checkpoint folder (config.json + *.safetensors)   [required]\n"
@@ -46,7 +49,16 @@ static const char *const k_usage =
     "  --tokenizer PATH  tokenizer.json or a folder with it (and tokenizer_config.json);\n"
     "                    default: the model folder\n"
     "  --max-tokens N    tokens to generate at most (default 128)\n"
-    "  --temperature T   0 = greedy (default; the only value supported for now)\n"
+    "  --temperature T   0 = greedy (default); > 0: sample\n"
+    "  --top-p P         nucleus sampling: keep the smallest set of mass >= P (default 1)\n"
+    "  --top-k K         keep the K most likely tokens (default -1: off)\n"
+    "  --min-p P         drop tokens below P * p_max (default 0)\n"
+    "  --repetition-penalty R, --presence-penalty P, --frequency-penalty F\n"
+    "                    vLLM's penalties (defaults 1, 0, 0)\n"
+    "  --seed S          random seed (default: drawn, and reported in JSON)\n"
+    "  --logprobs N      report the chosen token's logprob and the top N (JSON)\n"
+    "  --stop STR        stop at this text (repeatable; removed from the text)\n"
+    "  --n N             completions of the prompt (default 1; JSON adds \"choices\")\n"
     "  --ignore-eos      do not stop at the end-of-sequence token\n"
     "  --format FMT      text (default): the generated ids on one line (the text instead\n"
     "                    with --prompt), a speed summary on stderr; json: one object\n"
@@ -56,27 +68,77 @@ static const char *const k_usage =
     "\n"
     "exit status: 0 ok, 1 failure (model, memory), 2 bad command line\n";
 
+#define GEN_MAX_STOP  16
+#define GEN_MAX(a, b) ((a) > (b) ? (a) : (b))
+
 typedef struct gen_options {
     const char *model_dir, *ids_text, *ids_file, *format, *prompt, *tokenizer;
-    int64_t max_tokens, threads;
-    double temperature;
+    int64_t max_tokens, threads, top_k, seed, logprobs, n;
+    double temperature, top_p, min_p, rep_pen, pres_pen, freq_pen;
+    const char *stop[GEN_MAX_STOP];
+    int64_t n_stop;
     bool ignore_eos, json, chat;
 } gen_options;
 
-typedef struct gen_result {
+/* One completion. */
+typedef struct gen_sample {
     int32_t *ids; /* [max_tokens], owned; the first n are the generated tokens */
     int64_t n;
-    const char *finish_reason; /* "stop" or "length" */
+    di_engine_logprobs *lp; /* [max_tokens] with --logprobs, owned (top arrays below) */
+    int32_t *top_ids;       /* [max_tokens][logprobs] */
+    float *top_lp;
+    char *text; /* streamed text (when the engine has a tokenizer), owned */
+    int64_t text_len;
+    const char *finish_reason;
+} gen_sample;
+
+typedef struct gen_result {
+    gen_sample *s; /* [n] */
+    int64_t n_samples;
+    int64_t seed, cached_tokens;
+    bool has_text;
     double prefill_s, decode_s;
-    int64_t n_decoded; /* tokens fed back one at a time (n - 1) */
+    int64_t n_decoded; /* tokens after the first of sample 0 */
 } gen_result;
 
 /* ---------------------------------------------------------------------------------------- */
 /* Options and checks                                                                         */
 /* ---------------------------------------------------------------------------------------- */
 
+/* Takes every --stop STR / --stop=STR out of argv (the table parser keeps one value per
+ * option); returns the new argc, or -1 after an error. */
+static int take_stops(const char *cmd, int argc, char **argv, gen_options *o) {
+    int out = 0;
+    for (int i = 0; i < argc; i++) {
+        const char *v = NULL;
+        if (i > 0 && strcmp(argv[i], "--stop") == 0) {
+            if (i + 1 >= argc) return cli_error(CLI_EXIT_USAGE, cmd, "--stop needs a value"), -1;
+            v = argv[++i];
+        } else if (i > 0 && strncmp(argv[i], "--stop=", 7) == 0) {
+            v = argv[i] + 7;
+        } else {
+            argv[out++] = argv[i];
+            continue;
+        }
+        if (o->n_stop == GEN_MAX_STOP)
+            return cli_error(CLI_EXIT_USAGE, cmd, "at most %d --stop strings", GEN_MAX_STOP), -1;
+        if (!*v) return cli_error(CLI_EXIT_USAGE, cmd, "--stop: empty string"), -1;
+        o->stop[o->n_stop++] = v;
+    }
+    return out;
+}
+
 static int parse_options(const char *cmd, int argc, char **argv, gen_options *o) {
-    *o = (gen_options){.format = "text", .max_tokens = 128};
+    *o = (gen_options){.format = "text",
+                       .max_tokens = 128,
+                       .top_k = -1,
+                       .seed = -1,
+                       .logprobs = -1,
+                       .n = 1,
+                       .top_p = 1.0,
+                       .rep_pen = 1.0};
+    argc = take_stops(cmd, argc, argv, o);
+    if (argc < 0) return CLI_EXIT_USAGE;
     const cli_opt opts[] = {
         {"model", CLI_OPT_STRING, &o->model_dir, 0, 0},
         {"ids", CLI_OPT_STRING, &o->ids_text, 0, 0},
@@ -86,6 +148,15 @@ static int parse_options(const char *cmd, int argc, char **argv, gen_options *o)
         {"tokenizer", CLI_OPT_STRING, &o->tokenizer, 0, 0},
         {"max-tokens", CLI_OPT_INT, &o->max_tokens, 1, INT32_MAX},
         {"temperature", CLI_OPT_DOUBLE, &o->temperature, 0, 0},
+        {"top-p", CLI_OPT_DOUBLE, &o->top_p, 0, 0},
+        {"top-k", CLI_OPT_INT, &o->top_k, -1, INT32_MAX},
+        {"min-p", CLI_OPT_DOUBLE, &o->min_p, 0, 0},
+        {"repetition-penalty", CLI_OPT_DOUBLE, &o->rep_pen, 0, 0},
+        {"presence-penalty", CLI_OPT_DOUBLE, &o->pres_pen, 0, 0},
+        {"frequency-penalty", CLI_OPT_DOUBLE, &o->freq_pen, 0, 0},
+        {"seed", CLI_OPT_INT, &o->seed, -1, INT64_MAX},
+        {"logprobs", CLI_OPT_INT, &o->logprobs, 0, DI_SAMPLING_MAX_LOGPROBS},
+        {"n", CLI_OPT_INT, &o->n, 1, 1024},
         {"ignore-eos", CLI_OPT_FLAG, &o->ignore_eos, 0, 0},
         {"format", CLI_OPT_STRING, &o->format, 0, 0},
         {"threads", CLI_OPT_INT, &o->threads, 0, 4096},
@@ -96,16 +167,31 @@ static int parse_options(const char *cmd, int argc, char **argv, gen_options *o)
     if (o->prompt && (o->ids_text || o->ids_file))
         return cli_error(CLI_EXIT_USAGE, cmd, "--prompt cannot be combined with --ids/--ids-file");
     if (o->chat && !o->prompt) return cli_error(CLI_EXIT_USAGE, cmd, "--chat needs --prompt");
-    if (o->tokenizer && !o->prompt)
-        return cli_error(CLI_EXIT_USAGE, cmd, "--tokenizer needs --prompt");
+    if (o->tokenizer && !o->prompt && o->n_stop == 0)
+        return cli_error(CLI_EXIT_USAGE, cmd, "--tokenizer needs --prompt or --stop");
     if (o->temperature < 0)
         return cli_error(CLI_EXIT_USAGE, cmd, "--temperature %g: must be >= 0", o->temperature);
-    if (o->temperature > 0)
-        return cli_error(CLI_EXIT_USAGE, cmd,
-                         "--temperature %g: sampling is not available yet; only "
-                         "--temperature 0 (greedy decoding) is supported",
-                         o->temperature);
     return cli_parse_format(cmd, o->format, &o->json);
+}
+
+/* The sampling parameters of the options (validated by the library). */
+static di_sampling_params sampling_of(const gen_options *o) {
+    di_sampling_params sp = di_sampling_default_params();
+    sp.temperature = (float)o->temperature;
+    sp.top_p = (float)o->top_p;
+    sp.top_k = (int32_t)o->top_k;
+    sp.min_p = (float)o->min_p;
+    sp.repetition_penalty = (float)o->rep_pen;
+    sp.presence_penalty = (float)o->pres_pen;
+    sp.frequency_penalty = (float)o->freq_pen;
+    sp.seed = o->seed;
+    sp.logprobs = (int32_t)o->logprobs;
+    sp.n = (int32_t)o->n;
+    sp.max_tokens = o->max_tokens;
+    sp.ignore_eos = o->ignore_eos;
+    sp.stop = o->stop;
+    sp.n_stop = o->n_stop;
+    return sp;
 }
 
 /* Ids within the vocabulary, prompt + max_tokens within the model's context. */
@@ -127,57 +213,97 @@ static int check_request(const char *cmd, const cli_ids *prompt, const gen_optio
 /* Decoding                                                                                   */
 /* ---------------------------------------------------------------------------------------- */
 
-/* Greedy choice: the highest logit, the lowest id on ties. */
-static int32_t argmax(const float *logits, int64_t n) {
-    int64_t best = 0;
-    for (int64_t i = 1; i < n; i++)
-        if (logits[i] > logits[best]) best = i;
-    return (int32_t)best;
-}
-
-/* Prefill, then greedy decoding into r. logits: [vocab_size] scratch. */
-static di_status decode(di_context *ctx, const cli_ids *prompt, const gen_options *o,
-                        const di_model_info *info, float *logits, gen_result *r) {
-    double t0 = cli_now();
-    di_status st = di_context_eval(ctx, prompt->v, prompt->n, logits, 1);
-    r->prefill_s = cli_now() - t0;
-    r->finish_reason = "length";
-    t0 = cli_now();
-    while (st == DI_OK) {
-        int32_t tok = argmax(logits, info->vocab_size);
-        r->ids[r->n++] = tok;
-        if (!o->ignore_eos && tok == info->eos_token_id) {
-            r->finish_reason = "stop";
-            break;
+/* Appends one step's output of a completion to its result. */
+static void take_output(const di_engine_output *out, const gen_options *o, gen_sample *g) {
+    for (int64_t t = 0; t < out->n_tokens && g->n < o->max_tokens; t++, g->n++) {
+        g->ids[g->n] = out->tokens[t];
+        if (g->lp && out->logprobs) {
+            const di_engine_logprobs *l = &out->logprobs[t];
+            int64_t N = o->logprobs, k = g->n;
+            g->lp[k] = *l;
+            g->lp[k].top_ids = g->top_ids + k * N;
+            g->lp[k].top_logprobs = g->top_lp + k * N;
+            memcpy(g->top_ids + k * N, l->top_ids, (size_t)l->n_top * sizeof(int32_t));
+            memcpy(g->top_lp + k * N, l->top_logprobs, (size_t)l->n_top * sizeof(float));
         }
-        if (r->n == o->max_tokens) break;
-        st = di_context_eval(ctx, &tok, 1, logits, 1);
-        r->n_decoded++;
     }
-    r->decode_s = cli_now() - t0;
-    return st;
+    if (out->text && out->text_len > 0) {
+        char *t = realloc(g->text, (size_t)(g->text_len + out->text_len + 1));
+        if (t) {
+            memcpy(t + g->text_len, out->text, (size_t)out->text_len);
+            g->text_len += out->text_len;
+            t[g->text_len] = '\0';
+            g->text = t;
+        }
+    }
+    if (out->finished) g->finish_reason = di_engine_finish_str(out->finish_reason);
 }
 
-/* Creates the context and runs decode(); returns CLI_CONTINUE or an exit code. */
+/* Runs the request through an engine; returns CLI_CONTINUE or an exit code. */
 static int generate(const char *cmd, di_model *model, const cli_ids *prompt, const gen_options *o,
-                    const di_model_info *info, gen_result *r) {
-    float *logits = malloc((size_t)info->vocab_size * sizeof(float));
-    r->ids = malloc((size_t)o->max_tokens * sizeof(int32_t));
-    if (!logits || !r->ids) {
-        free(logits);
-        return cli_error(CLI_EXIT_FAILURE, cmd, "out of memory");
+                    gen_result *r) {
+    r->n_samples = o->n;
+    r->s = calloc((size_t)o->n, sizeof *r->s);
+    bool ok = r->s != NULL;
+    for (int64_t i = 0; ok && i < o->n; i++) {
+        gen_sample *g = &r->s[i];
+        g->finish_reason = "length";
+        ok = (g->ids = malloc((size_t)o->max_tokens * sizeof(int32_t))) != NULL;
+        if (ok && o->logprobs >= 0) {
+            size_t N = (size_t)DI_SAMPLING_MAX_LOGPROBS;
+            g->lp = calloc((size_t)o->max_tokens, sizeof *g->lp);
+            g->top_ids = malloc((size_t)o->max_tokens * N * sizeof(int32_t));
+            g->top_lp = malloc((size_t)o->max_tokens * N * sizeof(float));
+            ok = g->lp && g->top_ids && g->top_lp;
+        }
     }
-    di_context_params cp = di_context_default_params();
-    cp.max_tokens = prompt->n + o->max_tokens;
-    cp.n_threads = (int32_t)o->threads;
-    di_context *ctx = NULL;
-    di_status st = di_context_create(model, &cp, &ctx);
-    if (st == DI_OK) {
-        st = decode(ctx, prompt, o, info, logits, r);
-        di_context_free(ctx);
+    if (!ok) return cli_error(CLI_EXIT_FAILURE, cmd, "out of memory");
+
+    di_engine_params ep = di_engine_default_params();
+    ep.n_threads = (int32_t)o->threads;
+    ep.max_model_len = prompt->n + o->max_tokens;
+    ep.max_running = (int32_t)o->n;
+    /* the whole prompt in one step, as a single-sequence prefill would run it */
+    ep.max_batch_tokens = ep.max_prefill_tokens = GEN_MAX(prompt->n + o->n, 64);
+    /* text (and stop strings) through the engine's tokenizer when there is one */
+    if (o->prompt || o->n_stop > 0) ep.tokenizer_path = o->tokenizer ? o->tokenizer : o->model_dir;
+    di_engine *e = NULL;
+    di_status st = di_engine_create(model, &ep, &e);
+    if (st) return cli_lib_error(cmd, st);
+    di_sampling_params sp = sampling_of(o);
+    di_engine_request rq = {.prompt_ids = prompt->v, .n_prompt_ids = prompt->n, .sampling = &sp};
+    st = di_engine_add_request(e, &rq);
+    int64_t cap = o->n + 1;
+    di_engine_output *outs = calloc((size_t)cap, sizeof *outs);
+    if (!outs) st = DI_ERR_OUT_OF_MEMORY;
+    double t0 = cli_now(), t_first = -1;
+    char req_err[300] = "";
+    while (st == DI_OK && !req_err[0] && di_engine_has_unfinished(e)) {
+        int64_t n = 0;
+        st = di_engine_step(e, outs, cap, &n);
+        for (int64_t k = 0; st == DI_OK && k < n; k++) {
+            gen_sample *g = &r->s[outs[k].sample_index];
+            if (outs[k].finish_reason == DI_ENGINE_FINISH_ERROR) {
+                snprintf(req_err, sizeof req_err, "%s", outs[k].error);
+                break;
+            }
+            take_output(&outs[k], o, g);
+            r->seed = outs[k].seed;
+            r->has_text = r->has_text || outs[k].text != NULL;
+            if (outs[k].sample_index == 0) r->cached_tokens = outs[k].usage.cached_tokens;
+            if (t_first < 0 && outs[k].n_tokens > 0) t_first = cli_now();
+        }
     }
-    free(logits);
-    return st != DI_OK ? cli_lib_error(cmd, st) : CLI_CONTINUE;
+    double t1 = cli_now();
+    if (t_first < 0) t_first = t1;
+    r->prefill_s = t_first - t0;
+    r->decode_s = t1 - t_first;
+    r->n_decoded = r->s[0].n > 0 ? r->s[0].n - 1 : 0;
+    free(outs);
+    di_engine_free(e);
+    if (st != DI_OK) return cli_lib_error(cmd, st);
+    if (req_err[0]) return cli_error(CLI_EXIT_FAILURE, cmd, "%s", req_err);
+    return CLI_CONTINUE;
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -235,22 +361,6 @@ static int tokenize_prompt(const char *cmd, const gen_options *o, di_tokenizer *
     return CLI_CONTINUE;
 }
 
-/* The generated text (special tokens skipped); NULL on failure. Caller frees. */
-static char *decode_text(const di_tokenizer *tok, const gen_result *r) {
-    int64_t need = di_tokenizer_decode(tok, r->ids, r->n, true, NULL, 0);
-    if (need == DI_TOK_ERROR) return NULL;
-    int64_t cap = need < 0 ? -need : need;
-    char *text = malloc((size_t)cap + 1);
-    if (!text) return NULL;
-    int64_t got = di_tokenizer_decode(tok, r->ids, r->n, true, text, cap);
-    if (got < 0) {
-        free(text);
-        return NULL;
-    }
-    text[got] = '\0';
-    return text;
-}
-
 /* ---------------------------------------------------------------------------------------- */
 /* Output                                                                                     */
 /* ---------------------------------------------------------------------------------------- */
@@ -259,18 +369,56 @@ static double per_second(int64_t n, double seconds) {
     return seconds > 0 ? (double)n / seconds : 0.0;
 }
 
-static int print_json(const char *cmd, const gen_result *r, int64_t n_prompt, const char *text) {
+/* [{id, logprob, top: [{id, logprob}, ...]}, ...] */
+static json_t *logprobs_json(const gen_sample *g) {
+    json_t *arr = json_array();
+    for (int64_t t = 0; t < g->n; t++) {
+        const di_engine_logprobs *l = &g->lp[t];
+        json_t *top = json_array();
+        for (int32_t j = 0; j < l->n_top; j++)
+            json_array_append_new(top, json_pack("{s:i, s:f}", "id", (int)l->top_ids[j], "logprob",
+                                                 (double)l->top_logprobs[j]));
+        json_array_append_new(arr, json_pack("{s:i, s:f, s:o}", "id", (int)l->token, "logprob",
+                                             (double)l->logprob, "top", top));
+    }
+    return arr;
+}
+
+/* One completion's fields: ids, [text,] finish_reason, [logprobs]. */
+static json_t *sample_json(const gen_result *r, const gen_sample *g) {
     json_t *ids = json_array();
-    for (int64_t i = 0; i < r->n; i++)
-        json_array_append_new(ids, json_integer(r->ids[i]));
-    json_t *usage = json_pack("{s:I, s:I}", "prompt_tokens", (json_int_t)n_prompt,
-                              "completion_tokens", (json_int_t)r->n);
+    for (int64_t i = 0; i < g->n; i++)
+        json_array_append_new(ids, json_integer(g->ids[i]));
+    json_t *o = json_pack("{s:o}", "ids", ids);
+    if (o && r->has_text) json_object_set_new(o, "text", json_string(g->text ? g->text : ""));
+    if (o) json_object_set_new(o, "finish_reason", json_string(g->finish_reason));
+    if (o && g->lp) json_object_set_new(o, "logprobs", logprobs_json(g));
+    return o;
+}
+
+static int print_json(const char *cmd, const gen_result *r, int64_t n_prompt) {
+    const gen_sample *g = &r->s[0];
+    int64_t completion = 0;
+    for (int64_t i = 0; i < r->n_samples; i++)
+        completion += r->s[i].n;
+    json_t *usage =
+        json_pack("{s:I, s:I, s:I}", "prompt_tokens", (json_int_t)n_prompt, "completion_tokens",
+                  (json_int_t)completion, "cached_tokens", (json_int_t)r->cached_tokens);
     json_t *timing = json_pack("{s:f, s:f, s:f, s:f}", "prefill_s", r->prefill_s, "decode_s",
                                r->decode_s, "prefill_tok_s", per_second(n_prompt, r->prefill_s),
                                "decode_tok_s", per_second(r->n_decoded, r->decode_s));
-    json_t *o = json_pack("{s:o, s:s, s:o, s:o}", "ids", ids, "finish_reason", r->finish_reason,
-                          "usage", usage, "timing", timing);
-    if (o && text) json_object_set_new(o, "text", json_string(text));
+    json_t *o = sample_json(r, g);
+    if (o) {
+        json_object_set_new(o, "usage", usage);
+        json_object_set_new(o, "timing", timing);
+        json_object_set_new(o, "seed", json_integer((json_int_t)r->seed));
+    }
+    if (o && r->n_samples > 1) {
+        json_t *choices = json_array();
+        for (int64_t i = 0; i < r->n_samples; i++)
+            json_array_append_new(choices, sample_json(r, &r->s[i]));
+        json_object_set_new(o, "choices", choices);
+    }
     int rc = o ? json_dumpf(o, stdout, JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(6)) : -1;
     json_decref(o);
     if (rc != 0) return cli_error(CLI_EXIT_FAILURE, cmd, "cannot write JSON to stdout");
@@ -278,40 +426,53 @@ static int print_json(const char *cmd, const gen_result *r, int64_t n_prompt, co
     return CLI_EXIT_OK;
 }
 
-static int print_text(const gen_result *r, int64_t n_prompt, const char *text) {
-    if (text) {
-        fputs(text, stdout);
-    } else {
-        for (int64_t i = 0; i < r->n; i++)
-            printf("%s%d", i ? " " : "", (int)r->ids[i]);
+/* One line per completion: its text (with --prompt) or its ids. */
+static int print_text(const gen_result *r, int64_t n_prompt, bool as_text) {
+    int64_t total = 0;
+    for (int64_t k = 0; k < r->n_samples; k++) {
+        const gen_sample *g = &r->s[k];
+        total += g->n;
+        if (as_text) {
+            fputs(g->text ? g->text : "", stdout);
+        } else {
+            for (int64_t i = 0; i < g->n; i++)
+                printf("%s%d", i ? " " : "", (int)g->ids[i]);
+        }
+        putchar('\n');
     }
-    putchar('\n');
     fprintf(stderr, "prompt %lld tok (%.1f tok/s), generated %lld tok (%.1f tok/s)\n",
-            (long long)n_prompt, per_second(n_prompt, r->prefill_s), (long long)r->n,
+            (long long)n_prompt, per_second(n_prompt, r->prefill_s), (long long)total,
             per_second(r->n_decoded, r->decode_s));
     return CLI_EXIT_OK;
+}
+
+static void result_free(gen_result *r) {
+    for (int64_t i = 0; r->s && i < r->n_samples; i++) {
+        free(r->s[i].ids);
+        free(r->s[i].lp);
+        free(r->s[i].top_ids);
+        free(r->s[i].top_lp);
+        free(r->s[i].text);
+    }
+    free(r->s);
 }
 
 /* ---------------------------------------------------------------------------------------- */
 /* Command                                                                                    */
 /* ---------------------------------------------------------------------------------------- */
 
-static int run(const char *cmd, const gen_options *o, const cli_ids *prompt,
-               const di_tokenizer *tok) {
+static int run(const char *cmd, const gen_options *o, const cli_ids *prompt, bool text_prompt) {
     di_model *model;
     di_model_info info;
     int rc = cli_load_model(cmd, o->model_dir, o->threads, &model, &info);
     if (rc != CLI_CONTINUE) return rc;
     gen_result r = {0};
     rc = check_request(cmd, prompt, o, &info);
-    if (rc == CLI_CONTINUE) rc = generate(cmd, model, prompt, o, &info, &r);
-    char *text = NULL;
-    if (rc == CLI_CONTINUE && tok && !(text = decode_text(tok, &r)))
-        rc = cli_lib_error(cmd, DI_ERR_INTERNAL);
+    if (rc == CLI_CONTINUE) rc = generate(cmd, model, prompt, o, &r);
     if (rc == CLI_CONTINUE)
-        rc = o->json ? print_json(cmd, &r, prompt->n, text) : print_text(&r, prompt->n, text);
-    free(text);
-    free(r.ids);
+        rc = o->json ? print_json(cmd, &r, prompt->n)
+                     : print_text(&r, prompt->n, text_prompt && r.has_text);
+    result_free(&r);
     di_model_free(model);
     return rc;
 }
@@ -327,7 +488,7 @@ int cmd_generate(int argc, char **argv) {
         rc = tokenize_prompt(cmd, &o, &tok, &prompt);
     else
         rc = cli_ids_from_options(cmd, o.ids_text, o.ids_file, &prompt);
-    if (rc == CLI_CONTINUE) rc = run(cmd, &o, &prompt, tok);
+    if (rc == CLI_CONTINUE) rc = run(cmd, &o, &prompt, o.prompt != NULL);
     cli_ids_free(&prompt);
     di_tokenizer_free(tok);
     return rc;

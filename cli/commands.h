@@ -21,5 +21,6 @@ int cmd_perplexity(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);
 int cmd_chat_template(int argc, char **argv);
+int cmd_batch(int argc, char **argv);
 
 #endif /* DI_CLI_COMMANDS_H */

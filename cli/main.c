@@ -14,6 +14,7 @@ static const di_cli_command g_commands[] = {
     {"tokenize", cmd_tokenize, "text to token ids with a tokenizer.json or model folder"},
     {"detokenize", cmd_detokenize, "token ids to text"},
     {"chat-template", cmd_chat_template, "render a model's chat template for a conversation"},
+    {"batch", cmd_batch, "run an OpenAI Batch API file of completions through the engine"},
 };
 
 static void usage(FILE *f) {

@@ -155,6 +155,171 @@ DI_API di_status di_context_eval(di_context *ctx, const int32_t *ids, int64_t n_
                                  float *logits, int64_t n_logits);
 
 /* ---------------------------------------------------------------------------------------- */
+/* Engine: continuous batching of many requests over one model                              */
+/* ---------------------------------------------------------------------------------------- */
+
+/* An engine serves many requests at once over one model: a scheduler (continuous batching
+ * under a token budget, chunked prefill, preemption), a paged KV pool with prefix reuse, the
+ * batched model runner and the sampler. The caller adds requests, then calls di_engine_step
+ * until di_engine_has_unfinished is false; each step reports what every request produced.
+ *
+ * Determinism: a request's random numbers are keyed by (seed, sample index, position) only,
+ * and with batch_invariant (the default, free on the CPU backend) every kernel computes a
+ * row independently of the rows around it. So a request gives the same tokens and bitwise
+ * identical logprobs alone or inside any batch, for any thread count, chunk size or
+ * preemption history.
+ *
+ * Threads: di_engine_add_request and di_engine_abort may be called from any thread, also
+ * while another thread is inside di_engine_step (they go through a locked inbox drained at
+ * the start of each step). Every other engine call must come from one thread at a time. */
+typedef struct di_engine di_engine;
+
+typedef struct di_engine_params {
+    int32_t n_threads;          /* compute threads; <= 0: the model's */
+    int64_t max_batch_tokens;   /* tokens per step, all sequences (default 2048) */
+    int64_t max_prefill_tokens; /* prompt tokens per step, i.e. the prefill chunk size;
+                                   <= 0: max_batch_tokens (default 512; capped at
+                                   max_batch_tokens) */
+    int32_t max_running;        /* most sequences in one step (default 64) */
+    int64_t kv_memory_bytes;    /* paged KV pool size; 0: enough for max_running sequences of
+                                   max_model_len tokens, capped at 1 GiB (default 0) */
+    int32_t block_size;         /* tokens per KV block (default 16; DeepSeek-V4 rounds it up
+                                   to a multiple of its largest compression ratio) */
+    int64_t max_model_len;      /* prompt + output limit per sequence; <= 0: the model's
+                                   context, capped at 4096 (default 0) */
+    bool enable_prefix_cache;   /* reuse the KV of shared prompt prefixes (default true;
+                                   off for DeepSeek-V4 for now: its compressed rows are
+                                   kept per sequence, not paged) */
+    bool batch_invariant;       /* results independent of the batch (default true; the CPU
+                                   kernels are batch-invariant by construction) */
+    bool overlap;               /* schedule / post-process on the calling thread while the
+                                   forward runs on a compute thread (default false) */
+    bool disaggregate;          /* separate prefill and decode workers (default false;
+                                   DI_ERR_UNSUPPORTED when set, not implemented yet) */
+    /* tokenizer.json file or folder for text prompts, detokenized output and stop strings;
+     * NULL: the model folder's, loaded lazily on the first need. Without one, text prompts
+     * and stop strings fail at di_engine_add_request and outputs carry no text. */
+    const char *tokenizer_path;
+} di_engine_params;
+
+DI_API di_engine_params di_engine_default_params(void);
+
+/* Creates an engine over `model` (borrowed: it must outlive the engine; several engines may
+ * share one model). Allocates the KV pool and every per-step buffer now. */
+DI_API di_status di_engine_create(di_model *model, const di_engine_params *params,
+                                  di_engine **out);
+DI_API void di_engine_free(di_engine *e);
+
+/* One request. Exactly one of prompt_ids / prompt_text is used (ids win when both are set).
+ * Everything is copied by di_engine_add_request. */
+typedef struct di_engine_request {
+    const int32_t *prompt_ids; /* [n_prompt_ids] */
+    int64_t n_prompt_ids;
+    const char *prompt_text; /* NUL-terminated; tokenized with the engine's tokenizer */
+    bool add_special;        /* text prompts: apply the post-processor (e.g. prepend BOS) */
+    const struct di_sampling_params *sampling; /* NULL: di_sampling_default_params() */
+    uint64_t id;        /* the caller's id, reported in outputs; must be unique among
+                           unfinished requests */
+    const char *id_str; /* optional caller string id (copied), reported in outputs; NULL: none */
+} di_engine_request;
+
+/* Queues a request (thread-safe, see above). Validates the prompt (non-empty, ids in the
+ * vocabulary) and the sampling parameters (di_sampling_params_validate); a request without a
+ * seed (seed < 0) gets one drawn now, reported in its outputs. Fails with
+ * DI_ERR_INVALID_ARG on a duplicate id, DI_ERR_NOT_FOUND when text or stop strings need a
+ * tokenizer and there is none. A prompt longer than max_model_len is accepted and finishes at
+ * once with reason "error". */
+DI_API di_status di_engine_add_request(di_engine *e, const di_engine_request *req);
+
+/* Aborts a request (thread-safe): it finishes with reason "abort" at the next step, which
+ * reports it. DI_ERR_NOT_FOUND when no unfinished request has that id. */
+DI_API di_status di_engine_abort(di_engine *e, uint64_t id);
+
+typedef enum {
+    DI_ENGINE_FINISH_NONE,   /* still running */
+    DI_ENGINE_FINISH_STOP,   /* EOS, a stop token id or a stop string */
+    DI_ENGINE_FINISH_LENGTH, /* max_tokens or max_model_len */
+    DI_ENGINE_FINISH_ABORT,  /* di_engine_abort */
+    DI_ENGINE_FINISH_ERROR,  /* the request could not run: see error */
+} di_engine_finish;
+
+/* "stop", "length", "abort", "error" ("" for DI_ENGINE_FINISH_NONE). */
+DI_API const char *di_engine_finish_str(di_engine_finish r);
+
+/* One token's logprobs (vLLM's raw logprobs: log-softmax of the model's logits). */
+typedef struct di_engine_logprobs {
+    int32_t token;              /* the chosen (or, for prompt logprobs, the given) token */
+    float logprob;              /* its logprob */
+    int32_t n_top;              /* entries below: the request's logprobs N */
+    const int32_t *top_ids;     /* [n_top] by decreasing logprob, ties: lower id */
+    const float *top_logprobs;  /* [n_top] */
+} di_engine_logprobs;
+
+typedef struct di_engine_usage {
+    int64_t prompt_tokens;
+    int64_t completion_tokens; /* of this sample */
+    int64_t cached_tokens;     /* prompt tokens whose KV came from the prefix cache */
+} di_engine_usage;
+
+/* What one sample (sample_index < n) of one request produced in a step. Pointers are owned
+ * by the engine and valid until the next di_engine_step or di_engine_free. */
+typedef struct di_engine_output {
+    uint64_t id;          /* the caller's id */
+    const char *id_str;   /* the caller's string id, or NULL */
+    int32_t sample_index; /* 0 .. n - 1 */
+    int64_t seed;         /* the seed used (the caller's, or the one drawn at submission) */
+    const int32_t *tokens; /* [n_tokens] ids generated this step (usually 0 or 1) */
+    int64_t n_tokens;
+    /* Text those tokens complete (streaming detokenizer: whole UTF-8 characters only, held
+     * back while a stop string may be starting; a matched stop string and what follows it
+     * are removed). NULL when the engine has no tokenizer. Not NUL-terminated. */
+    const char *text;
+    int64_t text_len;
+    const di_engine_logprobs *logprobs; /* [n_tokens] when the request asked, else NULL */
+    /* Prompt logprobs (positions 1 .. prompt_tokens - 1), on the sample's first output only,
+     * when the request asked; else NULL / 0. */
+    const di_engine_logprobs *prompt_logprobs;
+    int64_t n_prompt_logprobs;
+    bool finished; /* last output of this sample */
+    di_engine_finish finish_reason;
+    const char *error; /* message when finish_reason is DI_ENGINE_FINISH_ERROR, else "" */
+    di_engine_usage usage; /* so far; final when finished */
+} di_engine_output;
+
+/* Runs one engine step (drains the inbox, schedules, runs the batch, samples,
+ * post-processes) and writes one record per sample that produced tokens or finished into
+ * out[0 .. cap). Records that do not fit are kept and returned first by the next call (which
+ * then runs no new step); cap >= di_engine_output_cap(e) always suffices. Returns the count
+ * written in *n_out. A failure of the model runner is not an error of the step: the step's
+ * requests are recomputed later. */
+DI_API di_status di_engine_step(di_engine *e, di_engine_output *out, int64_t cap,
+                                int64_t *n_out);
+
+/* The most records one step can produce (so the caller can size its array once). */
+DI_API int64_t di_engine_output_cap(const di_engine *e);
+
+/* True while a request is queued, running or has outputs not yet returned. */
+DI_API bool di_engine_has_unfinished(di_engine *e);
+
+typedef struct di_engine_stats {
+    int32_t n_running;              /* sequences holding KV (a request with n > 1 counts n) */
+    int32_t n_waiting;              /* queued, preempted, or in the inbox */
+    int32_t kv_blocks_used;         /* blocks held by running sequences */
+    int32_t kv_blocks_total;
+    int64_t prefix_cache_hit_tokens; /* cumulative */
+    int64_t n_preemptions;           /* cumulative */
+    int64_t n_steps;
+    int64_t n_prompt_tokens;    /* tokens run through the model as prefill (incl. recompute) */
+    int64_t n_generated_tokens; /* sampled tokens */
+    /* Cumulative wall seconds: scheduling (incl. inbox and batch building), the forward
+     * (device time), post-processing (sampling, stop checks, detokenizing, outputs), and the
+     * whole of di_engine_step. With overlap, device time runs concurrently with the others. */
+    double time_schedule_s, time_device_s, time_postprocess_s, time_total_s;
+} di_engine_stats;
+
+DI_API di_status di_engine_get_stats(const di_engine *e, di_engine_stats *out);
+
+/* ---------------------------------------------------------------------------------------- */
 /* Sampling                                                                                   */
 /* ---------------------------------------------------------------------------------------- */
 

@@ -19,18 +19,10 @@
 #include "io/config.h"
 #include "io/safetensors.h"
 #include "model/model.h"
+#include "api_internal.h"
 
 #include <stdio.h>
 #include <string.h>
-
-struct di_model {
-    char *dir;                  /* owned */
-    di_hparams hp;              /* the weights point at this copy */
-    di_st_set *st;              /* owned; the weights are views into it */
-    di_pool *pool;              /* owned */
-    const di_arch_vtable *arch; /* static */
-    void *weights;              /* owned through arch->free */
-};
 
 struct di_context {
     di_model *model;   /* borrowed */

@@ -47,7 +47,33 @@ typedef struct di_mla_attn_params {
     const float *c_kv;   /* [>= pos0 + n_tokens][R] normalized latents (the cache) */
     const float *k_rope; /* [>= pos0 + n_tokens][rope_dim] rotated rope keys (the cache) */
     float *out;          /* [n_heads][n_tokens][R] */
+    /* Paged cache (optional): when block_table != NULL, logical row j lives at physical row
+     * block_table[j / block_size] * block_size + j % block_size of c_kv / k_rope. The
+     * arithmetic is the same as for a contiguous cache, so the results are bitwise equal.
+     * The CPU backend supports it; a backend that does not leaves the slot unused and the
+     * engine does not run on it. */
+    const int32_t *block_table; /* [ceil((pos0 + n_tokens) / block_size)] or NULL */
+    int64_t block_size;
+    /* Head strides of q_lat and out in floats (optional; 0: n_tokens * R, the layout above).
+     * The engine's runner sets them to address one sequence's rows inside a batch. */
+    int64_t q_lat_hstride, out_hstride;
 } di_mla_attn_params;
+
+/* q_lat / out rows of (head h, query t). */
+static inline const float *di_mla_attn_q(const di_mla_attn_params *p, int64_t h, int64_t t) {
+    int64_t hs = p->q_lat_hstride ? p->q_lat_hstride : p->n_tokens * p->kv_lora_rank;
+    return p->q_lat + h * hs + t * p->kv_lora_rank;
+}
+static inline float *di_mla_attn_out(const di_mla_attn_params *p, int64_t h, int64_t t) {
+    int64_t hs = p->out_hstride ? p->out_hstride : p->n_tokens * p->kv_lora_rank;
+    return p->out + h * hs + t * p->kv_lora_rank;
+}
+
+/* Physical row of logical cache row j (see di_mla_attn_params.block_table). */
+static inline int64_t di_mla_attn_row(const di_mla_attn_params *p, int64_t j) {
+    if (!p->block_table) return j;
+    return (int64_t)p->block_table[j / p->block_size] * p->block_size + j % p->block_size;
+}
 
 /* Parameters of the rotary embedding op. Rotates, in place, the rope_dim-wide slices
  * x(t, h) = x + t * tstride + h * hstride for t < n_tokens, h < n_heads, with the angle of
@@ -179,8 +205,8 @@ typedef struct di_backend_ops {
     void (*free)(void *ctx);
 
     /* ---- DeepSeek-V4 (appended; see the params structs above) ---- */
-    /* y = x W^T for W in F4_E2M1 (two per byte, low nibble first) with a float scale per
-     * block_cols columns (w->scale [rows][scale_cols]); other dtypes go to matmul. */
+    /* y = x W^T for W in F4_E2M1 (two per byte, low nibble first) with an E8M0 scale byte per
+     * block_cols columns (w->scale_e8m0 [rows][scale_cols]); other dtypes go to matmul. */
     void (*matmul_fp4)(void *ctx, const di_weight *w, const float *x, int64_t n, float *y);
     void (*v4_hc_pre)(void *ctx, const di_v4_hc_params *p);
     /* out[t][k] = post[t][k] y[t] + sum_j M[t][j][k] x[t][j]  (out must not alias x). */

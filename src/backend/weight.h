@@ -8,6 +8,10 @@
  *     e4m3(data[r][c]) * scale[(row_offset + r) / block_rows][c / block_cols]
  * row_offset lets a view start at any row of the stored tensor (MLA splits kv_b_proj per
  * head) while still finding the right scale block.
+ * FP4 e2m1 (DeepSeek-V4's routed experts) is packed two per byte, low nibble = even column,
+ * and carries `scale_e8m0` instead: the stored E8M0 bytes, one per block_cols (32) columns,
+ * read as they are (the kernels decode 2^(e - 127) in registers); the real value is
+ *     e2m1(nibble(r, c)) * e8m0(scale_e8m0[r * scale_cols + c / block_cols])
  */
 #ifndef DI_WEIGHT_H
 #define DI_WEIGHT_H
@@ -17,7 +21,7 @@
 #include <stdint.h>
 
 typedef struct di_weight {
-    di_dtype dtype;     /* F32, F16, BF16 or F8_E4M3 */
+    di_dtype dtype;     /* F32, F16, BF16, F8_E4M3 or F4_E2M1 */
     int64_t rows, cols; /* logical shape [rows][cols] */
     int64_t row_stride; /* elements between consecutive rows (== cols unless a view) */
     const void *data;   /* element (r, c) at data + (r * row_stride + c) * elem_size */
@@ -26,6 +30,8 @@ typedef struct di_weight {
     int64_t scale_cols; /* ceil(stored cols / block_cols) */
     int64_t block_rows, block_cols;
     int64_t row_offset; /* first stored row of this view, for scale lookup */
+    /* F4_E2M1 only (NULL otherwise): [rows][scale_cols] E8M0 bytes, as stored */
+    const uint8_t *scale_e8m0;
 } di_weight;
 
 /* A view of rows [r0, r0 + n) of w. */

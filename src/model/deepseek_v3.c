@@ -25,6 +25,14 @@
  * once per chunk; each token's routed output is then summed in the order of its selected
  * experts, so the result does not depend on how tokens were grouped (batch invariance).
  *
+ * Batches: the engine's runner packs the tokens of several sequences into chunks of rows, so
+ * every projection and expert reads its weights once per chunk; the latent rows go to a paged
+ * pool through each sequence's block table and attention runs per sequence over it (the
+ * block-table form of the MLA op). A context is the batch of one sequence over a pool of one
+ * block, so both paths are the same code. Every per-row result depends only on that row's
+ * sequence (batch invariance: kernels are row-invariant, MoE sums in slot order, attention
+ * per sequence), which the engine tests check bitwise.
+ *
  * The forward pass allocates nothing: every buffer is carved at state creation from
  * (chunk = min(max_tokens, DS_MAX_CHUNK)) rows, and longer inputs run in chunks.
  */
@@ -36,6 +44,7 @@
 #include <string.h>
 
 #define DS_MAX_CHUNK       128
+#define DS_MAX_BATCH_CHUNK 256 /* rows per chunk of an engine batch */
 #define DS_LATENT_NORM_EPS 1e-6f
 #define DS_PI              3.14159265358979323846
 
@@ -109,12 +118,12 @@ void ds_rope_setup(ds_model *m) {
     m->rope_interleaved = hp->family == DI_FAMILY_DEEPSEEK_V2 ? true : hp->rope_interleave;
 }
 
-/* cos/sin [n][half] for positions pos0 .. pos0 + n - 1, as float32 like transformers. */
-static void rope_tables(const ds_model *m, int64_t pos0, int64_t n, float *cs, float *sn) {
+/* cos/sin [n][half] for the positions pos[0 .. n), as float32 like transformers. */
+static void rope_tables(const ds_model *m, const int64_t *pos, int64_t n, float *cs, float *sn) {
     const int64_t half = m->hp->qk_rope_head_dim / 2;
     for (int64_t t = 0; t < n; t++) {
         for (int64_t i = 0; i < half; i++) {
-            float ang = (float)(pos0 + t) * m->inv_freq[i];
+            float ang = (float)pos[t] * m->inv_freq[i];
             cs[t * half + i] = (float)cos((double)ang) * m->rope_attn_factor;
             sn[t * half + i] = (float)sin((double)ang) * m->rope_attn_factor;
         }
@@ -125,10 +134,26 @@ static void rope_tables(const ds_model *m, int64_t pos0, int64_t n, float *cs, f
 /* Per-sequence state                                                                         */
 /* ---------------------------------------------------------------------------------------- */
 
+/* The part of one sequence that falls into a chunk of rows. */
+typedef struct ds_seg {
+    const di_batch_seq *seq;
+    int64_t off;  /* index in seq->ids of the segment's first token */
+    int64_t n;    /* tokens */
+    int64_t row0; /* first chunk row */
+} ds_seg;
+
+/* One state serves both paths: a context is a batch of one sequence whose block table is
+ * {0} with block_size = capacity, so the single-sequence and the engine's paged path run the
+ * same code and give bitwise equal results. */
 typedef struct ds_state {
-    di_mla_cache cache;
+    di_mla_cache cache;        /* the row pool: [n_layers][capacity] rows */
+    int64_t block_size;        /* rows per block of the pool */
+    int32_t ctx_table[1];      /* {0}: the context path's block table */
     int64_t max_tokens, chunk; /* chunk = C below */
     void *arena;               /* owns every buffer below */
+    int32_t *ids;              /* [C] token ids of the chunk */
+    int64_t *pos;              /* [C] positions of the chunk's rows */
+    ds_seg *segs;              /* [C] sequences in the chunk */
     float *x;                  /* [C][H] residual stream */
     float *xn;                 /* [C][H] normed input of a block */
     float *qa;                 /* [C][q_lora_rank] */
@@ -157,7 +182,9 @@ static void *carve(char **p, size_t bytes) {
     return r;
 }
 
-static di_status ds_state_create(const void *weights, int64_t max_tokens, void **out) {
+/* rows: rows of the pool per layer; chunk: rows per forward chunk. */
+static di_status state_create(const void *weights, int64_t rows, int64_t block_size,
+                              int64_t max_tokens, int64_t chunk, void **out) {
     const ds_model *m = weights;
     const di_hparams *hp = m->hp;
     const int64_t H = hp->hidden_size, nh = hp->num_attention_heads, R = hp->kv_lora_rank;
@@ -166,8 +193,9 @@ static di_status ds_state_create(const void *weights, int64_t max_tokens, void *
     ds_state *s = di_calloc(1, sizeof *s);
     if (!s) return di_error(DI_ERR_OUT_OF_MEMORY, "context: out of memory");
     s->max_tokens = max_tokens;
-    const int64_t C = s->chunk = DI_MIN(max_tokens, DS_MAX_CHUNK);
-    di_status st = di_mla_cache_init(&s->cache, hp->num_hidden_layers, max_tokens, R, dr);
+    s->block_size = block_size;
+    const int64_t C = s->chunk = chunk;
+    di_status st = di_mla_cache_init(&s->cache, hp->num_hidden_layers, rows, R, dr);
     if (st) {
         di_free(s);
         return st;
@@ -194,7 +222,10 @@ static di_status ds_state_create(const void *weights, int64_t max_tokens, void *
                       C * H * f,
                       C * K * sizeof(int32_t),
                       (E + 1) * sizeof(int64_t),
-                      C * K * sizeof(int32_t)};
+                      C * K * sizeof(int32_t),
+                      C * sizeof(int32_t),
+                      C * sizeof(int64_t),
+                      C * sizeof(ds_seg)};
     size_t total = 0;
     for (size_t i = 0; i < DI_ARRAY_LEN(sizes); i++)
         total += (sizes[i] + 63) & ~(size_t)63;
@@ -230,8 +261,23 @@ static di_status ds_state_create(const void *weights, int64_t max_tokens, void *
     s->sel_id = carve(&p, sizes[k++]);
     s->cnt = carve(&p, sizes[k++]);
     s->ent = carve(&p, sizes[k++]);
+    s->ids = carve(&p, sizes[k++]);
+    s->pos = carve(&p, sizes[k++]);
+    s->segs = carve(&p, sizes[k++]);
     *out = s;
     return DI_OK;
+}
+
+static di_status ds_state_create(const void *weights, int64_t max_tokens, void **out) {
+    return state_create(weights, max_tokens, max_tokens, max_tokens,
+                        DI_MIN(max_tokens, DS_MAX_CHUNK), out);
+}
+
+static di_status ds_batch_state_create(const void *weights, const di_batch_config *cfg,
+                                       void **out) {
+    int64_t rows = cfg->n_blocks * cfg->block_size;
+    return state_create(weights, rows, cfg->block_size, cfg->max_model_len,
+                        DI_MAX(DI_MIN(cfg->max_batch_tokens, DS_MAX_BATCH_CHUNK), 1), out);
 }
 
 static void ds_state_free(void *state) {
@@ -246,12 +292,16 @@ static void ds_state_free(void *state) {
 /* Blocks                                                                                     */
 /* ---------------------------------------------------------------------------------------- */
 
-/* MLA for n tokens at pos0: reads s->xn, writes the cache rows and s->hbuf ([n][H]). */
+/* MLA for the chunk's n rows (s->nseg sequences): reads s->xn, writes the new tokens' latent
+ * and rope-key rows into the paged pool through each sequence's block table, and s->hbuf
+ * ([n][H]). Projections (W_UK and W_UV included) run over all rows at once; the absorbed
+ * attention runs per sequence. */
 static void attention(const ds_model *m, const ds_layer *L, int64_t il, ds_state *s,
-                      const di_backend *be, int64_t n, int64_t pos0) {
+                      const di_backend *be, int64_t n, int64_t nseg) {
     const di_hparams *hp = m->hp;
     const int64_t nh = hp->num_attention_heads, R = hp->kv_lora_rank, dv = hp->v_head_dim;
     const int64_t dn = hp->qk_nope_head_dim, dr = hp->qk_rope_head_dim, qk = dn + dr;
+    const int64_t bs = s->block_size;
     void *c = be->ctx;
 
     /* Queries: [n][nh][dn + dr]. */
@@ -264,13 +314,9 @@ static void attention(const ds_model *m, const ds_layer *L, int64_t il, ds_state
         be->ops->matmul(c, &L->q_proj, s->xn, n, s->q);
     }
 
-    /* Latent and rope key of each new token, straight into the cache. */
-    float *ckv = di_mla_cache_ckv(&s->cache, il, 0);  /* [pos0 + n][R] */
-    float *kr = di_mla_cache_krope(&s->cache, il, 0); /* [pos0 + n][dr] */
+    /* Latent (normed in place) and rotated rope key of each new token, then into the pool. */
     be->ops->matmul(c, &L->kv_a_proj, s->xn, n, s->kva);
-    be->ops->rmsnorm(c, s->kva, R + dr, L->kv_a_norm, n, R, DS_LATENT_NORM_EPS, ckv + pos0 * R, R);
-    be->ops->copy2d(c, kr + pos0 * dr, dr, s->kva + R, R + dr, n, dr);
-
+    be->ops->rmsnorm(c, s->kva, R + dr, L->kv_a_norm, n, R, DS_LATENT_NORM_EPS, s->kva, R + dr);
     di_rope_op_params rq = {.x = s->q + dn,
                             .n_tokens = n,
                             .n_heads = nh,
@@ -282,13 +328,25 @@ static void attention(const ds_model *m, const ds_layer *L, int64_t il, ds_state
                             .interleaved = m->rope_interleaved};
     be->ops->rope(c, &rq);
     di_rope_op_params rk = rq;
-    rk.x = kr + pos0 * dr;
+    rk.x = s->kva + R;
     rk.n_heads = 1;
-    rk.tstride = dr;
+    rk.tstride = R + dr;
     rk.hstride = 0;
     be->ops->rope(c, &rk);
+    float *ckv = di_mla_cache_ckv(&s->cache, il, 0);  /* [rows][R] */
+    float *kr = di_mla_cache_krope(&s->cache, il, 0); /* [rows][dr] */
+    for (int64_t g = 0; g < nseg; g++) {
+        const ds_seg *sg = &s->segs[g];
+        for (int64_t t = 0; t < sg->n; t++) {
+            if (sg->off + t < sg->seq->n_replay) continue; /* rows exist, maybe shared */
+            int64_t pos = sg->seq->pos0 + sg->off + t, r = sg->row0 + t;
+            int64_t row = (int64_t)sg->seq->block_table[pos / bs] * bs + pos % bs;
+            be->ops->copy2d(c, ckv + row * R, R, s->kva + r * (R + dr), R + dr, 1, R);
+            be->ops->copy2d(c, kr + row * dr, dr, s->kva + r * (R + dr) + R, R + dr, 1, dr);
+        }
+    }
 
-    /* Absorb W_UK: q_lat(h, t) = W_UK_h^T q_nope(h, t)  ([dn] -> [R]). */
+    /* Absorb W_UK over all rows: q_lat(h, t) = W_UK_h^T q_nope(h, t)  ([dn] -> [R]). */
     di_head_matmul_params uk = {.w = L->w_uk,
                                 .transposed = true,
                                 .n_heads = nh,
@@ -301,22 +359,30 @@ static void attention(const ds_model *m, const ds_layer *L, int64_t il, ds_state
                                 .y_tstride = R};
     be->ops->head_matmul(c, &uk);
 
-    di_mla_attn_params ap = {.n_tokens = n,
-                             .n_heads = nh,
-                             .pos0 = pos0,
-                             .kv_lora_rank = R,
-                             .rope_dim = dr,
-                             .scale = m->softmax_scale,
-                             .q_lat = s->q_lat,
-                             .q_rope = s->q + dn,
-                             .q_rope_tstride = nh * qk,
-                             .q_rope_hstride = qk,
-                             .c_kv = ckv,
-                             .k_rope = kr,
-                             .out = s->o_lat};
-    be->ops->mla_attention(c, &ap);
+    /* Attention per sequence, over its own rows of the pool. */
+    for (int64_t g = 0; g < nseg; g++) {
+        const ds_seg *sg = &s->segs[g];
+        di_mla_attn_params ap = {.n_tokens = sg->n,
+                                 .n_heads = nh,
+                                 .pos0 = sg->seq->pos0 + sg->off,
+                                 .kv_lora_rank = R,
+                                 .rope_dim = dr,
+                                 .scale = m->softmax_scale,
+                                 .q_lat = s->q_lat + sg->row0 * R,
+                                 .q_rope = s->q + sg->row0 * nh * qk + dn,
+                                 .q_rope_tstride = nh * qk,
+                                 .q_rope_hstride = qk,
+                                 .c_kv = ckv,
+                                 .k_rope = kr,
+                                 .out = s->o_lat + sg->row0 * R,
+                                 .block_table = sg->seq->block_table,
+                                 .block_size = bs,
+                                 .q_lat_hstride = n * R,
+                                 .out_hstride = n * R};
+        be->ops->mla_attention(c, &ap);
+    }
 
-    /* Un-absorb W_UV: attn(t, h) = W_UV_h o_lat(h, t)  ([R] -> [dv]), then o_proj. */
+    /* Un-absorb W_UV over all rows: attn(t, h) = W_UV_h o_lat(h, t)  ([R] -> [dv]). */
     di_head_matmul_params uv = {.w = L->w_uv,
                                 .transposed = false,
                                 .n_heads = nh,
@@ -387,20 +453,21 @@ static void moe(const ds_model *m, const ds_layer *L, ds_state *s, const di_back
     }
 }
 
-/* One chunk of n <= C tokens. Logits for chunk rows [lrow0, n) go to logits (if not NULL). */
-static void forward_chunk(const ds_model *m, ds_state *s, const di_backend *be, const int32_t *ids,
-                          int64_t n, int64_t pos0, float *logits, int64_t lrow0) {
+/* One chunk of n <= C rows holding s->segs[0 .. nseg). The logits rows of its sequences
+ * (each one's last n_logits tokens) go to logits[0 ..), in order; returns their count. */
+static int64_t forward_chunk(const ds_model *m, ds_state *s, const di_backend *be, int64_t n,
+                             int64_t nseg, float *logits) {
     const di_hparams *hp = m->hp;
     const int64_t H = hp->hidden_size;
     const float eps = (float)hp->rms_norm_eps;
     void *c = be->ctx;
 
-    be->ops->embed(c, &m->embed, ids, n, s->x);
-    rope_tables(m, pos0, n, s->cos, s->sin);
+    be->ops->embed(c, &m->embed, s->ids, n, s->x);
+    rope_tables(m, s->pos, n, s->cos, s->sin);
     for (int64_t il = 0; il < hp->num_hidden_layers; il++) {
         const ds_layer *L = &m->layers[il];
         be->ops->rmsnorm(c, s->x, H, L->attn_norm, n, H, eps, s->xn, H);
-        attention(m, L, il, s, be, n, pos0);
+        attention(m, L, il, s, be, n, nseg);
         be->ops->axpy(c, 1.0f, s->hbuf, n * H, s->x);
 
         be->ops->rmsnorm(c, s->x, H, L->ffn_norm, n, H, eps, s->xn, H);
@@ -412,23 +479,74 @@ static void forward_chunk(const ds_model *m, ds_state *s, const di_backend *be, 
             be->ops->axpy(c, 1.0f, s->hbuf, n * H, s->x);
         }
     }
-    if (!logits || lrow0 >= n) return;
-    be->ops->rmsnorm(c, s->x + lrow0 * H, H, m->norm, n - lrow0, H, eps, s->xn, H);
-    be->ops->matmul(c, &m->lm_head, s->xn, n - lrow0, logits);
+    /* Gather the rows that need logits (final norm per row), then one lm_head product. */
+    int64_t k = 0;
+    for (int64_t g = 0; g < nseg; g++) {
+        const ds_seg *sg = &s->segs[g];
+        int64_t first = DI_MAX(sg->seq->n - sg->seq->n_logits, sg->off); /* seq token index */
+        int64_t cnt = sg->off + sg->n - first;
+        if (cnt <= 0) continue;
+        be->ops->rmsnorm(c, s->x + (sg->row0 + first - sg->off) * H, H, m->norm, cnt, H, eps,
+                         s->xn + k * H, H);
+        k += cnt;
+    }
+    if (k > 0 && logits) be->ops->matmul(c, &m->lm_head, s->xn, k, logits);
+    return k;
+}
+
+/* Packs the batch's tokens into chunks of at most C rows (a sequence may span chunks: its
+ * earlier rows are in the pool by then) and runs them. */
+static void ds_forward_batch(const void *weights, void *state, const di_backend *be,
+                             const di_batch_args *a) {
+    const ds_model *m = weights;
+    ds_state *s = state;
+    const int64_t V = m->hp->vocab_size;
+    int64_t rows = 0, nseg = 0, lrow = 0;
+    for (int64_t i = 0; i < a->n_seqs; i++) {
+        const di_batch_seq *q = &a->seqs[i];
+        for (int64_t off = 0; off < q->n;) {
+            int64_t take = DI_MIN(q->n - off, s->chunk - rows);
+            s->segs[nseg] = (ds_seg){.seq = q, .off = off, .n = take, .row0 = rows};
+            for (int64_t t = 0; t < take; t++) {
+                s->ids[rows + t] = q->ids[off + t];
+                s->pos[rows + t] = q->pos0 + off + t;
+            }
+            nseg++, rows += take, off += take;
+            if (rows == s->chunk) {
+                lrow +=
+                    forward_chunk(m, s, be, rows, nseg, a->logits ? a->logits + lrow * V : NULL);
+                rows = nseg = 0;
+            }
+        }
+    }
+    if (rows > 0) forward_chunk(m, s, be, rows, nseg, a->logits ? a->logits + lrow * V : NULL);
 }
 
 static void ds_forward(const void *weights, void *state, const di_backend *be,
                        const di_forward_args *a) {
-    const ds_model *m = weights;
     ds_state *s = state;
-    const int64_t V = m->hp->vocab_size;
-    const int64_t first = a->logits ? a->n - a->n_logits : a->n; /* first row with logits */
-    for (int64_t c0 = 0; c0 < a->n; c0 += s->chunk) {
-        int64_t cn = DI_MIN(s->chunk, a->n - c0);
-        int64_t lrow0 = DI_MAX(first - c0, 0);
-        float *lg = a->logits && lrow0 < cn ? a->logits + (c0 + lrow0 - first) * V : NULL;
-        forward_chunk(m, s, be, a->ids + c0, cn, a->pos0 + c0, lg, lrow0);
-    }
+    di_batch_seq q = {.ids = a->ids,
+                      .n = a->n,
+                      .pos0 = a->pos0,
+                      .block_table = s->ctx_table,
+                      .n_logits = a->logits ? a->n_logits : 0};
+    di_batch_args b = {.seqs = &q, .n_seqs = 1, .logits = a->logits};
+    ds_forward_batch(weights, state, be, &b);
+}
+
+static int64_t ds_replay_tokens(const void *weights) {
+    (void)weights;
+    return 0;
+}
+
+static bool ds_prefix_cache_ok(const void *weights) {
+    (void)weights;
+    return true;
+}
+
+static int64_t ds_block_multiple(const void *weights) {
+    (void)weights;
+    return 1;
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -476,4 +594,10 @@ const di_arch_vtable di_arch_deepseek_v3 = {
     .state_create = ds_state_create,
     .state_free = ds_state_free,
     .forward = ds_forward,
+    .batch_state_create = ds_batch_state_create,
+    .batch_state_free = ds_state_free,
+    .forward_batch = ds_forward_batch,
+    .replay_tokens = ds_replay_tokens,
+    .prefix_cache_ok = ds_prefix_cache_ok,
+    .block_multiple = ds_block_multiple,
 };

@@ -384,20 +384,111 @@ static void forward_chunk(const v4_model *m, v4_ctx *c, const di_backend *be, co
     v4_matmul(be, &m->head, c->xn, n - lrow0, logits);
 }
 
+/* Runs n tokens of the sequence whose state is in c->kv. */
+static void run_seq(const v4_model *m, v4_ctx *c, const di_backend *be, const int32_t *ids,
+                    int64_t n, int64_t pos0, float *logits, int64_t n_logits) {
+    const int64_t V = m->hp->vocab_size;
+    const int64_t first = logits ? n - n_logits : n;
+    for (int64_t c0 = 0; c0 < n; c0 += c->chunk) {
+        int64_t cn = DI_MIN(c->chunk, n - c0);
+        int64_t lrow0 = DI_MAX(first - c0, 0);
+        float *lg = logits && lrow0 < cn ? logits + (c0 + lrow0 - first) * V : NULL;
+        forward_chunk(m, c, be, ids + c0, cn, pos0 + c0, lg, lrow0);
+    }
+}
+
 static void v4_forward(const void *weights, void *state, const di_backend *be,
                        const di_forward_args *a) {
-    const v4_model *m = weights;
     v4_ctx *c = state;
-    const int64_t V = m->hp->vocab_size;
     /* A call at position 0 starts a new sequence (di_context_reset rewinds to 0). */
     if (a->pos0 == 0) di_v4_state_reset(&c->kv);
-    const int64_t first = a->logits ? a->n - a->n_logits : a->n;
-    for (int64_t c0 = 0; c0 < a->n; c0 += c->chunk) {
-        int64_t cn = DI_MIN(c->chunk, a->n - c0);
-        int64_t lrow0 = DI_MAX(first - c0, 0);
-        float *lg = a->logits && lrow0 < cn ? a->logits + (c0 + lrow0 - first) * V : NULL;
-        forward_chunk(m, c, be, a->ids + c0, cn, a->pos0 + c0, lg, lrow0);
+    run_seq(weights, c, be, a->ids, a->n, a->pos0, a->logits, a->logits ? a->n_logits : 0);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Batched runner                                                                             */
+/* ---------------------------------------------------------------------------------------- */
+
+/* The engine's V4 state: one activation context and a full attention state per slot. The
+ * compressed entries live in the slot too (not in the paged pool yet), so a sequence that
+ * loses its slot is recomputed from position 0 and prefix reuse is off for V4 (see
+ * v4_prefix_cache_ok). Sequences run one after another through the per-sequence path, so
+ * each one's result is exactly that of a context. */
+typedef struct v4_batch_state {
+    v4_ctx *ctx;          /* owned; its own kv is unused */
+    di_v4_state *slots;   /* [n_slots], owned */
+    int32_t n_slots;
+} v4_batch_state;
+
+static void v4_batch_state_free(void *state) {
+    v4_batch_state *b = state;
+    if (!b) return;
+    for (int32_t i = 0; b->slots && i < b->n_slots; i++)
+        di_v4_state_free(&b->slots[i]);
+    di_free(b->slots);
+    v4_state_free(b->ctx);
+    di_free(b);
+}
+
+static di_status v4_batch_state_create(const void *weights, const di_batch_config *cfg,
+                                       void **out) {
+    const v4_model *m = weights;
+    const di_hparams *hp = m->hp;
+    const di_v4_hparams *v = m->v;
+    v4_batch_state *b = di_calloc(1, sizeof *b);
+    if (!b) return di_error(DI_ERR_OUT_OF_MEMORY, "engine: out of memory");
+    di_status st = v4_state_create(weights, cfg->max_model_len, (void **)&b->ctx);
+    if (!st) {
+        b->slots = di_calloc((size_t)cfg->n_slots, sizeof *b->slots);
+        if (!b->slots) st = di_error(DI_ERR_OUT_OF_MEMORY, "engine: out of memory");
     }
+    for (int32_t i = 0; !st && i < cfg->n_slots; i++, b->n_slots = i)
+        st = di_v4_state_init(&b->slots[i], hp->num_hidden_layers, v->layer_kind,
+                              v->compress_rate, v->sliding_window, v->head_dim,
+                              v->index_head_dim, cfg->max_model_len);
+    if (st) {
+        v4_batch_state_free(b);
+        return st;
+    }
+    *out = b;
+    return DI_OK;
+}
+
+static void v4_forward_batch(const void *weights, void *state, const di_backend *be,
+                             const di_batch_args *a) {
+    const v4_model *m = weights;
+    v4_batch_state *b = state;
+    const int64_t V = m->hp->vocab_size;
+    di_v4_state own = b->ctx->kv;
+    int64_t lrow = 0;
+    for (int64_t i = 0; i < a->n_seqs; i++) {
+        const di_batch_seq *q = &a->seqs[i];
+        b->ctx->kv = b->slots[q->slot];
+        if (q->reset_state) di_v4_state_reset(&b->ctx->kv);
+        run_seq(m, b->ctx, be, q->ids, q->n, q->pos0,
+                q->n_logits > 0 && a->logits ? a->logits + lrow * V : NULL, q->n_logits);
+        b->slots[q->slot] = b->ctx->kv;
+        lrow += q->n_logits;
+    }
+    b->ctx->kv = own;
+}
+
+static int64_t v4_replay_tokens(const void *weights) {
+    const v4_model *m = weights;
+    return (m->hp->num_hidden_layers + 1) * m->v->sliding_window;
+}
+
+static bool v4_prefix_cache_ok(const void *weights) {
+    (void)weights;
+    return false; /* compressed entries are per slot, not paged (see v4_batch_state) */
+}
+
+static int64_t v4_block_multiple(const void *weights) {
+    const v4_model *m = weights;
+    int64_t r = 1;
+    for (int64_t il = 0; il < m->hp->num_hidden_layers; il++)
+        if (m->v->layer_kind[il] != DI_V4_SLIDING) r = DI_MAX(r, m->v->compress_rate[il]);
+    return r;
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -473,4 +564,10 @@ const di_arch_vtable di_arch_deepseek_v4 = {
     .state_create = v4_state_create,
     .state_free = v4_state_free,
     .forward = v4_forward,
+    .batch_state_create = v4_batch_state_create,
+    .batch_state_free = v4_batch_state_free,
+    .forward_batch = v4_forward_batch,
+    .replay_tokens = v4_replay_tokens,
+    .prefix_cache_ok = v4_prefix_cache_ok,
+    .block_multiple = v4_block_multiple,
 };

@@ -18,6 +18,7 @@
 #include "io/config.h"
 #include "io/safetensors.h"
 
+#include <stdbool.h>
 #include <stdint.h>
 
 /* One forward call: n tokens at positions pos0 .. pos0 + n - 1 appended to the sequence.
@@ -30,6 +31,34 @@ typedef struct di_forward_args {
     float *logits; /* [n_logits][vocab] or NULL */
     int64_t n_logits;
 } di_forward_args;
+
+/* ---- Batched forward (the engine's runner) -------------------------------------------- */
+
+/* One sequence of a batch: n tokens at positions pos0 .. pos0 + n - 1 of that sequence. */
+typedef struct di_batch_seq {
+    const int32_t *ids; /* [n], all real ids */
+    int64_t n;
+    int64_t pos0;
+    int64_t n_replay;           /* leading tokens whose paged rows exist: not written (V4) */
+    const int32_t *block_table; /* covers positions 0 .. pos0 + n - 1 (paged caches) */
+    int32_t slot;               /* per-sequence state slot (bounded window state, V4) */
+    bool reset_state;           /* clear the slot's state before this piece */
+    int64_t n_logits;           /* logits for the last n_logits tokens (0 .. n) */
+} di_batch_seq;
+
+typedef struct di_batch_args {
+    const di_batch_seq *seqs; /* [n_seqs] */
+    int64_t n_seqs;
+    float *logits; /* [sum of n_logits][vocab], in sequence order */
+} di_batch_args;
+
+/* Sizes of a batched runner state, fixed at creation (the forward allocates nothing). */
+typedef struct di_batch_config {
+    int64_t n_blocks, block_size; /* the paged KV pool */
+    int32_t n_slots;              /* per-sequence state slots (max_running) */
+    int64_t max_model_len;        /* longest sequence */
+    int64_t max_batch_tokens;     /* tokens per forward call */
+} di_batch_config;
 
 typedef struct di_arch_vtable {
     const char *name;
@@ -46,6 +75,19 @@ typedef struct di_arch_vtable {
      * (ids in range, pos0 + n <= max_tokens). Allocates nothing. */
     void (*forward)(const void *weights, void *state, const di_backend *be,
                     const di_forward_args *args);
+    /* Batched runner: a state over a paged KV pool and cfg->n_slots sequence slots, and a
+     * forward that runs the tokens of several sequences in one pass (each weight read once
+     * per chunk of rows; attention per sequence through its block table). Each row's result
+     * is independent of the other rows of the batch (batch invariance). */
+    di_status (*batch_state_create)(const void *weights, const di_batch_config *cfg, void **out);
+    void (*batch_state_free)(void *state);
+    void (*forward_batch)(const void *weights, void *state, const di_backend *be,
+                          const di_batch_args *args);
+    /* Tokens of window state to replay after a prefix-cache hit (0: none needed), and
+     * whether prefix reuse is supported; the block size the architecture needs a multiple of. */
+    int64_t (*replay_tokens)(const void *weights);
+    bool (*prefix_cache_ok)(const void *weights);
+    int64_t (*block_multiple)(const void *weights);
 } di_arch_vtable;
 
 /* The vtable for a parsed config, or NULL with an error naming the architecture and

@@ -6,22 +6,28 @@
  * logit first, then lower id", encoded as a 64-bit key so that smaller key = better token:
  *   - min_p is a logit threshold: p >= min_p * p_max  <=>  x >= max + T * ln(min_p);
  *   - top_k is a partial selection: a heap of k keys for small k, quickselect otherwise;
- *   - top_p without top_k histograms the weights by their float exponent (plus 3 mantissa
- *     bits), finds the bucket where the cumulative mass crosses top_p, and sorts only the
- *     tokens at or above that bucket.
- * The kept tokens are then summed and drawn from in increasing id, a fixed order, so the
- * result is a function of the row and the uniform alone.
+ *   - top_p without top_k first keeps only candidates above a weight threshold whose
+ *     candidates are shown to reach top_p (weights rise with logits, so they are a prefix of
+ *     the order); at worst (1 - top_p) * total / (2 vocab), below which all tokens together
+ *     weigh less than half of what top_p leaves out. It then histograms the candidates by
+ *     their float exponent (plus 3 mantissa bits), finds the bucket where the cumulative mass
+ *     crosses top_p, and sorts only the tokens at or above that bucket.
+ * Whole-row passes (weights, threshold searches) are sample_vec.h's kernels, bit-identical at
+ * every SIMD level. The kept tokens are summed and drawn from in a fixed order (block order
+ * over a full row, increasing id over a list), so the result is a function of the row and the
+ * uniform alone.
  */
 #include "core/core.h"
 #include "sample/sample_filter.h"
+#include "sample/sample_vec.h"
 #include "sample/sampler.h"
 
 #include <float.h>
 #include <math.h>
-#include <stdlib.h>
 #include <string.h>
 
 #define HEAP_MAX_K   1024 /* above this, top_k uses quickselect over all kept keys */
+#define INSERTION_N  24   /* sorts shorter than this use insertion sort */
 #define N_BUCKETS    1024 /* weight buckets: bits >> 20 of a float in [0, 1] is <= 1016 */
 #define BUCKET_SHIFT 20
 
@@ -45,15 +51,79 @@ static int32_t key_id(uint64_t key) {
     return (int32_t)(uint32_t)key;
 }
 
-static int cmp_u64(const void *a, const void *b) {
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return (x > y) - (x < y);
-}
+/* ---------------------------------------------------------------------------------------- */
+/* Sorting (ascending; inline comparisons instead of qsort's callback)                        */
+/* ---------------------------------------------------------------------------------------- */
 
-static int cmp_i32(const void *a, const void *b) {
-    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-    return (x > y) - (x < y);
-}
+/* Quicksort with a median-of-three pivot down to INSERTION_N, heapsort past a depth limit,
+ * insertion sort at the leaves. Defines sort_<name>(T *a, int64_t n). */
+#define DEFINE_SORT(name, T)                                                                       \
+    static void sift_##name(T *a, int64_t n, int64_t i) {                                          \
+        for (;;) {                                                                                 \
+            int64_t l = 2 * i + 1, r = l + 1, m = i;                                               \
+            if (l < n && a[l] > a[m]) m = l;                                                       \
+            if (r < n && a[r] > a[m]) m = r;                                                       \
+            if (m == i) return;                                                                    \
+            T t_ = a[i];                                                                           \
+            a[i] = a[m];                                                                           \
+            a[m] = t_;                                                                             \
+            i = m;                                                                                 \
+        }                                                                                          \
+    }                                                                                              \
+    static void sort_rec_##name(T *a, int64_t n, int depth) {                                      \
+        while (n >= INSERTION_N) {                                                                 \
+            if (depth-- == 0) { /* heapsort */                                                     \
+                for (int64_t i = n / 2 - 1; i >= 0; i--)                                           \
+                    sift_##name(a, n, i);                                                          \
+                for (int64_t e = n - 1; e > 0; e--) {                                              \
+                    T t_ = a[0];                                                                   \
+                    a[0] = a[e];                                                                   \
+                    a[e] = t_;                                                                     \
+                    sift_##name(a, e, 0);                                                          \
+                }                                                                                  \
+                return;                                                                            \
+            }                                                                                      \
+            T x = a[0], y = a[n / 2], z = a[n - 1];                                                \
+            T pivot = x < y ? (y < z ? y : (x < z ? z : x)) : (x < z ? x : (y < z ? z : y));       \
+            int64_t i = 0, j = n - 1;                                                              \
+            while (i <= j) {                                                                       \
+                while (a[i] < pivot)                                                               \
+                    i++;                                                                           \
+                while (a[j] > pivot)                                                               \
+                    j--;                                                                           \
+                if (i <= j) {                                                                      \
+                    T t_ = a[i];                                                                   \
+                    a[i++] = a[j];                                                                 \
+                    a[j--] = t_;                                                                   \
+                }                                                                                  \
+            }                                                                                      \
+            /* recurse into the smaller side, loop on the larger */                                \
+            if (j + 1 < n - i) {                                                                   \
+                sort_rec_##name(a, j + 1, depth);                                                  \
+                a += i;                                                                            \
+                n -= i;                                                                            \
+            } else {                                                                               \
+                sort_rec_##name(a + i, n - i, depth);                                              \
+                n = j + 1;                                                                         \
+            }                                                                                      \
+        }                                                                                          \
+        for (int64_t i = 1; i < n; i++) {                                                          \
+            T v = a[i];                                                                            \
+            int64_t j = i;                                                                         \
+            for (; j > 0 && a[j - 1] > v; j--)                                                     \
+                a[j] = a[j - 1];                                                                   \
+            a[j] = v;                                                                              \
+        }                                                                                          \
+    }                                                                                              \
+    static void sort_##name(T *a, int64_t n) {                                                     \
+        int depth = 2;                                                                             \
+        for (int64_t m = n; m > 1; m >>= 1)                                                        \
+            depth += 2;                                                                            \
+        sort_rec_##name(a, n, depth);                                                              \
+    }
+
+DEFINE_SORT(u64, uint64_t)
+DEFINE_SORT(i32, int32_t)
 
 /* ---------------------------------------------------------------------------------------- */
 /* top_k: partial selection                                                                   */
@@ -85,11 +155,11 @@ static void heap_sift_up(uint64_t *h, int64_t i) {
 /* The k best keys among tokens with x >= cutoff, unordered, via a heap of size k. Scanning in
  * increasing id, a later token ties with the heap's worst only with a larger id, so once the
  * heap is full a token enters only if its logit is strictly greater. */
-static int64_t topk_heap(const float *x, int64_t n, float cutoff, int64_t k, uint64_t *h) {
+static int64_t topk_heap(const di_sample_kernels *kern, const float *x, int64_t n, float cutoff,
+                         int64_t k, uint64_t *h) {
     int64_t size = 0;
     float worst = cutoff;
-    for (int64_t i = 0; i < n; i++) {
-        if (!(x[i] >= worst)) continue;
+    for (int64_t i = 0; (i = kern->next_at_least(x, i, n, worst)) < n; i++) {
         if (size < k) {
             h[size] = rank_key(x[i], (int32_t)i);
             heap_sift_up(h, size++);
@@ -130,12 +200,13 @@ static void select_smallest(uint64_t *a, int64_t n, int64_t k) {
     }
 }
 
-/* The k best keys among tokens with x >= cutoff, unordered. */
-static int64_t topk_keys(const float *x, int64_t n, float cutoff, int64_t k, uint64_t *keys) {
-    if (k <= HEAP_MAX_K) return topk_heap(x, n, cutoff, k, keys);
-    int64_t c = 0;
-    for (int64_t i = 0; i < n; i++)
-        if (x[i] >= cutoff) keys[c++] = rank_key(x[i], (int32_t)i);
+/* The k best keys among tokens with x >= cutoff, unordered. ids[n] is free scratch. */
+static int64_t topk_keys(const di_sample_kernels *kern, const float *x, int64_t n, float cutoff,
+                         int64_t k, uint64_t *keys, int32_t *ids) {
+    if (k <= HEAP_MAX_K) return topk_heap(kern, x, n, cutoff, k, keys);
+    int64_t c = kern->collect_at_least(x, n, cutoff, ids);
+    for (int64_t j = 0; j < c; j++)
+        keys[j] = rank_key(x[ids[j]], ids[j]);
     if (c > k) select_smallest(keys, c, k);
     return DI_MIN(c, k);
 }
@@ -145,13 +216,15 @@ static int64_t topk_keys(const float *x, int64_t n, float cutoff, int64_t k, uin
 /* ---------------------------------------------------------------------------------------- */
 
 /* Given keys[c] sorted best first with weights w, the length of the shortest prefix whose
- * mass reaches top_p of total: a token is kept while the mass before it is < top_p * total. */
+ * mass reaches top_p of total: a token is kept while the mass before it is < top_p * total.
+ * *reached says whether the prefix did reach it (else all c are returned). */
 static int64_t nucleus_prefix(const uint64_t *keys, int64_t c, const float *w, double total,
-                              float top_p) {
+                              float top_p, bool *reached) {
     double target = (double)top_p * total, acc = 0.0;
     int64_t r = 0;
     while (r < c && acc < target)
         acc += w[key_id(keys[r++])];
+    *reached = acc >= target;
     return r;
 }
 
@@ -161,97 +234,147 @@ static int32_t weight_bucket(float w) {
     return (int32_t)(b >> BUCKET_SHIFT);
 }
 
-/* top_p over every token with w > 0 (no top_k): histogram of mass by weight bucket, then a
- * sort of only the tokens at or above the bucket where the mass crosses top_p. Writes the
- * kept keys, best first, and returns their count. */
-static int64_t nucleus_full(const float *x, const float *w, int64_t n, double total, float top_p,
-                            uint64_t *keys) {
+/* The candidates for the nucleus: tokens with w >= thr, where thr is tail / 4096 (tail =
+ * (1 - top_p) * total) if its candidates weigh at least top_p * total (with a margin far above
+ * rounding) -- a peaked row's usually do, and they are few -- else tail / (2 n): the tokens
+ * below that weigh at most tail / 2 together, so its candidates always suffice. The nucleus,
+ * the heaviest tokens reaching top_p * total, lies among any such set (weights rise with
+ * logits). cand[n] receives them. */
+static int64_t nucleus_candidates(const di_sample_kernels *kern, const float *w, int64_t n,
+                                  double total, float top_p, int32_t *cand) {
+    const double tail = (1.0 - (double)top_p) * total, need = (double)top_p * total + tail / 4;
+    if (2.0 * (double)n > 4096.0) {
+        int64_t nc = kern->collect_at_least(w, n, (float)(tail / 4096.0), cand);
+        double mass = 0.0;
+        for (int64_t j = 0; j < nc; j++)
+            mass += w[cand[j]];
+        if (mass >= need) return nc;
+    }
+    double eps = tail / (2.0 * (double)n);
+    float thr = eps > (double)FLT_TRUE_MIN ? (float)eps : FLT_TRUE_MIN; /* always w > 0 */
+    return kern->collect_at_least(w, n, thr, cand);
+}
+
+/* top_p over every token with w > 0 (no top_k): the candidates above, a histogram of their
+ * mass by weight bucket, and a sort of only the candidates at or above the bucket where the
+ * mass crosses top_p (all candidates, should the histogram's rounding have put the cut one
+ * bucket too high). Writes the kept keys, best first, and returns their count. cand[n] is
+ * scratch. */
+static int64_t nucleus_full(const di_sample_kernels *kern, const float *x, const float *w,
+                            int64_t n, double total, float top_p, uint64_t *keys, int32_t *cand) {
+    int64_t nc = nucleus_candidates(kern, w, n, total, top_p, cand);
     double mass[N_BUCKETS] = {0};
-    for (int64_t i = 0; i < n; i++)
-        if (w[i] > 0.0f) mass[weight_bucket(w[i])] += w[i];
+    for (int64_t j = 0; j < nc; j++)
+        mass[weight_bucket(w[cand[j]])] += w[cand[j]];
     double target = (double)top_p * total, acc = 0.0;
     int32_t cut = N_BUCKETS - 1;
     while (cut > 0 && (acc += mass[cut]) < target)
         cut--;
-    int64_t c = 0;
-    for (int64_t i = 0; i < n; i++)
-        if (w[i] > 0.0f && weight_bucket(w[i]) >= cut) keys[c++] = rank_key(x[i], (int32_t)i);
-    qsort(keys, (size_t)c, sizeof *keys, cmp_u64);
-    return nucleus_prefix(keys, c, w, total, top_p);
+    for (;;) {
+        int64_t c = 0;
+        for (int64_t j = 0; j < nc; j++)
+            if (weight_bucket(w[cand[j]]) >= cut) keys[c++] = rank_key(x[cand[j]], cand[j]);
+        sort_u64(keys, c);
+        bool reached;
+        int64_t r = nucleus_prefix(keys, c, w, total, top_p, &reached);
+        if (reached || cut == 0) return r;
+        cut = 0;
+    }
 }
 
 /* ---------------------------------------------------------------------------------------- */
 /* The kept set                                                                               */
 /* ---------------------------------------------------------------------------------------- */
 
-/* Weights of every token (0 below cutoff); returns their sum in increasing id. */
-static double weights_full(const float *x, int64_t n, float max, float t, float cutoff, float *w) {
-    double total = 0.0;
-    for (int64_t i = 0; i < n; i++) {
-        w[i] = x[i] >= cutoff ? expf((x[i] - max) / t) : 0.0f;
-        total += w[i];
-    }
-    return total;
-}
-
 /* Turns keys[c] into increasing ids and sums their weights in that order. */
 static void finish_list(const uint64_t *keys, int64_t c, const di_filter_work *work,
                         di_sample_dist *out) {
     for (int64_t j = 0; j < c; j++)
         work->ids[j] = key_id(keys[j]);
-    qsort(work->ids, (size_t)c, sizeof *work->ids, cmp_i32);
+    sort_i32(work->ids, c);
     double total = 0.0;
     for (int64_t j = 0; j < c; j++)
         total += work->w[work->ids[j]];
     out->ids = work->ids;
     out->n = c;
+    out->block_sum = NULL;
     out->total = total;
 }
 
 /* top_k, then top_p on what it kept. */
-static void filter_topk(const di_sampling_params *p, const float *x, int64_t n, float max,
-                        float cutoff, const di_filter_work *work, di_sample_dist *out) {
-    int64_t c = topk_keys(x, n, cutoff, p->top_k, work->keys);
+static void filter_topk(const di_sample_kernels *kern, const di_sampling_params *p, const float *x,
+                        int64_t n, float max, float cutoff, const di_filter_work *work,
+                        di_sample_dist *out) {
+    int64_t c = topk_keys(kern, x, n, cutoff, p->top_k, work->keys, work->ids);
+    const float inv_t = 1.0f / p->temperature;
     double total = 0.0;
     for (int64_t j = 0; j < c; j++) {
         int32_t id = key_id(work->keys[j]);
-        work->w[id] = expf((x[id] - max) / p->temperature);
+        float d = x[id] - max;
+        d = d * inv_t;
+        work->w[id] = di_sample_exp(d);
         total += work->w[id];
     }
     if (p->top_p < 1.0f) {
-        qsort(work->keys, (size_t)c, sizeof *work->keys, cmp_u64);
-        c = nucleus_prefix(work->keys, c, work->w, total, p->top_p);
+        sort_u64(work->keys, c);
+        bool reached;
+        c = nucleus_prefix(work->keys, c, work->w, total, p->top_p, &reached);
     }
     finish_list(work->keys, c, work, out);
 }
 
 void di_sample_filter(const di_sampling_params *p, const float *x, int64_t vocab, float max,
                       const di_filter_work *work, di_sample_dist *out) {
+    const di_sample_kernels *kern = di_sample_kernels_active();
     const float t = p->temperature;
     float cutoff = -FLT_MAX; /* drops -inf (and NaN: comparisons with it are false) */
     if (p->min_p > 0.0f) cutoff = DI_MAX(cutoff, max + t * logf(p->min_p));
     out->w = work->w;
     if (p->top_k > 0 && p->top_k < vocab) {
-        filter_topk(p, x, vocab, max, cutoff, work, out);
+        filter_topk(kern, p, x, vocab, max, cutoff, work, out);
         return;
     }
-    double total = weights_full(x, vocab, max, t, cutoff, work->w);
-    if (p->top_p < 1.0f) {
-        int64_t c = nucleus_full(x, work->w, vocab, total, p->top_p, work->keys);
+    /* The block sums borrow the keys' space: top_p reads them (through total) before it
+     * writes keys, and the full-row draw needs no keys. Without top_p the weights are not
+     * stored: the draw recomputes those of one block. */
+    double *block_sum = (double *)work->keys;
+    const bool keep_w = p->top_p < 1.0f;
+    double total =
+        kern->weights(x, vocab, max, 1.0f / t, cutoff, keep_w ? work->w : NULL, block_sum);
+    if (keep_w) {
+        int64_t c = nucleus_full(kern, x, work->w, vocab, total, p->top_p, work->keys, work->ids);
         finish_list(work->keys, c, work, out);
         return;
     }
     out->ids = NULL;
     out->n = vocab;
+    out->w = NULL;
+    out->block_sum = block_sum;
     out->total = total;
+    out->x = x;
+    out->max = max;
+    out->inv_t = 1.0f / t;
+    out->cutoff = cutoff;
 }
 
-int32_t di_sample_draw(const di_sample_dist *d, double u) {
-    const double target = u * d->total;
+/* The weights of ids [b0, end) of a full row into wb[end - b0], as the filter computed them
+ * (the kernels' weights are elementwise, so a slice gives the same values). */
+static void block_weights(const di_sample_dist *d, int64_t b0, int64_t end, float *wb) {
+    double bs;
+    di_sample_kernels_active()->weights(d->x + b0, end - b0, d->max, d->inv_t, d->cutoff, wb, &bs);
+}
+
+void di_sample_dist_weights(const di_sample_dist *d, float *w) {
+    for (int64_t b0 = 0; b0 < d->n; b0 += DI_SAMPLE_BLOCK)
+        block_weights(d, b0, DI_MIN(b0 + DI_SAMPLE_BLOCK, d->n), w + b0);
+}
+
+/* The list draw: increasing id. */
+static int32_t draw_list(const di_sample_dist *d, double target) {
     double acc = 0.0;
     int32_t last = -1;
     for (int64_t j = 0; j < d->n; j++) {
-        int32_t id = d->ids ? d->ids[j] : (int32_t)j;
+        int32_t id = d->ids[j];
         float w = d->w[id];
         if (!(w > 0.0f)) continue;
         acc += w;
@@ -259,4 +382,44 @@ int32_t di_sample_draw(const di_sample_dist *d, double u) {
         if (acc > target) return id;
     }
     return last; /* only when rounding left target at or above the final sum */
+}
+
+/* The last kept token of block b, or -1. */
+static int32_t last_kept(const di_sample_dist *d, int64_t b) {
+    const int64_t b0 = b * DI_SAMPLE_BLOCK, end = DI_MIN(b0 + DI_SAMPLE_BLOCK, d->n);
+    float wb[DI_SAMPLE_BLOCK];
+    block_weights(d, b0, end, wb);
+    for (int64_t i = end - 1; i >= b0; i--)
+        if (wb[i - b0] > 0.0f) return (int32_t)i;
+    return -1;
+}
+
+/* The full-row draw: whole blocks first, then the ids of one block (see the header). */
+static int32_t draw_blocks(const di_sample_dist *d, double target) {
+    const int64_t nb = (d->n + DI_SAMPLE_BLOCK - 1) / DI_SAMPLE_BLOCK;
+    double acc = 0.0;
+    int64_t b = 0, last_b = -1;
+    for (; b < nb; b++) {
+        double next = acc + d->block_sum[b];
+        if (next > target) break;
+        if (d->block_sum[b] > 0.0) last_b = b;
+        acc = next;
+    }
+    if (b == nb) /* only when rounding left target at or above the final sum */
+        return last_b < 0 ? -1 : last_kept(d, last_b);
+    const int64_t b0 = b * DI_SAMPLE_BLOCK, end = DI_MIN(b0 + DI_SAMPLE_BLOCK, d->n);
+    float wb[DI_SAMPLE_BLOCK];
+    block_weights(d, b0, end, wb);
+    for (int64_t i = b0; i < end; i++) {
+        float w = wb[i - b0];
+        if (!(w > 0.0f)) continue;
+        acc += w;
+        if (acc > target) return (int32_t)i;
+    }
+    return last_kept(d, b);
+}
+
+int32_t di_sample_draw(const di_sample_dist *d, double u) {
+    const double target = u * d->total;
+    return d->ids ? draw_list(d, target) : draw_blocks(d, target);
 }

@@ -5,12 +5,15 @@
  *
  * Design stance: the processors touch only the few ids they name, so the row is copied into
  * scratch only when one of them is active; greedy and unpenalised sampling read the caller's
- * row in place. Nothing is allocated; the scratch is carved into fixed [vocab] arrays.
+ * row in place. Nothing is allocated; the scratch is carved into fixed [vocab] arrays. Passes
+ * over the whole row are sample_vec.h's kernels (vectorised, bit-identical to the scalar
+ * ones), so a token never depends on the machine's SIMD level.
  */
 #include "sample/sampler.h"
 #include "core/core.h"
 #include "sample/philox.h"
 #include "sample/sample_filter.h"
+#include "sample/sample_vec.h"
 
 #include <float.h>
 #include <math.h>
@@ -70,30 +73,6 @@ static di_status check_input(const di_sampling_params *p, const di_sample_input 
     return st;
 }
 
-/* Maximum of a row, and whether it holds NaN or +inf, in one branch-free pass: eight
- * independent lanes keep the loop free of a serial dependency (and vectorisable). */
-static float scan_row(const float *x, int64_t n, bool *bad) {
-    float m[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY,
-                  -INFINITY, -INFINITY, -INFINITY, -INFINITY};
-    int nonfinite[8] = {0};
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int l = 0; l < 8; l++) {
-            m[l] = x[i + l] > m[l] ? x[i + l] : m[l];
-            nonfinite[l] |= !(x[i + l] <= FLT_MAX) & (x[i + l] != -INFINITY);
-        }
-    for (; i < n; i++) {
-        m[0] = x[i] > m[0] ? x[i] : m[0];
-        nonfinite[0] |= !(x[i] <= FLT_MAX) & (x[i] != -INFINITY);
-    }
-    *bad = false;
-    for (int l = 0; l < 8; l++) {
-        m[0] = m[l] > m[0] ? m[l] : m[0];
-        *bad |= nonfinite[l] != 0;
-    }
-    return m[0];
-}
-
 /* The raw row may hold -inf (banned) but no NaN or +inf. */
 static di_status row_error(const float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++)
@@ -107,25 +86,23 @@ static di_status row_error(const float *x, int64_t n) {
 /* Raw logprobs                                                                               */
 /* ---------------------------------------------------------------------------------------- */
 
-/* log(sum(exp(x))) of the raw row, summed in increasing id. */
-static double log_sum_exp(const float *x, int64_t n) {
-    float m = -INFINITY;
-    for (int64_t i = 0; i < n; i++)
-        m = x[i] > m ? x[i] : m;
+/* log(sum(exp(x))) of the raw row whose maximum is m, summed in block order;
+ * block_sum[ceil(n / DI_SAMPLE_BLOCK)] is scratch. */
+static double log_sum_exp(const float *x, int64_t n, float m, double *block_sum) {
     if (m == -INFINITY) return -INFINITY;
-    double s = 0.0;
-    for (int64_t i = 0; i < n; i++)
-        s += expf(x[i] - m);
+    double s = di_sample_kernels_active()->weights(x, n, m, 1.0f, -FLT_MAX, NULL, block_sum);
     return (double)m + log(s);
 }
 
 /* The n_top highest raw logits, best first (ties: lower id), by insertion into a short list.
- * Scanning in increasing id, a token displaces the worst entry only if strictly higher. */
+ * Scanning in increasing id, a token displaces the worst entry only if strictly higher; the
+ * vector search skips the tokens that cannot enter. */
 static void raw_top(const float *x, int64_t n, int32_t n_top, double lse, di_sample_result *out) {
+    const di_sample_kernels *kern = di_sample_kernels_active();
     int32_t c = 0;
-    for (int64_t i = 0; i < n && n_top > 0; i++) {
-        if (c == n_top && !(x[i] > x[out->top_ids[c - 1]])) continue;
-        if (x[i] == -INFINITY) continue;
+    for (int64_t i = 0; n_top > 0; i++) {
+        float thr = c < n_top ? -FLT_MAX : nextafterf(x[out->top_ids[c - 1]], INFINITY);
+        if ((i = kern->next_at_least(x, i, n, thr)) >= n) break;
         int32_t j = c < n_top ? c++ : c - 1;
         while (j > 0 && x[i] > x[out->top_ids[j - 1]]) {
             out->top_ids[j] = out->top_ids[j - 1];
@@ -204,32 +181,28 @@ static const float *process(const di_sampling_params *p, const di_sample_input *
 /* The pipeline                                                                               */
 /* ---------------------------------------------------------------------------------------- */
 
-/* The first index holding max (max > -inf occurs in the row). */
-static int32_t first_index_of(const float *x, int64_t n, float max) {
-    int64_t i = 0;
-    while (i < n && x[i] != max)
-        i++;
-    return (int32_t)i;
-}
-
 static bool is_greedy(const di_sampling_params *p) {
     return p->temperature < DI_SAMPLING_GREEDY_EPS;
 }
 
-/* Checks and processing shared by sample and probs: the processed row and its argmax. */
+/* Checks and processing shared by sample and probs: the processed row, its argmax (the
+ * first index holding its maximum) and the raw row's maximum. */
 static di_status prepare(const di_sampling_params *p, const di_sample_input *in, float *row,
-                         const float **x, int32_t *best) {
+                         const float **x, int32_t *best, float *raw_max) {
     di_status st = check_input(p, in);
     if (st != DI_OK) return st;
+    const di_sample_kernels *kern = di_sample_kernels_active();
     bool bad;
-    float max = scan_row(in->logits, in->vocab, &bad);
+    int64_t first;
+    float max = kern->scan(in->logits, in->vocab, &bad, &first);
     if (bad) return row_error(in->logits, in->vocab);
+    *raw_max = max;
     *x = process(p, in, row);
-    if (*x != in->logits) max = scan_row(*x, in->vocab, &bad);
+    if (*x != in->logits) max = kern->scan(*x, in->vocab, &bad, &first);
     if (max == -INFINITY)
         return di_error(DI_ERR_RANGE, "sampler: every token is masked (all logits -inf after "
                                       "logit_bias, min_tokens and penalties)");
-    *best = first_index_of(*x, in->vocab, max);
+    *best = (int32_t)first;
     return DI_OK;
 }
 
@@ -248,7 +221,8 @@ di_status di_sampler_sample(const di_sampling_params *p, const di_sample_input *
     scratch_view s = carve(scratch, in ? in->vocab : 0);
     const float *x;
     int32_t best;
-    di_status st = prepare(p, in, s.row, &x, &best);
+    float raw_max;
+    di_status st = prepare(p, in, s.row, &x, &best, &raw_max);
     if (st != DI_OK) return st;
     if (is_greedy(p)) {
         out->token = best;
@@ -260,7 +234,8 @@ di_status di_sampler_sample(const di_sampling_params *p, const di_sample_input *
         out->token = di_sample_draw(&dist, u);
     }
     if (p->logprobs >= 0) {
-        double lse = log_sum_exp(in->logits, in->vocab);
+        /* The draw is done: its weights and block sums are free for the raw softmax. */
+        double lse = log_sum_exp(in->logits, in->vocab, raw_max, (double *)s.keys);
         out->logprob = (float)(in->logits[out->token] - lse);
         raw_top(in->logits, in->vocab, p->logprobs, lse, out);
     }
@@ -272,7 +247,8 @@ di_status di_sampler_probs(const di_sampling_params *p, const di_sample_input *i
     scratch_view s = carve(scratch, in ? in->vocab : 0);
     const float *x;
     int32_t best;
-    di_status st = prepare(p, in, s.row, &x, &best);
+    float raw_max;
+    di_status st = prepare(p, in, s.row, &x, &best, &raw_max);
     if (st != DI_OK) return st;
     memset(probs, 0, sizeof(double) * (size_t)in->vocab);
     if (is_greedy(p)) {
@@ -282,9 +258,14 @@ di_status di_sampler_probs(const di_sampling_params *p, const di_sample_input *i
     di_filter_work work = {s.w, s.keys, s.ids};
     di_sample_dist dist;
     di_sample_filter(p, x, in->vocab, x[best], &work, &dist);
+    const float *w = dist.w;
+    if (!w) { /* a full row: its weights were not stored */
+        di_sample_dist_weights(&dist, s.w);
+        w = s.w;
+    }
     for (int64_t j = 0; j < dist.n; j++) {
         int32_t id = dist.ids ? dist.ids[j] : (int32_t)j;
-        probs[id] = dist.w[id] / dist.total;
+        probs[id] = w[id] / dist.total;
     }
     return DI_OK;
 }

@@ -16,8 +16,10 @@
  *      (on the distribution renormalised over what top_k kept), then one inverse-CDF draw.
  *
  * Determinism: the uniform comes from Philox keyed by (seed, sample_index, position) only;
- * ranking ties are broken by the lower token id; the inverse CDF sums the kept weights in
- * increasing token id. So a row gives the same token on every call, in any call order.
+ * ranking ties are broken by the lower token id; weights come from one exponential made of
+ * plain float operations, and the inverse CDF sums them in a fixed order (increasing token
+ * id, by blocks of ids over a full row: sample_vec.h), the same at every SIMD level. So a row
+ * gives the same token on every call, in any call order, on any machine.
  *
  * Rows: -inf marks a banned token. A row holding NaN or +inf, or one where every token ends
  * up banned, fails with DI_ERR_RANGE (and out->token = -1); it never yields a NaN.

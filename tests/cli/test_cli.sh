@@ -99,8 +99,10 @@ expect_error "generate: nonexistent model dir" "$TMP/no-such-model" \
 expect_error "info: nonexistent model dir" "$TMP/no-such-model" info --model "$TMP/no-such-model"
 expect_error "generate: unknown option" "--bogus" generate --model "$CASE" --ids 1 --bogus
 expect_error "info: unknown option" "--frobnicate" info --model "$CASE" --frobnicate 3
-expect_error "generate: --temperature 0.7" "temperature" \
-    generate --model "$CASE" --ids "1 2" --max-tokens 2 --temperature 0.7
+expect_error "generate: --temperature -1" "temperature" \
+    generate --model "$CASE" --ids "1 2" --max-tokens 2 --temperature -1
+expect_error "generate: --top-p 1.5" "top_p" \
+    generate --model "$CASE" --ids "1 2" --max-tokens 2 --temperature 0.7 --top-p 1.5
 expect_error "generate: non-number id" "x7" generate --model "$CASE" --ids "5 x7" --max-tokens 2
 expect_error "logits: non-number id" "abc" logits --model "$CASE" --ids "abc" --out "$TMP/x.bin"
 expect_error "generate: bad --max-tokens" "--max-tokens" \
@@ -207,6 +209,28 @@ for k in ("prefill_s", "decode_s", "prefill_tok_s", "decode_tok_s"):
 
     expect_error "generate: id out of range" "$VOCAB" \
         generate --model "$CASE" --ids "1 $VOCAB 2" --max-tokens 2
+
+    # Sampling: a seeded run repeats exactly and reports its seed and logprobs; --n gives
+    # that many choices, the first being the n = 1 run.
+    SAMPLE_ARGS="--ids 5 --max-tokens 6 --temperature 0.8 --top-p 0.9 --seed 42 --logprobs 3 --ignore-eos --format json"
+    # shellcheck disable=SC2086
+    if expect_ok "generate sampled" generate --model "$CASE" $SAMPLE_ARGS; then
+        cp "$TMP/out" "$TMP/sampled1"
+        # shellcheck disable=SC2086
+        if expect_ok "generate sampled --n 3" generate --model "$CASE" $SAMPLE_ARGS --n 3; then
+            check_py "generate sampled" '
+import json, sys
+a = json.loads(open(sys.argv[1]).read())
+b = json.loads(open(sys.argv[2]).read())
+if a["seed"] != 42 or len(a["ids"]) != 6 or len(a["logprobs"]) != 6:
+    sys.exit("seed/ids/logprobs: " + json.dumps(a))
+if any(len(l["top"]) != 3 for l in a["logprobs"]):
+    sys.exit("top-3 missing")
+if len(b["choices"]) != 3 or b["choices"][0]["ids"] != a["ids"] or b["ids"] != a["ids"]:
+    sys.exit("choices: " + json.dumps(b["choices"]))
+' "$TMP/sampled1" "$TMP/out"
+        fi
+    fi
     expect_error "logits: unwritable --out" "$TMP/no/such/dir/x.bin" \
         logits --model "$CASE" --ids "$PROMPT" --out "$TMP/no/such/dir/x.bin"
 fi

@@ -216,6 +216,80 @@ TEST(mla_attention) {
     }
 }
 
+/* Paged MLA attention: the same rows scattered over shuffled blocks give the contiguous
+ * result bitwise (reference and fast version, 1 and 2 threads). */
+TEST(mla_attention_paged) {
+    for (int iter = 0; iter < 20; iter++) {
+        int64_t n = rnd_int(1, 9), nh = rnd_int(1, 4), R = rnd_int(1, 64), dr = 2 * rnd_int(1, 16);
+        int64_t pos0 = rnd_int(0, 70), L = pos0 + n, bs = rnd_int(1, 9);
+        int64_t nb = (L + bs - 1) / bs, pool_blocks = nb + 3;
+        int64_t ts = nh * dr, hs = dr;
+        float *ql = rnd_vec(nh * n * R, 1.0f), *qr = rnd_vec(n * ts, 1.0f);
+        float *ckv = rnd_vec(L * R, 1.5f), *kr = rnd_vec(L * dr, 1.5f);
+        float *pckv = rnd_vec(pool_blocks * bs * R, 9.0f),
+              *pkr = rnd_vec(pool_blocks * bs * dr, 9.0f);
+        int32_t *table = malloc((size_t)nb * sizeof(int32_t));
+        /* a permutation of the pool's blocks, so that logical and physical order differ */
+        int32_t *perm = malloc((size_t)pool_blocks * sizeof(int32_t));
+        for (int64_t b = 0; b < pool_blocks; b++)
+            perm[b] = (int32_t)b;
+        for (int64_t b = pool_blocks - 1; b > 0; b--) {
+            int64_t k = rnd_int(0, (int)b);
+            int32_t t = perm[b];
+            perm[b] = perm[k], perm[k] = t;
+        }
+        for (int64_t b = 0; b < nb; b++)
+            table[b] = perm[b];
+        for (int64_t j = 0; j < L; j++) {
+            int64_t row = (int64_t)table[j / bs] * bs + j % bs;
+            memcpy(pckv + row * R, ckv + j * R, (size_t)R * sizeof(float));
+            memcpy(pkr + row * dr, kr + j * dr, (size_t)dr * sizeof(float));
+        }
+        size_t osz = (size_t)(nh * n * R) * sizeof(float);
+        float *o_c = malloc(osz), *o_p = malloc(osz), *o_r = malloc(osz), *o_pr = malloc(osz);
+        float *scratch = malloc((size_t)(2 * L) * sizeof(float));
+        di_mla_attn_params p = {.n_tokens = n,
+                                .n_heads = nh,
+                                .pos0 = pos0,
+                                .kv_lora_rank = R,
+                                .rope_dim = dr,
+                                .scale = 0.25f,
+                                .q_lat = ql,
+                                .q_rope = qr,
+                                .q_rope_tstride = ts,
+                                .q_rope_hstride = hs,
+                                .c_kv = ckv,
+                                .k_rope = kr,
+                                .out = o_c};
+        di_cpu_mla_attention(g_pool2, &p, scratch, L);
+        p.out = o_r;
+        di_cpu_mla_attention_ref(&p);
+        di_mla_attn_params pp = p;
+        pp.c_kv = pckv, pp.k_rope = pkr, pp.block_table = table, pp.block_size = bs;
+        pp.out = o_p;
+        di_cpu_mla_attention(iter % 2 ? g_pool1 : g_pool2, &pp, scratch, L);
+        pp.out = o_pr;
+        di_cpu_mla_attention_ref(&pp);
+        CHECK(memcmp(o_c, o_p, osz) == 0);
+        CHECK(memcmp(o_r, o_pr, osz) == 0);
+
+        /* head strides: the same queries inside a wider [nh][n + 3][R] buffer, at row 1 */
+        int64_t qhs = (n + 3) * R;
+        float *qw = calloc((size_t)(nh * qhs), sizeof(float));
+        float *ow = calloc((size_t)(nh * qhs), sizeof(float));
+        for (int64_t h = 0; h < nh; h++)
+            memcpy(qw + h * qhs + R, ql + h * n * R, (size_t)(n * R) * sizeof(float));
+        di_mla_attn_params ps = pp;
+        ps.q_lat = qw + R, ps.out = ow + R, ps.q_lat_hstride = qhs, ps.out_hstride = qhs;
+        di_cpu_mla_attention(g_pool2, &ps, scratch, L);
+        for (int64_t h = 0; h < nh; h++)
+            CHECK(memcmp(ow + h * qhs + R, o_c + h * n * R, (size_t)(n * R) * sizeof(float)) == 0);
+        free(qw), free(ow);
+        free(ql), free(qr), free(ckv), free(kr), free(pckv), free(pkr), free(table), free(perm);
+        free(o_c), free(o_p), free(o_r), free(o_pr), free(scratch);
+    }
+}
+
 /* Per-head products, both directions, strided like the model uses them; BF16 weights. */
 TEST(head_matmul) {
     for (int iter = 0; iter < 20; iter++) {
@@ -311,6 +385,7 @@ int main(void) {
     RUN(silu_mul);
     RUN(vec_helpers);
     RUN(mla_attention);
+    RUN(mla_attention_paged);
     RUN(head_matmul);
     RUN(backend_vtable);
     di_pool_free(g_pool1);

@@ -41,31 +41,38 @@ static double nerr(const float *a, const float *ref, int64_t n) {
 
 static di_pool *g_pool1, *g_pool2;
 
-TEST(matmul_fp4) {
-    for (int iter = 0; iter < 20; iter++) {
-        int64_t rows = rnd_int(1, 300), cols = 32 * rnd_int(1, 12), n = rnd_int(1, 9);
-        uint8_t *q = malloc((size_t)(rows * cols / 2));
-        for (int64_t i = 0; i < rows * cols / 2; i++)
-            q[i] = (uint8_t)rnd_u32();
-        float *sc = malloc((size_t)(rows * cols / 32) * sizeof(float));
-        for (int64_t i = 0; i < rows * cols / 32; i++)
-            sc[i] = ldexpf(1.0f, (int)rnd_int(-8, 2)); /* E8M0 scales are powers of two */
-        di_weight w = {.dtype = DI_DTYPE_F4_E2M1,
+/* A random [rows][cols] FP4 weight with E8M0 scales 2^(e - 127), e in [lo_e, hi_e]. */
+static di_weight rnd_fp4(int64_t rows, int64_t cols, int lo_e, int hi_e, uint8_t **q,
+                         uint8_t **sc) {
+    *q = malloc((size_t)(rows * cols / 2));
+    for (int64_t i = 0; i < rows * cols / 2; i++)
+        (*q)[i] = (uint8_t)rnd_u32();
+    *sc = malloc((size_t)(rows * cols / 32));
+    for (int64_t i = 0; i < rows * cols / 32; i++)
+        (*sc)[i] = (uint8_t)rnd_int(lo_e, hi_e);
+    return (di_weight){.dtype = DI_DTYPE_F4_E2M1,
                        .rows = rows,
                        .cols = cols,
                        .row_stride = cols,
-                       .data = q,
-                       .scale = sc,
+                       .data = *q,
+                       .scale_e8m0 = *sc,
                        .scale_cols = cols / 32,
                        .block_rows = 1,
                        .block_cols = 32};
+}
+
+TEST(matmul_fp4) {
+    for (int iter = 0; iter < 20; iter++) {
+        int64_t rows = rnd_int(1, 300), cols = 32 * rnd_int(1, 12), n = rnd_int(1, 9);
+        uint8_t *q, *sc;
+        di_weight w = rnd_fp4(rows, cols, 127 - 8, 127 + 2, &q, &sc);
         /* The same matrix dequantized to F32, through the stock reference matmul. */
         float *deq = malloc((size_t)(rows * cols) * sizeof(float));
         for (int64_t r = 0; r < rows; r++)
             for (int64_t c = 0; c < cols; c++) {
                 uint8_t b = q[(r * cols + c) / 2];
-                deq[r * cols + c] =
-                    di_e2m1_table[(c & 1) ? (b >> 4) : (b & 15)] * sc[r * (cols / 32) + c / 32];
+                deq[r * cols + c] = di_e2m1_table[(c & 1) ? (b >> 4) : (b & 15)] *
+                                    ldexpf(1.0f, sc[r * (cols / 32) + c / 32] - 127);
             }
         di_weight wf = {
             .dtype = DI_DTYPE_F32, .rows = rows, .cols = cols, .row_stride = cols, .data = deq};
@@ -81,7 +88,7 @@ TEST(matmul_fp4) {
         CHECK(nerr(yr, yd, n * rows) <= 1e-6);
         CHECK(nerr(y1, yr, n * rows) <= 1e-5);
         CHECK(memcmp(y1, y2, (size_t)(n * rows) * sizeof(float)) == 0);
-        /* The scalar level too (the fast level is the CPU's best: AVX2 rows on x86-64). */
+        /* The scalar level too (the fast level is the CPU's best). */
         float *ys = malloc((size_t)(n * rows) * sizeof(float));
         CHECK(di_cpu_simd_force("scalar") == 0);
         di_cpu_matmul_fp4(g_pool2, &w, x, n, ys);
@@ -93,6 +100,106 @@ TEST(matmul_fp4) {
         CHECK(memcmp(y1 + (n - 1) * rows, y2, (size_t)rows * sizeof(float)) == 0);
         free(q), free(sc), free(deq), free(x), free(yr), free(yd), free(y1), free(y2);
     }
+}
+
+/* Every SIMD level this CPU has, on shapes whose 32-column group count is odd (FP4 rows are
+ * whole 32-column groups; odd counts catch any pairing of groups), row counts that are not a
+ * multiple of the 4-row kernel: against the reference, batch invariance (n = 1, 3, 17 vs
+ * each token alone, bitwise) and thread invariance (1 vs 2 threads, bitwise). */
+TEST(matmul_fp4_levels) {
+    static const char *levels[] = {"avx512", "avx2", "neon", "scalar"};
+    static const int64_t ns[] = {1, 3, 17};
+    for (size_t lv = 0; lv < sizeof levels / sizeof levels[0]; lv++) {
+        if (di_cpu_simd_force(levels[lv]) != 0) continue; /* not on this CPU */
+        for (int iter = 0; iter < 6; iter++) {
+            int64_t rows = rnd_int(1, 70), cols = 32 * (2 * rnd_int(0, 40) + 1);
+            uint8_t *q, *sc;
+            di_weight w = rnd_fp4(rows, cols, 127 - 20, 127 + 20, &q, &sc);
+            for (size_t k = 0; k < 3; k++) {
+                const int64_t n = ns[k];
+                float *x = rnd_vec(n * cols, 3.0f);
+                float *yr = malloc((size_t)(n * rows) * sizeof(float));
+                float *y1 = malloc((size_t)(n * rows) * sizeof(float));
+                float *y2 = malloc((size_t)(n * rows) * sizeof(float));
+                float *yt = malloc((size_t)rows * sizeof(float));
+                di_cpu_matmul_fp4_ref(&w, x, n, yr);
+                di_cpu_matmul_fp4(g_pool1, &w, x, n, y1);
+                di_cpu_matmul_fp4(g_pool2, &w, x, n, y2);
+                CHECK(nerr(y1, yr, n * rows) <= 1e-5);
+                CHECK(memcmp(y1, y2, (size_t)(n * rows) * sizeof(float)) == 0);
+                for (int64_t t = 0; t < n; t++) {
+                    di_cpu_matmul_fp4(g_pool2, &w, x + t * cols, 1, yt);
+                    CHECK(memcmp(y1 + t * rows, yt, (size_t)rows * sizeof(float)) == 0);
+                }
+                free(x), free(yr), free(y1), free(y2), free(yt);
+            }
+            free(q), free(sc);
+        }
+        /* Wide rows: 7168 (a V3-sized hidden dim), the kernels' widest (DI_FP4_MAX_COLS = 16384)
+         * and one group past it (the scalar rows take that one). */
+        static const int64_t wide[] = {7168, 16384, 16384 + 32};
+        for (size_t k = 0; k < 3; k++) {
+            uint8_t *q, *sc;
+            const int64_t rows = 9, cols = wide[k], n = 5;
+            di_weight w = rnd_fp4(rows, cols, 127 - 4, 127 + 4, &q, &sc);
+            float *x = rnd_vec(n * cols, 1.0f);
+            float *yr = malloc((size_t)(n * rows) * sizeof(float));
+            float *y1 = malloc((size_t)(n * rows) * sizeof(float));
+            float *yt = malloc((size_t)rows * sizeof(float));
+            di_cpu_matmul_fp4_ref(&w, x, n, yr);
+            di_cpu_matmul_fp4(g_pool2, &w, x, n, y1);
+            CHECK(nerr(y1, yr, n * rows) <= 1e-5);
+            di_cpu_matmul_fp4(g_pool1, &w, x + 4 * cols, 1, yt);
+            CHECK(memcmp(y1 + 4 * rows, yt, (size_t)rows * sizeof(float)) == 0);
+            free(q), free(sc), free(x), free(yr), free(y1), free(yt);
+        }
+        /* A wide matrix, so that the pool really splits rows and x blocks are reused. */
+        uint8_t *q, *sc;
+        const int64_t rows = 131, cols = 32 * 65, n = 17;
+        di_weight w = rnd_fp4(rows, cols, 127 - 4, 127 + 4, &q, &sc);
+        float *x = rnd_vec(n * cols, 1.0f);
+        float *yr = malloc((size_t)(n * rows) * sizeof(float));
+        float *y1 = malloc((size_t)(n * rows) * sizeof(float));
+        float *y2 = malloc((size_t)(n * rows) * sizeof(float));
+        di_cpu_matmul_fp4_ref(&w, x, n, yr);
+        di_cpu_matmul_fp4(g_pool1, &w, x, n, y1);
+        di_cpu_matmul_fp4(g_pool2, &w, x, n, y2);
+        CHECK(nerr(y1, yr, n * rows) <= 1e-5);
+        CHECK(memcmp(y1, y2, (size_t)(n * rows) * sizeof(float)) == 0);
+        free(q), free(sc), free(x), free(yr), free(y1), free(y2);
+    }
+    CHECK(di_cpu_simd_force(NULL) == 0);
+}
+
+/* E8M0 edge bytes as dtype.h defines them: 0 is 2^-127 (a subnormal), 0xff is NaN; every
+ * level agrees with the reference on them. */
+TEST(matmul_fp4_e8m0_edges) {
+    static const char *levels[] = {"avx512", "avx2", "neon", "scalar"};
+    const int64_t rows = 6, cols = 64;
+    uint8_t *q, *sc;
+    di_weight w = rnd_fp4(rows, cols, 127, 127, &q, &sc);
+    for (int64_t i = 0; i < rows * cols / 2; i++)
+        q[i] = 0x22;        /* every weight 1.0 */
+    sc[0] = 0, sc[1] = 0;   /* row 0: 2^-127 x 64 columns */
+    sc[2] = 0xff;           /* row 1: NaN */
+    sc[4] = 200, sc[5] = 1; /* row 2: 2^73 and 2^-126 */
+    float x[64], y[6], yr[6];
+    for (int i = 0; i < 64; i++)
+        x[i] = 1.0f;
+    di_cpu_matmul_fp4_ref(&w, x, 1, yr);
+    CHECK(yr[0] == 64.0f * 0x1p-127f);
+    CHECK(isnan(yr[1]));
+    CHECK(yr[2] == (float)(32.0 * 0x1p73 + 32.0 * 0x1p-126));
+    for (size_t lv = 0; lv < sizeof levels / sizeof levels[0]; lv++) {
+        if (di_cpu_simd_force(levels[lv]) != 0) continue;
+        di_cpu_matmul_fp4(g_pool1, &w, x, 1, y);
+        CHECK(y[0] == yr[0]);
+        CHECK(isnan(y[1]));
+        CHECK(y[2] == yr[2]);
+        CHECK(memcmp(y + 3, yr + 3, 3 * sizeof(float)) == 0);
+    }
+    CHECK(di_cpu_simd_force(NULL) == 0);
+    free(q), free(sc);
 }
 
 TEST(hc_pre_post) {
@@ -285,6 +392,8 @@ int main(void) {
     g_pool1 = di_pool_create(1);
     g_pool2 = di_pool_create(2);
     RUN(matmul_fp4);
+    RUN(matmul_fp4_levels);
+    RUN(matmul_fp4_e8m0_edges);
     RUN(hc_pre_post);
     RUN(sink_attention);
     RUN(index_scores_pool_swiglu);

@@ -1,12 +1,15 @@
 /*
  * test_sample.c -- the sampling module (src/sample): Philox known answers, parameter
  * validation, each logits processor on hand-made rows, greedy and its equivalents, masked
- * and malformed rows, raw logprobs. The distributions and the draws are tested in
- * test_sample_dist.c.
+ * and malformed rows, raw logprobs, the exponential's accuracy, and bit-identical results at
+ * every SIMD level. The distributions and the draws are tested in test_sample_dist.c.
  */
 #include "sample/philox.h"
+#include "sample/sample_vec.h"
 #include "sample/sampler.h"
 #include "test.h"
+
+#include <float.h>
 
 #define MAX_VOCAB 8192
 
@@ -417,6 +420,163 @@ TEST(raw_logprobs) {
     }
 }
 
+/* ---------------------------------------------------------------------------------------- */
+/* The exponential and the SIMD levels                                                        */
+/* ---------------------------------------------------------------------------------------- */
+
+/* sample_vec.h documents a maximum relative error of 8.2e-8 and monotonicity, found by
+ * checking every float in [DI_SAMPLE_EXP_MIN, 0]; here every 1021st of them, plus the edges. */
+TEST(exp_accuracy) {
+    CHECK(di_sample_exp(0.0f) == 1.0f);
+    CHECK(di_sample_exp(-0.0f) == 1.0f);
+    CHECK(di_sample_exp(-INFINITY) == 0.0f);
+    CHECK(di_sample_exp(NAN) == 0.0f);
+    CHECK(di_sample_exp(nextafterf(DI_SAMPLE_EXP_MIN, -INFINITY)) == 0.0f);
+    CHECK(di_sample_exp(DI_SAMPLE_EXP_MIN) >= FLT_MIN);
+    double worst = 0.0;
+    float at = 0.0f;
+    int monotone = 1;
+    for (uint32_t b = 0x80000000u;; b += 1021) {
+        float y;
+        memcpy(&y, &b, sizeof y);
+        if (!(y >= DI_SAMPLE_EXP_MIN)) break;
+        double want = exp((double)y), rel = fabs((double)di_sample_exp(y) - want) / want;
+        if (rel > worst) worst = rel, at = y;
+        monotone &= di_sample_exp(nextafterf(y, 0.0f)) >= di_sample_exp(y);
+    }
+    CHECK_MSG(worst <= 8.2e-8, "max relative error %.3g at %.9g", worst, (double)at);
+    CHECK(monotone);
+}
+
+/* Rows that exercise the kernels' edges: ties at the top, -inf, signed zeros, a length that
+ * is not a multiple of the vector width or of the summation block. */
+static void awkward_row(float *x, int64_t n, int variant) {
+    random_row(x, n, variant == 2 ? 30.0 : 4.0);
+    for (int i = 0; i < 40; i++)
+        x[(int64_t)(rnd01() * (double)n)] += 8.0f;
+    x[n / 3] = -INFINITY;
+    x[n - 1] = -INFINITY;
+    if (variant == 1) { /* a tie at the top between a -0 and a +0, and many more -inf */
+        for (int64_t i = 0; i < n; i++)
+            x[i] = x[i] > 0.0f ? -x[i] : x[i];
+        x[5] = -0.0f;
+        x[n - 2] = 0.0f;
+        for (int64_t i = 7; i < n; i += 5)
+            x[i] = -INFINITY;
+    }
+}
+
+/* The kernels themselves: same maximum, positions, weights and sums, bit for bit. */
+static void compare_kernels(const float *x, int64_t n) {
+    const di_sample_kernels *s = &di_sample_kernels_scalar, *v = di_sample_kernels_active();
+    bool bad_s, bad_v;
+    int64_t first_s, first_v;
+    float ms = s->scan(x, n, &bad_s, &first_s), mv = v->scan(x, n, &bad_v, &first_v);
+    CHECK(ms == mv && bad_s == bad_v);
+    CHECK_EQ_INT(first_s, first_v);
+    for (int64_t from = 0; from < n; from += n / 7 + 1)
+        CHECK_EQ_INT(s->next_at_least(x, from, n, ms - 1.0f),
+                     v->next_at_least(x, from, n, ms - 1.0f));
+    CHECK_EQ_INT(s->next_at_least(x, 0, n, ms), v->next_at_least(x, 0, n, ms));
+    int32_t *ids_s = malloc(sizeof(int32_t) * (size_t)n),
+            *ids_v = malloc(sizeof(int32_t) * (size_t)n);
+    int64_t cs = s->collect_at_least(x, n, ms - 3.0f, ids_s);
+    CHECK_EQ_INT(cs, v->collect_at_least(x, n, ms - 3.0f, ids_v));
+    CHECK(memcmp(ids_s, ids_v, sizeof(int32_t) * (size_t)cs) == 0);
+    const size_t nb = (size_t)((n + DI_SAMPLE_BLOCK - 1) / DI_SAMPLE_BLOCK);
+    float *ws = malloc(sizeof(float) * (size_t)n), *wv = malloc(sizeof(float) * (size_t)n);
+    double *bs = malloc(sizeof(double) * nb), *bv = malloc(sizeof(double) * nb);
+    const float inv_t[3] = {1.0f, 1.0f / 0.7f, 1.0f / 0.013f};
+    for (int c = 0; c < 3; c++) {
+        float cutoff = c == 1 ? ms - 2.0f : -FLT_MAX;
+        double ts = s->weights(x, n, ms, inv_t[c], cutoff, ws, bs);
+        double tv = v->weights(x, n, ms, inv_t[c], cutoff, wv, bv);
+        CHECK_MSG(memcmp(&ts, &tv, sizeof ts) == 0, "n %lld: totals %.17g vs %.17g", (long long)n,
+                  ts, tv);
+        CHECK(memcmp(ws, wv, sizeof(float) * (size_t)n) == 0);
+        CHECK(memcmp(bs, bv, sizeof(double) * nb) == 0);
+    }
+    free(ids_s), free(ids_v), free(ws), free(wv), free(bs), free(bv);
+}
+
+/* What the sampler returns for one row and params: the distribution, and some draws with
+ * their logprobs. */
+typedef struct run_result {
+    double probs[MAX_VOCAB];
+    di_sample_result draws[64];
+} run_result;
+
+static void run_all(const di_sampling_params *p, di_sample_input in, run_result *r) {
+    CHECK_EQ_INT(di_sampler_probs(p, &in, scratch_for(in.vocab), r->probs), DI_OK);
+    for (int64_t pos = 0; pos < 64; pos++) {
+        in.position = pos;
+        CHECK_EQ_INT(di_sampler_sample(p, &in, scratch_for(in.vocab), &r->draws[pos]), DI_OK);
+    }
+}
+
+/* One vector level against the scalar kernels on every row variant, size and case. */
+static void compare_level(const char *level) {
+    static float x[MAX_VOCAB];
+    static run_result a, b;
+    const int32_t hist_ids[4] = {3, 100, 2047, 5000};
+    const int32_t hist_cnt[4] = {1, 0, 2, 1};
+    di_token_counts h = {hist_ids, hist_cnt, 4, 4};
+    struct {
+        float t, top_p, min_p;
+        int32_t k;
+        bool history;
+    } cases[] = {
+        {0.0f, 1.0f, 0.0f, -1, false},    {1.0f, 1.0f, 0.0f, -1, false},
+        {0.7f, 1.0f, 0.05f, -1, true},    {0.013f, 1.0f, 0.0f, -1, false},
+        {1.0f, 0.9f, 0.0f, -1, false},    {1.3f, 0.5f, 0.0f, -1, true},
+        {0.8f, 1.0f, 0.0f, 50, false},    {1.0f, 0.9f, 0.02f, 50, true},
+        {1.0f, 0.95f, 0.0f, 1500, false},
+    };
+    const int64_t sizes[4] = {MAX_VOCAB, 8191, 1000, 13};
+    for (int v = 0; v < 3; v++)
+        for (int si = 0; si < 4; si++) {
+            const int64_t n = sizes[si];
+            awkward_row(x, n, v);
+            di_sample_simd_force(level);
+            compare_kernels(x, n);
+            for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+                di_sampling_params p = di_sampling_default_params();
+                p.temperature = cases[c].t;
+                p.top_p = cases[c].top_p;
+                p.min_p = cases[c].min_p;
+                p.top_k = cases[c].k;
+                p.logprobs = 5;
+                p.repetition_penalty = 1.3f;
+                p.frequency_penalty = 0.4f;
+                di_sample_input in = input(x, n);
+                in.history = cases[c].history && n > 5000 ? &h : NULL;
+                di_sample_simd_force(level);
+                run_all(&p, in, &a);
+                di_sample_simd_force("scalar");
+                run_all(&p, in, &b);
+                CHECK_MSG(memcmp(a.probs, b.probs, sizeof(double) * (size_t)n) == 0 &&
+                              memcmp(a.draws, b.draws, sizeof a.draws) == 0,
+                          "%s: row variant %d, vocab %lld, case %zu differs", level, v,
+                          (long long)n, c);
+            }
+        }
+}
+
+/* Every vector level this machine runs gives the scalar kernels' probabilities, tokens and
+ * logprobs, bit for bit, whatever the parameters. */
+TEST(simd_and_scalar_agree) {
+    const char *levels[2] = {"avx2", "avx512"};
+    int compared = 0;
+    for (int l = 0; l < 2; l++) {
+        if (di_sample_simd_force(levels[l]) != 0) continue;
+        printf("  comparing %s with scalar\n", levels[l]);
+        compare_level(levels[l]);
+        compared++;
+    }
+    if (!compared) printf("  (no vector level on this machine: nothing to compare)\n");
+    di_sample_simd_force(NULL);
+}
+
 int main(void) {
     RUN(philox_known_answers);
     RUN(philox_uniform_keying);
@@ -433,5 +593,7 @@ int main(void) {
     RUN(all_masked_is_an_error);
     RUN(bad_rows_are_errors);
     RUN(raw_logprobs);
+    RUN(exp_accuracy);
+    RUN(simd_and_scalar_agree);
     return test_summary();
 }

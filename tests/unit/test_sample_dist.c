@@ -257,7 +257,8 @@ TEST(chi_square_small_vocab) {
         chi_square(&cases[c].p, x, 48, 100000, cases[c].what);
 }
 
-/* The histogram path of top_p (no top_k) and the heap path of top_k over a larger row. */
+/* The histogram path of top_p (no top_k), the heap path of top_k, and the block draw of a
+ * full row (16 summation blocks) over a larger row. */
 TEST(chi_square_larger_vocab) {
     static float x[4096];
     random_row(x, 4096, 3.0);
@@ -266,6 +267,8 @@ TEST(chi_square_larger_vocab) {
     di_sampling_params a = params(1.0f, -1, 0.9f, 0.0f), b = params(0.8f, 30, 0.95f, 0.01f);
     chi_square(&a, x, 4096, 60000, "vocab 4096, top_p 0.9");
     chi_square(&b, x, 4096, 60000, "vocab 4096, top_k 30 + top_p 0.95 + min_p 0.01");
+    di_sampling_params c = params(0.9f, -1, 1.0f, 0.001f);
+    chi_square(&c, x, 4096, 60000, "vocab 4096, temperature 0.9 + min_p 0.001");
 }
 
 /* ---------------------------------------------------------------------------------------- */

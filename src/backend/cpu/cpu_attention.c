@@ -12,6 +12,10 @@
  * item's arithmetic depends only on (R, rope_dim, its key count), so results do not depend on the
  * batch or the thread count.
  *
+ * A paged cache (block_table set) only changes where row j is read from, so a paged and a
+ * contiguous cache holding the same rows give bitwise equal outputs (the engine's batched
+ * runner relies on this to match the single-sequence context).
+ *
  * Also here: the per-head products on either side of it (W_UK^T q_nope and W_UV o), one
  * parallel loop over heads with single-threaded kernels inside.
  */
@@ -83,17 +87,18 @@ void di_cpu_mla_attention_ref(const di_mla_attn_params *p) {
     if (!s) return;
     for (int64_t h = 0; h < p->n_heads; h++) {
         for (int64_t t = 0; t < p->n_tokens; t++) {
-            const float *ql = p->q_lat + (h * p->n_tokens + t) * R;
+            const float *ql = di_mla_attn_q(p, h, t);
             const float *qr = p->q_rope + t * p->q_rope_tstride + h * p->q_rope_hstride;
-            float *o = p->out + (h * p->n_tokens + t) * R;
+            float *o = di_mla_attn_out(p, h, t);
             int64_t L = p->pos0 + t + 1;
             float m = -INFINITY;
             for (int64_t j = 0; j < L; j++) {
+                const int64_t row = di_mla_attn_row(p, j);
                 float acc = 0.0f;
                 for (int64_t i = 0; i < R; i++)
-                    acc += ql[i] * p->c_kv[j * R + i];
+                    acc += ql[i] * p->c_kv[row * R + i];
                 for (int64_t i = 0; i < dr; i++)
-                    acc += qr[i] * p->k_rope[j * dr + i];
+                    acc += qr[i] * p->k_rope[row * dr + i];
                 s[j] = acc * p->scale;
                 if (s[j] > m) m = s[j];
             }
@@ -104,9 +109,11 @@ void di_cpu_mla_attention_ref(const di_mla_attn_params *p) {
             }
             for (int64_t i = 0; i < R; i++)
                 o[i] = 0.0f;
-            for (int64_t j = 0; j < L; j++)
+            for (int64_t j = 0; j < L; j++) {
+                const int64_t row = di_mla_attn_row(p, j);
                 for (int64_t i = 0; i < R; i++)
-                    o[i] += s[j] * p->c_kv[j * R + i];
+                    o[i] += s[j] * p->c_kv[row * R + i];
+            }
             float inv = 1.0f / sum;
             for (int64_t i = 0; i < R; i++)
                 o[i] *= inv;
@@ -132,13 +139,14 @@ static void attn_items(void *vctx, int64_t begin, int64_t end, int tid) {
     float *s = job->scratch + (int64_t)tid * job->stride; /* [L] scores, then weights */
     for (int64_t item = begin; item < end; item++) {
         int64_t h = item / p->n_tokens, t = item % p->n_tokens;
-        const float *ql = p->q_lat + (h * p->n_tokens + t) * R;
+        const float *ql = di_mla_attn_q(p, h, t);
         const float *qr = p->q_rope + t * p->q_rope_tstride + h * p->q_rope_hstride;
-        float *o = p->out + (h * p->n_tokens + t) * R;
+        float *o = di_mla_attn_out(p, h, t);
         int64_t L = p->pos0 + t + 1;
         float m = -INFINITY;
         for (int64_t j = 0; j < L; j++) {
-            float acc = g_dot(ql, p->c_kv + j * R, R) + g_dot(qr, p->k_rope + j * dr, dr);
+            const int64_t row = di_mla_attn_row(p, j);
+            float acc = g_dot(ql, p->c_kv + row * R, R) + g_dot(qr, p->k_rope + row * dr, dr);
             s[j] = acc * p->scale;
             if (s[j] > m) m = s[j];
         }
@@ -150,7 +158,7 @@ static void attn_items(void *vctx, int64_t begin, int64_t end, int tid) {
         for (int64_t i = 0; i < R; i++)
             o[i] = 0.0f;
         for (int64_t j = 0; j < L; j++)
-            g_axpy(s[j], p->c_kv + j * R, R, o);
+            g_axpy(s[j], p->c_kv + di_mla_attn_row(p, j) * R, R, o);
         float inv = 1.0f / sum;
         for (int64_t i = 0; i < R; i++)
             o[i] *= inv;

@@ -3,14 +3,17 @@
  * (Sinkhorn) and its update, sink attention over explicit key lists, the compressor's
  * softmax pooling, Lightning-indexer scores and the clamped SwiGLU.
  *
- * Design stance: these ops are cheap next to the matmuls (except the FP4 one), so they are
- * plain loops threaded over independent rows (tokens, or output features for the matmul).
- * Every output element's arithmetic depends only on the op's shape, never on the split, so
- * the fast and reference versions agree bitwise for any thread count (batch invariance).
+ * Design stance: these ops are cheap next to the matmuls, so they are plain loops threaded
+ * over independent rows (tokens). Every output element's arithmetic depends only on the op's
+ * shape, never on the split, so the fast and reference versions agree bitwise for any thread
+ * count (batch invariance). The FP4 matmul is the exception in cost: its driver is here, its
+ * AVX-512 / AVX2 kernels (cpu_v4_fp4_*.c) read the stored bytes once, in their own fixed
+ * order (cpu_v4_fp4_impl.h): batch- and thread-invariant, equal to the reference to rounding.
  * Sums that decide numerics (norm statistics, mixing products, softmax denominators) run in
  * double: the goldens are float64 and fp32 accumulation error would show in the comparison.
  */
 #include "backend/cpu/cpu_v4_ops.h"
+#include "backend/cpu/cpu_v4_fp4_impl.h"
 #include "backend/cpu/cpu_nn.h"
 #include "backend/cpu/cpu_ops.h"
 
@@ -27,16 +30,16 @@ static void run_rows(di_pool *pool, int64_t n, int64_t work, di_pool_fn fn, void
 }
 
 /* ---------------------------------------------------------------------------------------- */
-/* FP4 e2m1 matmul with per-block float scales                                                */
+/* FP4 e2m1 matmul with E8M0 scales per 32 columns                                            */
 /* ---------------------------------------------------------------------------------------- */
 
 /* Value of element (r, c) of an F4_E2M1 weight (exact in float: a 2-bit mantissa times a
- * power-of-two scale). */
+ * power-of-two scale; the stored E8M0 byte is decoded by di_e8m0_to_f32, the definition). */
 static inline float fp4_at(const di_weight *w, int64_t r, int64_t c) {
     const uint8_t *row = (const uint8_t *)w->data + (size_t)(r * w->row_stride / 2);
     uint8_t b = row[c / 2];
     float q = di_e2m1_table[(c & 1) ? (b >> 4) : (b & 15)];
-    return q * w->scale[r * w->scale_cols + c / w->block_cols];
+    return q * di_e8m0_to_f32(w->scale_e8m0[r * w->scale_cols + c / w->block_cols]);
 }
 
 void di_cpu_matmul_fp4_ref(const di_weight *w, const float *x, int64_t n, float *y) {
@@ -54,18 +57,20 @@ typedef struct {
     const float *x;
     float *y;
     int64_t n;
+    di_fp4_prep_fn prep; /* SIMD levels: x in the kernel's column order */
+    di_fp4_rows_fn simd; /* NULL: the scalar rows */
 } fp4_job;
 
-/* Rows [b, e) for every token. Per block of block_cols columns the unscaled products are
- * summed in column order (float), then scaled once and added into a double accumulator: the
- * order depends only on cols, never on n or the split. */
+/* Scalar level, rows [b, e) for every token. Per block of block_cols columns the unscaled
+ * products are summed in column order (float), then scaled once and added into a double
+ * accumulator: the order depends only on cols, never on n or the split. */
 static void fp4_rows(void *vctx, int64_t b, int64_t e, int tid) {
     const fp4_job *j = vctx;
     const di_weight *w = j->w;
     const int64_t C = w->cols, bc = w->block_cols;
     for (int64_t r = b; r < e; r++) {
         const uint8_t *row = (const uint8_t *)w->data + (size_t)(r * w->row_stride / 2);
-        const float *sc = w->scale + r * w->scale_cols;
+        const uint8_t *sc = w->scale_e8m0 + r * w->scale_cols;
         for (int64_t t = 0; t < j->n; t++) {
             const float *x = j->x + t * C;
             double acc = 0.0;
@@ -76,35 +81,51 @@ static void fp4_rows(void *vctx, int64_t b, int64_t e, int tid) {
                     uint8_t byte = row[c / 2];
                     part += x[c] * di_e2m1_table[(c & 1) ? (byte >> 4) : (byte & 15)];
                 }
-                acc += (double)part * (double)sc[c0 / bc];
+                acc += (double)part * (double)di_e8m0_to_f32(sc[c0 / bc]);
             }
             j->y[t * w->rows + r] = (float)acc;
         }
     }
 }
 
-#if defined(__x86_64__) || defined(_M_X64)
-void di_cpu_fp4_rows_avx2(const di_weight *w, const float *x, int64_t n, float *y, int64_t r0,
-                          int64_t r1);
-
-static void fp4_rows_avx2(void *vctx, int64_t b, int64_t e, int tid) {
+/* SIMD levels, rows [b, e): per block of tokens (as many as fit DI_FP4_MAX_COLS floats),
+ * x is put in the kernel's column order in thread-private stack scratch (see
+ * cpu_v4_fp4_impl.h), then the kernel runs 4 rows at a time over it. */
+static void fp4_rows_simd(void *vctx, int64_t b, int64_t e, int tid) {
     const fp4_job *j = vctx;
-    di_cpu_fp4_rows_avx2(j->w, j->x, j->n, j->y, b, e);
+    const int64_t C = j->w->cols, rows = j->w->rows, tb = DI_MAX(DI_FP4_MAX_COLS / C, 1);
+    _Alignas(64) float xd[DI_FP4_MAX_COLS];
+    for (int64_t t0 = 0; t0 < j->n; t0 += tb) {
+        const int64_t nt = DI_MIN(tb, j->n - t0);
+        for (int64_t t = 0; t < nt; t++)
+            j->prep(j->x + (t0 + t) * C, C, xd + t * C);
+        for (int64_t r = b; r < e; r += DI_FP4_NR)
+            j->simd(j->w, r, (int)DI_MIN(DI_FP4_NR, e - r), xd, nt, j->y + t0 * rows + r, rows);
+    }
 }
-#endif
 
-/* The AVX2 rows need whole 32-column blocks; the active SIMD level (DI_SIMD,
- * di_cpu_simd_force) decides, like the stock matmuls. */
+/* The active SIMD level (DI_SIMD, di_cpu_simd_force) picks the kernel, like the stock
+ * matmuls; the SIMD kernels need 32-column blocks and at most DI_FP4_MAX_COLS columns. */
 void di_cpu_matmul_fp4(di_pool *pool, const di_weight *w, const float *x, int64_t n, float *y) {
-    fp4_job j = {w, x, y, n};
-    di_pool_fn fn = fp4_rows;
+    if (n <= 0 || w->rows <= 0) return;
+    fp4_job j = {w, x, y, n, NULL, NULL};
 #if defined(__x86_64__) || defined(_M_X64)
     const char *lvl = di_cpu_simd_name();
-    if (w->block_cols == 32 && w->cols % 32 == 0 &&
-        (strcmp(lvl, "avx2") == 0 || strcmp(lvl, "avx512") == 0))
-        fn = fp4_rows_avx2;
+    if (w->block_cols == 32 && w->cols % 32 == 0 && w->cols > 0 && w->cols <= DI_FP4_MAX_COLS) {
+        if (strcmp(lvl, "avx512") == 0)
+            j.prep = di_cpu_fp4_prep_avx512, j.simd = di_cpu_fp4_rows_avx512;
+        else if (strcmp(lvl, "avx2") == 0)
+            j.prep = di_cpu_fp4_prep_avx2, j.simd = di_cpu_fp4_rows_avx2;
+    }
 #endif
-    run_rows(pool, w->rows, n * w->rows * w->cols, fn, &j);
+    if (!j.simd) {
+        run_rows(pool, w->rows, n * w->rows * w->cols, fp4_rows, &j);
+        return;
+    }
+    if (!pool || w->rows <= DI_FP4_NR || n * w->rows * w->cols < 32768)
+        fp4_rows_simd(&j, 0, w->rows, 0);
+    else /* whole 4-row groups per thread: the split never changes a value */
+        di_pool_run(pool, w->rows, 4 * DI_FP4_NR, fp4_rows_simd, &j);
 }
 
 /* ---------------------------------------------------------------------------------------- */

@@ -12,6 +12,11 @@
 #include "backend/backend.h"
 #include "core/threadpool.h"
 
+/* y[t][r] = sum_c x[t][c] W[r][c] for W in F4_E2M1 with E8M0 scales (w->scale_e8m0, one byte
+ * per 32 columns; see weight.h). The fast version (AVX-512 / AVX2 kernels, rows over the
+ * pool) reads only the stored bytes and follows its own fixed summation order
+ * (cpu_v4_fp4_impl.h), so it matches the reference to rounding, not bitwise; its results
+ * depend only on the shape and the SIMD level, never on n, the row split or thread count. */
 void di_cpu_matmul_fp4(di_pool *pool, const di_weight *w, const float *x, int64_t n, float *y);
 void di_cpu_matmul_fp4_ref(const di_weight *w, const float *x, int64_t n, float *y);
 

@@ -1,0 +1,355 @@
+/*
+ * bench_engine.c -- serving throughput and latency of the engine (not a test; never run by
+ * ctest). Driven by bench/engine_throughput.py, which sweeps it and draws the plots.
+ *
+ *   bench_engine --model DIR [--mode engine|context] [--concurrency C] [--requests N]
+ *                [--prompt-len P] [--gen-len G] [--shared-prefix S] [--threads T]
+ *                [--max-running M] [--max-batch-tokens B] [--no-prefix-cache] [--seed X]
+ *
+ * engine:  a closed loop over di_engine: C requests in flight, a new one submitted as soon as
+ *          one finishes, N in all. Each prompt is S ids shared by every request (a "system
+ *          prompt", for the prefix cache) then P ids of its own; greedy, ignore_eos, G tokens.
+ * context: the one-request-at-a-time baseline: di_context prefill, then G - 1 single-token
+ *          evals, request after request (what `deepinfer generate` does).
+ *
+ * Prints one JSON object: output tokens/s over the wall time; TTFT (submission to the step
+ * that returned the first token) and inter-token latency (time between a request's token
+ * deliveries) percentiles; the engine's stats (scheduler / device / post-process seconds);
+ * and, for the roofline, pure-decode steps bucketed by batch size: [batch, steps, mean s].
+ */
+#include "deepinfer.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef struct bench_opts {
+    const char *model, *mode;
+    int64_t concurrency, requests, prompt_len, gen_len, shared_prefix, threads, max_running,
+        max_batch_tokens, seed;
+    bool no_prefix_cache;
+} bench_opts;
+
+typedef struct samples {
+    double *v;
+    int64_t n, cap;
+} samples;
+
+static void push(samples *s, double x) {
+    if (s->n == s->cap) {
+        s->cap = s->cap ? 2 * s->cap : 1024;
+        s->v = realloc(s->v, (size_t)s->cap * sizeof(double));
+        if (!s->v) abort();
+    }
+    s->v[s->n++] = x;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static json_t *percentiles(samples *s) {
+    if (s->n == 0) return json_null();
+    qsort(s->v, (size_t)s->n, sizeof(double), cmp_double);
+    double sum = 0;
+    for (int64_t i = 0; i < s->n; i++)
+        sum += s->v[i];
+#define PCT(p) s->v[(int64_t)((p) / 100.0 * (double)(s->n - 1) + 0.5)]
+    return json_pack("{s:f, s:f, s:f, s:f, s:f}", "mean", sum / (double)s->n, "p50", PCT(50), "p90",
+                     PCT(90), "p99", PCT(99), "max", s->v[s->n - 1]);
+#undef PCT
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    timespec_get(&ts, TIME_UTC);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static uint64_t g_rng;
+static int32_t rand_id(int64_t vocab) {
+    g_rng = g_rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (int32_t)(2 + (g_rng >> 33) % (uint64_t)(vocab - 2));
+}
+
+/* Request i's prompt: the shared prefix, then its own ids. */
+static void make_prompt(const bench_opts *o, const int32_t *prefix, int64_t vocab, int32_t *out) {
+    memcpy(out, prefix, (size_t)o->shared_prefix * sizeof(int32_t));
+    for (int64_t k = 0; k < o->prompt_len; k++)
+        out[o->shared_prefix + k] = rand_id(vocab);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Engine mode                                                                                */
+/* ---------------------------------------------------------------------------------------- */
+
+typedef struct req_time {
+    double submit, last;
+    bool got_first;
+} req_time;
+
+/* Pure-decode steps by batch size (index = tokens generated in the step). */
+typedef struct step_buckets {
+    int64_t *count;
+    double *seconds;
+    int64_t cap;
+} step_buckets;
+
+static int run_engine(const bench_opts *o, di_model *model, const di_model_info *info,
+                      json_t *out) {
+    di_engine_params ep = di_engine_default_params();
+    ep.n_threads = (int32_t)o->threads;
+    if (o->max_running) ep.max_running = (int32_t)o->max_running;
+    if (o->max_batch_tokens) ep.max_batch_tokens = o->max_batch_tokens;
+    if (ep.max_prefill_tokens > ep.max_batch_tokens) ep.max_prefill_tokens = ep.max_batch_tokens;
+    ep.enable_prefix_cache = !o->no_prefix_cache;
+    di_engine *e;
+    if (di_engine_create(model, &ep, &e) != DI_OK) {
+        fprintf(stderr, "bench_engine: %s\n", di_last_error());
+        return 1;
+    }
+    int64_t plen = o->shared_prefix + o->prompt_len;
+    int32_t *prefix = malloc((size_t)(o->shared_prefix + 1) * sizeof(int32_t));
+    int32_t *prompt = malloc((size_t)plen * sizeof(int32_t));
+    req_time *rt = calloc((size_t)o->requests, sizeof *rt);
+    int64_t cap = di_engine_output_cap(e);
+    di_engine_output *outs = calloc((size_t)cap, sizeof *outs);
+    step_buckets sb = {.cap = ep.max_running + 1};
+    sb.count = calloc((size_t)sb.cap, sizeof(int64_t));
+    sb.seconds = calloc((size_t)sb.cap, sizeof(double));
+    for (int64_t k = 0; k < o->shared_prefix; k++)
+        prefix[k] = rand_id(info->vocab_size);
+    di_sampling_params sp = di_sampling_default_params();
+    sp.temperature = 0;
+    sp.ignore_eos = true;
+    sp.max_tokens = o->gen_len;
+    samples ttft = {0}, itl = {0};
+    int64_t submitted = 0, finished = 0, in_flight = 0, tokens = 0, prev_prompt_tokens = 0;
+    double t0 = now_s();
+    int rc = 0;
+    while (finished < o->requests && rc == 0) {
+        while (in_flight < o->concurrency && submitted < o->requests) {
+            make_prompt(o, prefix, info->vocab_size, prompt);
+            di_engine_request q = {.prompt_ids = prompt,
+                                   .n_prompt_ids = plen,
+                                   .sampling = &sp,
+                                   .id = (uint64_t)submitted};
+            rt[submitted].submit = now_s();
+            if (di_engine_add_request(e, &q) != DI_OK) {
+                fprintf(stderr, "bench_engine: %s\n", di_last_error());
+                rc = 1;
+                break;
+            }
+            submitted++;
+            in_flight++;
+        }
+        int64_t n = 0;
+        double ts = now_s();
+        if (rc || di_engine_step(e, outs, cap, &n) != DI_OK) {
+            rc = 1;
+            break;
+        }
+        double te = now_s();
+        di_engine_stats st;
+        di_engine_get_stats(e, &st);
+        int64_t step_tokens = 0;
+        for (int64_t i = 0; i < n; i++) {
+            req_time *r = &rt[outs[i].id];
+            if (outs[i].n_tokens > 0) {
+                step_tokens += outs[i].n_tokens;
+                if (!r->got_first)
+                    push(&ttft, te - r->submit);
+                else
+                    push(&itl, (te - r->last) / (double)outs[i].n_tokens);
+                r->got_first = true;
+                r->last = te;
+            }
+            if (outs[i].finished) {
+                finished++;
+                in_flight--;
+            }
+        }
+        tokens += step_tokens;
+        if (st.n_prompt_tokens == prev_prompt_tokens && step_tokens > 0 && step_tokens < sb.cap) {
+            sb.count[step_tokens]++;
+            sb.seconds[step_tokens] += te - ts;
+        }
+        prev_prompt_tokens = st.n_prompt_tokens;
+    }
+    double wall = now_s() - t0;
+    di_engine_stats st;
+    di_engine_get_stats(e, &st);
+    json_t *steps = json_array();
+    for (int64_t b = 1; b < sb.cap; b++)
+        if (sb.count[b])
+            json_array_append_new(steps,
+                                  json_pack("[I, I, f]", (json_int_t)b, (json_int_t)sb.count[b],
+                                            sb.seconds[b] / (double)sb.count[b]));
+    json_object_set_new(out, "wall_s", json_real(wall));
+    json_object_set_new(out, "output_tokens", json_integer(tokens));
+    json_object_set_new(out, "output_tok_s", json_real(wall > 0 ? (double)tokens / wall : 0));
+    json_object_set_new(out, "ttft_s", percentiles(&ttft));
+    json_object_set_new(out, "itl_s", percentiles(&itl));
+    json_object_set_new(
+        out, "stats",
+        json_pack("{s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:f, s:f}", "n_steps",
+                  (json_int_t)st.n_steps, "n_prompt_tokens", (json_int_t)st.n_prompt_tokens,
+                  "n_generated_tokens", (json_int_t)st.n_generated_tokens,
+                  "prefix_cache_hit_tokens", (json_int_t)st.prefix_cache_hit_tokens,
+                  "n_preemptions", (json_int_t)st.n_preemptions, "time_schedule_s",
+                  st.time_schedule_s, "time_device_s", st.time_device_s, "time_postprocess_s",
+                  st.time_postprocess_s, "time_total_s", st.time_total_s));
+    json_object_set_new(out, "decode_steps", steps);
+    free(ttft.v);
+    free(itl.v);
+    free(sb.count);
+    free(sb.seconds);
+    free(outs);
+    free(rt);
+    free(prompt);
+    free(prefix);
+    di_engine_free(e);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* One request at a time over di_context                                                      */
+/* ---------------------------------------------------------------------------------------- */
+
+static int32_t argmax(const float *x, int64_t n) {
+    int64_t b = 0;
+    for (int64_t i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return (int32_t)b;
+}
+
+static int run_context(const bench_opts *o, di_model *model, const di_model_info *info,
+                       json_t *out) {
+    int64_t plen = o->shared_prefix + o->prompt_len;
+    int32_t *prefix = malloc((size_t)(o->shared_prefix + 1) * sizeof(int32_t));
+    int32_t *prompt = malloc((size_t)plen * sizeof(int32_t));
+    float *logits = malloc((size_t)info->vocab_size * sizeof(float));
+    for (int64_t k = 0; k < o->shared_prefix; k++)
+        prefix[k] = rand_id(info->vocab_size);
+    di_context_params cp = di_context_default_params();
+    cp.max_tokens = plen + o->gen_len;
+    cp.n_threads = (int32_t)o->threads;
+    di_context *ctx;
+    if (di_context_create(model, &cp, &ctx) != DI_OK) {
+        fprintf(stderr, "bench_engine: %s\n", di_last_error());
+        return 1;
+    }
+    samples ttft = {0}, itl = {0};
+    int64_t tokens = 0;
+    double t0 = now_s();
+    for (int64_t r = 0; r < o->requests; r++) {
+        make_prompt(o, prefix, info->vocab_size, prompt);
+        di_context_reset(ctx);
+        double ts = now_s();
+        if (di_context_eval(ctx, prompt, plen, logits, 1) != DI_OK) break;
+        double last = now_s();
+        push(&ttft, last - ts);
+        tokens++;
+        for (int64_t g = 1; g < o->gen_len; g++) {
+            int32_t tok = argmax(logits, info->vocab_size);
+            if (di_context_eval(ctx, &tok, 1, logits, 1) != DI_OK) break;
+            double t = now_s();
+            push(&itl, t - last);
+            last = t;
+            tokens++;
+        }
+    }
+    double wall = now_s() - t0;
+    json_object_set_new(out, "wall_s", json_real(wall));
+    json_object_set_new(out, "output_tokens", json_integer(tokens));
+    json_object_set_new(out, "output_tok_s", json_real(wall > 0 ? (double)tokens / wall : 0));
+    json_object_set_new(out, "ttft_s", percentiles(&ttft));
+    json_object_set_new(out, "itl_s", percentiles(&itl));
+    free(ttft.v);
+    free(itl.v);
+    di_context_free(ctx);
+    free(logits);
+    free(prompt);
+    free(prefix);
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Main                                                                                       */
+/* ---------------------------------------------------------------------------------------- */
+
+static int usage(void) {
+    fprintf(stderr, "usage: bench_engine --model DIR [--mode engine|context] [--concurrency C] "
+                    "[--requests N] [--prompt-len P] [--gen-len G] [--shared-prefix S] "
+                    "[--threads T] [--max-running M] [--max-batch-tokens B] "
+                    "[--no-prefix-cache] [--seed X]\n");
+    return 2;
+}
+
+int main(int argc, char **argv) {
+    bench_opts o = {.mode = "engine",
+                    .concurrency = 1,
+                    .requests = 8,
+                    .prompt_len = 32,
+                    .gen_len = 32,
+                    .seed = 1};
+    struct {
+        const char *name;
+        int64_t *dest;
+    } ints[] = {{"--concurrency", &o.concurrency},
+                {"--requests", &o.requests},
+                {"--prompt-len", &o.prompt_len},
+                {"--gen-len", &o.gen_len},
+                {"--shared-prefix", &o.shared_prefix},
+                {"--threads", &o.threads},
+                {"--max-running", &o.max_running},
+                {"--max-batch-tokens", &o.max_batch_tokens},
+                {"--seed", &o.seed}};
+    for (int i = 1; i < argc; i++) {
+        bool done = false;
+        if (!strcmp(argv[i], "--no-prefix-cache")) {
+            o.no_prefix_cache = done = true;
+        } else if (i + 1 < argc && !strcmp(argv[i], "--model")) {
+            o.model = argv[++i];
+            done = true;
+        } else if (i + 1 < argc && !strcmp(argv[i], "--mode")) {
+            o.mode = argv[++i];
+            done = true;
+        }
+        for (size_t k = 0; !done && k < sizeof ints / sizeof ints[0]; k++)
+            if (i + 1 < argc && !strcmp(argv[i], ints[k].name)) {
+                *ints[k].dest = strtoll(argv[++i], NULL, 10);
+                done = true;
+            }
+        if (!done) return usage();
+    }
+    if (!o.model || o.concurrency < 1 || o.requests < 1 || o.prompt_len < 1 || o.gen_len < 1 ||
+        o.shared_prefix < 0 || (strcmp(o.mode, "engine") && strcmp(o.mode, "context")))
+        return usage();
+    g_rng = (uint64_t)o.seed;
+    di_model_params mp = di_model_default_params();
+    mp.n_threads = (int32_t)o.threads;
+    di_model *model;
+    di_model_info info;
+    if (di_model_load(o.model, &mp, &model) != DI_OK || di_model_get_info(model, &info) != DI_OK) {
+        fprintf(stderr, "bench_engine: %s\n", di_last_error());
+        return 1;
+    }
+    json_t *out =
+        json_pack("{s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:b}", "model", o.model, "mode", o.mode,
+                  "concurrency", (json_int_t)o.concurrency, "requests", (json_int_t)o.requests,
+                  "prompt_len", (json_int_t)o.prompt_len, "gen_len", (json_int_t)o.gen_len,
+                  "shared_prefix", (json_int_t)o.shared_prefix, "prefix_cache", !o.no_prefix_cache);
+    int rc = !strcmp(o.mode, "engine") ? run_engine(&o, model, &info, out)
+                                       : run_context(&o, model, &info, out);
+    if (rc == 0) {
+        json_dumpf(out, stdout, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(6));
+        putchar('\n');
+    }
+    json_decref(out);
+    di_model_free(model);
+    return rc;
+}

@@ -1,0 +1,344 @@
+/*
+ * cuda_attention.cu -- MLA attention in absorbed form over the latent cache, on the GPU,
+ * split along the KV axis.
+ *
+ * The math is backend.h's: for head h and query t (key count L = pos0 + t + 1)
+ *     s_j = scale * (q_lat . c_kv[j] + q_rope . k_rope[j]),   out = sum_j softmax(s)_j c_kv[j]
+ * The keys are the cached latents themselves, so a block takes ATT_HG heads of one query
+ * and reads each key tile once for all of them (the latent cache is shared by all heads).
+ *
+ * Design stance: the KV axis is cut into fixed chunks of DI_CUDA_ATTN_CHUNK keys. A chunk is
+ * reduced by an online softmax over tiles of ATT_BJ keys into a state (m, l, acc[R]); the
+ * chunk states of a query are then folded in chunk order by one merge rule (merge_coeffs,
+ * merge_acc) and normalized (finalize). Two schedules run that same arithmetic:
+ *   split:      one block per (query, head group, chunk) writes its chunk state to scratch,
+ *               and a combine kernel folds them -- many blocks, for decode;
+ *   sequential: one block per (query, head group) walks its chunks and folds as it goes --
+ *               no scratch, for prefill or when the scratch is too small.
+ * Every value that crosses between the two is produced by the same device function with
+ * explicitly rounded operations, so both schedules give the same bits (tested).
+ *
+ * Invariant (batch invariance): chunk and tile boundaries are multiples of constants from
+ * key 0, and a score's reduction order depends only on (R, rope_dim), so a query's result
+ * depends only on its own key count, never on n_tokens, the other queries or the schedule.
+ * Limits: R <= DI_CUDA_ATTN_MAX_R, rope_dim <= DI_CUDA_ATTN_MAX_DR (checked by the caller).
+ */
+#include "backend/cuda/cuda_internal.cuh"
+
+#include <math.h>
+
+#define ATT_THREADS 256
+#define ATT_WARPS   (ATT_THREADS / 32)
+#define ATT_HG      8  /* heads per block; == ATT_WARPS (one warp per head in the softmax) */
+#define ATT_BJ      32 /* keys per tile; == warp size (one lane per key in the softmax) */
+#define ATT_COLS    (DI_CUDA_ATTN_MAX_R / ATT_THREADS) /* latent columns per thread */
+#define ATT_MAXE    (ATT_COLS * ATT_HG)                /* accumulators per thread */
+
+/* Thread x's accumulator k is head k % ATT_HG, latent column x + (k / ATT_HG) * ATT_THREADS:
+ * one c_kv element read from shared memory serves all the block's heads. */
+#define ATT_HEAD(k) ((k) % ATT_HG)
+#define ATT_COL(k)  ((int)threadIdx.x + ((k) / ATT_HG) * ATT_THREADS)
+
+/* ---------------------------------------------------------------------------------------- */
+/* The arithmetic shared by both schedules                                                    */
+/* ---------------------------------------------------------------------------------------- */
+
+/* Folding a chunk state (m_c, l_c, acc_c) into the running state (m, l, acc):
+ *   m' = max(m, m_c), a = exp(m - m'), b = exp(m_c - m'), l' = l a + l_c b, acc' = acc a + acc_c b
+ * The running state starts at (-inf, 0, 0), so the first fold copies the chunk exactly. */
+static __device__ __forceinline__ void merge_coeffs(float m, float l, float m_c, float l_c,
+                                                    float *a, float *b, float *m_out,
+                                                    float *l_out) {
+    const float mn = fmaxf(m, m_c);
+    *a = expf(m - mn);
+    *b = expf(m_c - mn);
+    *m_out = mn;
+    *l_out = __fmaf_rn(l, *a, __fmul_rn(l_c, *b));
+}
+
+static __device__ __forceinline__ float merge_acc(float acc, float acc_c, float a, float b) {
+    return __fmaf_rn(acc, a, __fmul_rn(acc_c, b));
+}
+
+static __device__ __forceinline__ float finalize(float acc, float l) {
+    return __fmul_rn(acc, __fdiv_rn(1.0f, l));
+}
+
+/* Shared-memory layout of the main kernel, in floats. */
+struct att_smem {
+    float *q, *qr;            /* [HG][R], [HG][dr]: the block's queries (zero for absent heads) */
+    float *ckv, *kr;          /* [BJ][R], [BJ][dr]: the current key tile */
+    float *p;                 /* [BJ][HG]: scores, then softmax weights (16-byte aligned) */
+    float *m_c, *l_c, *alpha; /* [HG] chunk state and the current tile's rescale */
+    float *m_run, *l_run, *ca, *cb; /* [HG] running state and merge coefficients */
+};
+
+static __host__ __device__ int64_t att_smem_floats(int64_t R, int64_t dr) {
+    static_assert(ATT_HG == 8 && ATT_HG == ATT_WARPS && ATT_BJ == 32, "layout assumptions");
+    return ATT_HG * R + ATT_HG * dr + ATT_BJ * R + ATT_BJ * dr + ATT_HG * ATT_BJ + 7 * ATT_HG;
+}
+
+static __device__ att_smem att_carve(float *base, int64_t R, int64_t dr) {
+    att_smem s;
+    s.p = base; /* first, so that its rows of ATT_HG floats are 16-byte aligned */
+    s.q = s.p + ATT_HG * ATT_BJ;
+    s.qr = s.q + ATT_HG * R;
+    s.ckv = s.qr + ATT_HG * dr;
+    s.kr = s.ckv + ATT_BJ * R;
+    s.m_c = s.kr + ATT_BJ * dr;
+    s.l_c = s.m_c + ATT_HG;
+    s.alpha = s.l_c + ATT_HG;
+    s.m_run = s.alpha + ATT_HG;
+    s.l_run = s.m_run + ATT_HG;
+    s.ca = s.l_run + ATT_HG;
+    s.cb = s.ca + ATT_HG;
+    return s;
+}
+
+/* Copies n floats from global to shared memory with the whole block, 16 bytes at a time
+ * when both sides allow it. */
+static __device__ __forceinline__ void block_copy(float *dst, const float *src, int64_t n) {
+    if ((((uintptr_t)src | (uintptr_t)dst) & 15u) == 0 && (n & 3) == 0) {
+        const float4 *s4 = reinterpret_cast<const float4 *>(src);
+        float4 *d4 = reinterpret_cast<float4 *>(dst);
+        for (int64_t i = threadIdx.x; i < n / 4; i += ATT_THREADS)
+            d4[i] = __ldg(s4 + i);
+    } else {
+        for (int64_t i = threadIdx.x; i < n; i += ATT_THREADS)
+            dst[i] = __ldg(src + i);
+    }
+}
+
+/* One chunk, keys [jb, je), for the block's query and heads (queries already in s.q/s.qr):
+ * leaves the chunk's (m, l) in s.m_c / s.l_c and its accumulators in acc (thread x's
+ * accumulator k is head ATT_HEAD(k), latent column ATT_COL(k)). */
+static __device__ __forceinline__ void attn_chunk(const di_mla_attn_params &p, const att_smem &s,
+                                                  int64_t jb, int64_t je, float (&acc)[ATT_MAXE]) {
+    const int R = (int)p.kv_lora_rank, dr = (int)p.rope_dim;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+#pragma unroll
+    for (int k = 0; k < ATT_MAXE; k++)
+        acc[k] = 0.0f;
+    if (tid < ATT_HG) {
+        s.m_c[tid] = -INFINITY;
+        s.l_c[tid] = 0.0f;
+    }
+    for (int64_t j0 = jb; j0 < je; j0 += ATT_BJ) {
+        const int nv = (int)min((int64_t)ATT_BJ, je - j0);
+        __syncthreads(); /* the previous tile's readers are done */
+        block_copy(s.ckv, p.c_kv + j0 * R, (int64_t)nv * R);
+        block_copy(s.kr, p.k_rope + j0 * dr, (int64_t)nv * dr);
+        __syncthreads();
+
+        /* Scores: warp w takes keys w, w + 8, ...; lanes split the dot products (element
+         * i on lane i % 32, in order), then the xor butterfly. */
+        for (int jj = warp; jj < ATT_BJ; jj += ATT_WARPS) {
+            float sc[ATT_HG];
+#pragma unroll
+            for (int h = 0; h < ATT_HG; h++)
+                sc[h] = 0.0f;
+            if (jj < nv) {
+                for (int i = lane; i < R; i += 32) {
+                    const float kv = s.ckv[jj * R + i];
+#pragma unroll
+                    for (int h = 0; h < ATT_HG; h++)
+                        sc[h] = fmaf(s.q[h * R + i], kv, sc[h]);
+                }
+                for (int i = lane; i < dr; i += 32) {
+                    const float kv = s.kr[jj * dr + i];
+#pragma unroll
+                    for (int h = 0; h < ATT_HG; h++)
+                        sc[h] = fmaf(s.qr[h * dr + i], kv, sc[h]);
+                }
+            }
+#pragma unroll
+            for (int h = 0; h < ATT_HG; h++) {
+#pragma unroll
+                for (int off = 16; off >= 1; off >>= 1)
+                    sc[h] += __shfl_xor_sync(0xffffffffu, sc[h], off);
+                if (lane == h)
+                    s.p[jj * ATT_HG + h] = jj < nv ? __fmul_rn(sc[h], p.scale) : -INFINITY;
+            }
+        }
+        __syncthreads();
+
+        /* Online softmax: warp h takes head h, lane j key j. */
+        {
+            const int h = warp;
+            const float sj = s.p[lane * ATT_HG + h], mc = s.m_c[h], lc = s.l_c[h];
+            float mt = sj;
+#pragma unroll
+            for (int off = 16; off >= 1; off >>= 1)
+                mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, off));
+            const float mn = fmaxf(mc, mt);
+            const float pj = lane < nv ? expf(sj - mn) : 0.0f;
+            float ps = pj;
+#pragma unroll
+            for (int off = 16; off >= 1; off >>= 1)
+                ps += __shfl_xor_sync(0xffffffffu, ps, off);
+            __syncwarp();
+            s.p[lane * ATT_HG + h] = pj;
+            if (lane == 0) {
+                const float a = expf(mc - mn);
+                s.alpha[h] = a;
+                s.m_c[h] = mn;
+                s.l_c[h] = __fmaf_rn(lc, a, ps);
+            }
+        }
+        __syncthreads();
+
+        /* acc = acc * alpha + sum_j p_j c_kv[j], keys in order. */
+#pragma unroll
+        for (int c = 0; c < ATT_COLS; c++) {
+            const int i = (int)threadIdx.x + c * ATT_THREADS;
+            if (i >= R) break;
+            float v[ATT_HG];
+#pragma unroll
+            for (int h = 0; h < ATT_HG; h++)
+                v[h] = __fmul_rn(acc[c * ATT_HG + h], s.alpha[h]);
+            for (int j = 0; j < nv; j++) {
+                const float kv = s.ckv[j * R + i];
+                const float4 pa = reinterpret_cast<const float4 *>(s.p + j * ATT_HG)[0];
+                const float4 pb = reinterpret_cast<const float4 *>(s.p + j * ATT_HG)[1];
+                const float pj[ATT_HG] = {pa.x, pa.y, pa.z, pa.w, pb.x, pb.y, pb.z, pb.w};
+#pragma unroll
+                for (int h = 0; h < ATT_HG; h++)
+                    v[h] = __fmaf_rn(pj[h], kv, v[h]);
+            }
+#pragma unroll
+            for (int h = 0; h < ATT_HG; h++)
+                acc[c * ATT_HG + h] = v[h];
+        }
+    }
+    __syncthreads(); /* m_c / l_c final for every thread */
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Kernels                                                                                    */
+/* ---------------------------------------------------------------------------------------- */
+
+/* Chunk-state slot (t, h, c) of the split scratch: [m, l, acc[R]]. */
+static __device__ __forceinline__ float *slot(float *partial, const di_mla_attn_params &p,
+                                              int64_t t, int64_t h, int64_t c, int64_t cmax) {
+    return partial + ((t * p.n_heads + h) * cmax + c) * (p.kv_lora_rank + 2);
+}
+
+/* blockIdx.x = t * n_groups + head group; blockIdx.y = chunk (split) or 0 (sequential). */
+__global__ void __launch_bounds__(ATT_THREADS, 2) /* 2 blocks of ~93 KiB per SM */
+    mla_attn_kernel(const di_mla_attn_params p, float *partial, int split, int64_t cmax) {
+    extern __shared__ float smem[];
+    const int R = (int)p.kv_lora_rank, dr = (int)p.rope_dim, tid = threadIdx.x;
+    const att_smem s = att_carve(smem, R, dr);
+    const int64_t n_groups = (p.n_heads + ATT_HG - 1) / ATT_HG;
+    const int64_t t = blockIdx.x / n_groups, h0 = (blockIdx.x % n_groups) * ATT_HG;
+    const int64_t L = p.pos0 + t + 1, n_chunks = (L + DI_CUDA_ATTN_CHUNK - 1) / DI_CUDA_ATTN_CHUNK;
+    int64_t c_begin = 0, c_end = n_chunks;
+    if (split) {
+        c_begin = blockIdx.y;
+        if (c_begin >= n_chunks) return; /* shorter queries have fewer chunks */
+        c_end = c_begin + 1;
+    }
+
+    for (int i = tid; i < ATT_HG * R; i += ATT_THREADS) {
+        const int64_t h = h0 + i / R;
+        s.q[i] = h < p.n_heads ? p.q_lat[(h * p.n_tokens + t) * R + i % R] : 0.0f;
+    }
+    for (int i = tid; i < ATT_HG * dr; i += ATT_THREADS) {
+        const int64_t h = h0 + i / dr;
+        s.qr[i] =
+            h < p.n_heads ? p.q_rope[t * p.q_rope_tstride + h * p.q_rope_hstride + i % dr] : 0.0f;
+    }
+    if (tid < ATT_HG) {
+        s.m_run[tid] = -INFINITY;
+        s.l_run[tid] = 0.0f;
+    }
+
+    float run[ATT_MAXE];
+#pragma unroll
+    for (int k = 0; k < ATT_MAXE; k++)
+        run[k] = 0.0f;
+    for (int64_t c = c_begin; c < c_end; c++) {
+        float acc[ATT_MAXE];
+        const int64_t jb = c * DI_CUDA_ATTN_CHUNK;
+        attn_chunk(p, s, jb, min(L, jb + DI_CUDA_ATTN_CHUNK), acc);
+        if (split) {
+#pragma unroll
+            for (int k = 0; k < ATT_MAXE; k++)
+                if (ATT_COL(k) < R && h0 + ATT_HEAD(k) < p.n_heads)
+                    slot(partial, p, t, h0 + ATT_HEAD(k), c, cmax)[2 + ATT_COL(k)] = acc[k];
+            if (tid < ATT_HG && h0 + tid < p.n_heads) {
+                float *sl = slot(partial, p, t, h0 + tid, c, cmax);
+                sl[0] = s.m_c[tid];
+                sl[1] = s.l_c[tid];
+            }
+        } else {
+            if (tid < ATT_HG)
+                merge_coeffs(s.m_run[tid], s.l_run[tid], s.m_c[tid], s.l_c[tid], &s.ca[tid],
+                             &s.cb[tid], &s.m_run[tid], &s.l_run[tid]);
+            __syncthreads();
+#pragma unroll
+            for (int k = 0; k < ATT_MAXE; k++)
+                if (ATT_COL(k) < R)
+                    run[k] = merge_acc(run[k], acc[k], s.ca[ATT_HEAD(k)], s.cb[ATT_HEAD(k)]);
+        }
+    }
+    if (split) return;
+#pragma unroll
+    for (int k = 0; k < ATT_MAXE; k++) {
+        const int64_t h = h0 + ATT_HEAD(k);
+        if (ATT_COL(k) < R && h < p.n_heads)
+            p.out[(h * p.n_tokens + t) * R + ATT_COL(k)] = finalize(run[k], s.l_run[ATT_HEAD(k)]);
+    }
+}
+
+/* blockIdx.x = t * n_heads + h: folds that query's chunk states in order. */
+__global__ void mla_combine_kernel(const di_mla_attn_params p, const float *partial, int64_t cmax) {
+    const int64_t t = blockIdx.x / p.n_heads, h = blockIdx.x % p.n_heads, R = p.kv_lora_rank;
+    const int64_t L = p.pos0 + t + 1, n_chunks = (L + DI_CUDA_ATTN_CHUNK - 1) / DI_CUDA_ATTN_CHUNK;
+    const float *base = partial + (t * p.n_heads + h) * cmax * (R + 2);
+    for (int64_t i = threadIdx.x; i < R; i += blockDim.x) {
+        float m = -INFINITY, l = 0.0f, acc = 0.0f;
+        for (int64_t c = 0; c < n_chunks; c++) {
+            const float *sl = base + c * (R + 2);
+            float a, b;
+            merge_coeffs(m, l, sl[0], sl[1], &a, &b, &m, &l);
+            acc = merge_acc(acc, sl[2 + i], a, b);
+        }
+        p.out[(h * p.n_tokens + t) * R + i] = finalize(acc, l);
+    }
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Launcher                                                                                   */
+/* ---------------------------------------------------------------------------------------- */
+
+static int64_t n_chunks_max(const di_mla_attn_params *p) {
+    return (p->pos0 + p->n_tokens + DI_CUDA_ATTN_CHUNK - 1) / DI_CUDA_ATTN_CHUNK;
+}
+
+int64_t di_cuda_attn_partial_floats(const di_mla_attn_params *p) {
+    return p->n_tokens * p->n_heads * n_chunks_max(p) * (p->kv_lora_rank + 2);
+}
+
+cudaError_t di_cuda_attn_setup(void) {
+    const int64_t bytes =
+        att_smem_floats(DI_CUDA_ATTN_MAX_R, DI_CUDA_ATTN_MAX_DR) * (int64_t)sizeof(float);
+    return cudaFuncSetAttribute(mla_attn_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)bytes);
+}
+
+cudaError_t di_cuda_launch_mla_attention(const di_cuda_attn_launch *a) {
+    const di_mla_attn_params *p = &a->p;
+    if (p->n_tokens <= 0 || p->n_heads <= 0 || p->kv_lora_rank <= 0) return cudaSuccess;
+    const int64_t n_groups = (p->n_heads + ATT_HG - 1) / ATT_HG, cmax = n_chunks_max(p);
+    const size_t smem = (size_t)att_smem_floats(p->kv_lora_rank, p->rope_dim) * sizeof(float);
+    const bool split =
+        a->split && a->partial && di_cuda_attn_partial_floats(p) <= a->partial_floats;
+    dim3 grid((unsigned)(p->n_tokens * n_groups), split ? (unsigned)cmax : 1u);
+    mla_attn_kernel<<<grid, ATT_THREADS, smem, a->stream>>>(*p, a->partial, split ? 1 : 0, cmax);
+    cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess || !split) return err;
+    mla_combine_kernel<<<(unsigned)(p->n_tokens * p->n_heads), 128, 0, a->stream>>>(*p, a->partial,
+                                                                                    cmax);
+    return cudaGetLastError();
+}

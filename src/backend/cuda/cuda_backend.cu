@@ -1,0 +1,443 @@
+/*
+ * cuda_backend.cu -- binds the backend op interface (backend.h) to the CUDA kernels, and the
+ * C helpers of cuda_backend.h (weight upload, device memory, sync).
+ *
+ * The backend owns one non-blocking stream and the attention's split-KV scratch; every op
+ * fills a params struct and enqueues one or two kernels on that stream, never synchronizes
+ * and never allocates. Ops cannot return errors (backend.h), so the first failed launch is
+ * kept in the context and reported by di_backend_cuda_sync().
+ *
+ * Data placement: activations, caches and token ids are device pointers; weights are
+ * di_weight views whose data and scale live on the device (di_cuda_weight_upload). The
+ * di_weight structs themselves stay in host memory (head_matmul's array too); a kernel gets
+ * the fields it needs by value.
+ */
+#include "backend/cuda/cuda_internal.cuh"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct cuda_backend {
+    int device;
+    cudaStream_t stream; /* owned */
+    float *attn_partial; /* owned: split-KV chunk states, attn_partial_floats floats */
+    int64_t attn_partial_floats;
+    int n_sms;
+    di_cuda_attn_mode attn_mode;
+    int fp8_bits;            /* FP8 conversion: 1 bit placement, 0 conversion instructions */
+    int64_t ksplit_min;      /* GEMV rows of at least this many 16-byte vectors split K */
+    cudaError_t first_error; /* first failed launch since the last sync */
+    char name[256];
+} cuda_backend;
+
+static void note(cuda_backend *be, cudaError_t err) {
+    if (err != cudaSuccess && be->first_error == cudaSuccess) be->first_error = err;
+}
+
+static cuda_backend *ctx_of(const di_backend *be) {
+    return (cuda_backend *)be->ctx;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Ops                                                                                        */
+/* ---------------------------------------------------------------------------------------- */
+
+static di_cuda_mm_params mm_params(const di_weight *w, const cuda_backend *be) {
+    di_cuda_mm_params p;
+    memset(&p, 0, sizeof p);
+    p.dtype = w->dtype;
+    p.rows = w->rows;
+    p.cols = w->cols;
+    p.row_stride = w->row_stride;
+    p.data = w->data;
+    p.scale = w->scale;
+    p.scale_cols = w->scale_cols;
+    p.block_rows = w->block_rows > 0 ? w->block_rows : 1;
+    p.block_cols = w->block_cols > 0 ? w->block_cols : 1;
+    p.row_offset = w->row_offset;
+    p.n_heads = 1;
+    p.fp8_bits = be->fp8_bits;
+    p.ksplit_min = be->ksplit_min;
+    p.stream = be->stream;
+    return p;
+}
+
+static void cuda_matmul(void *ctx, const di_weight *w, const float *x, int64_t n, float *y) {
+    cuda_backend *be = (cuda_backend *)ctx;
+    di_cuda_mm_params p = mm_params(w, be);
+    p.n_tokens = n;
+    p.x = x;
+    p.x_tstride = w->cols;
+    p.y = y;
+    p.y_tstride = w->rows;
+    note(be, di_cuda_launch_matmul(&p));
+}
+
+static void cuda_matmul_t(void *ctx, const di_weight *w, const float *x, int64_t n, float *y) {
+    cuda_backend *be = (cuda_backend *)ctx;
+    di_cuda_mm_params p = mm_params(w, be);
+    p.transposed = true;
+    p.n_tokens = n;
+    p.x = x;
+    p.x_tstride = w->rows;
+    p.y = y;
+    p.y_tstride = w->cols;
+    note(be, di_cuda_launch_matmul(&p));
+}
+
+/* Whether heads 1.. are head 0 shifted by a constant number of elements and stored rows
+ * (the model's per-head views of kv_b_proj are); then one launch covers all heads. */
+static bool heads_uniform(const di_head_matmul_params *hp, int64_t *elem_stride,
+                          int64_t *row_stride) {
+    const di_weight *w = hp->w;
+    *elem_stride = *row_stride = 0;
+    if (hp->n_heads == 1) return true;
+    const size_t esz = di_dtype_bytes(w[0].dtype, 1);
+    const ptrdiff_t d = (const char *)w[1].data - (const char *)w[0].data;
+    if (d % (ptrdiff_t)esz) return false;
+    *elem_stride = d / (ptrdiff_t)esz;
+    *row_stride = w[1].row_offset - w[0].row_offset;
+    for (int64_t h = 1; h < hp->n_heads; h++) {
+        const di_weight *a = &w[0], *b = &w[h];
+        if (b->dtype != a->dtype || b->rows != a->rows || b->cols != a->cols ||
+            b->row_stride != a->row_stride || b->scale != a->scale ||
+            b->scale_cols != a->scale_cols || b->block_rows != a->block_rows ||
+            b->block_cols != a->block_cols ||
+            (const char *)b->data != (const char *)a->data + h * *elem_stride * (int64_t)esz ||
+            b->row_offset != a->row_offset + h * *row_stride)
+            return false;
+    }
+    return true;
+}
+
+static void cuda_head_matmul(void *ctx, const di_head_matmul_params *hp) {
+    cuda_backend *be = (cuda_backend *)ctx;
+    if (hp->n_heads <= 0) return;
+    int64_t es, rs;
+    const bool uniform = heads_uniform(hp, &es, &rs);
+    const int64_t launches = uniform ? 1 : hp->n_heads;
+    for (int64_t h = 0; h < launches; h++) {
+        di_cuda_mm_params p = mm_params(&hp->w[h], be);
+        p.transposed = hp->transposed;
+        p.n_heads = uniform ? hp->n_heads : 1;
+        p.head_elem_stride = es;
+        p.head_row_offset_stride = rs;
+        p.n_tokens = hp->n_tokens;
+        p.x = hp->x + h * hp->x_hstride;
+        p.x_hstride = hp->x_hstride;
+        p.x_tstride = hp->x_tstride;
+        p.y = hp->y + h * hp->y_hstride;
+        p.y_hstride = hp->y_hstride;
+        p.y_tstride = hp->y_tstride;
+        note(be, di_cuda_launch_matmul(&p));
+    }
+}
+
+static void cuda_embed(void *ctx, const di_weight *table, const int32_t *ids, int64_t n,
+                       float *out) {
+    cuda_backend *be = (cuda_backend *)ctx;
+    di_weight t = *table;
+    if (t.block_rows <= 0) t.block_rows = 1;
+    if (t.block_cols <= 0) t.block_cols = 1;
+    note(be, di_cuda_launch_embed(&t, ids, n, out, be->stream));
+}
+
+static void cuda_rmsnorm(void *ctx, const float *x, int64_t x_stride, const float *w, int64_t n,
+                         int64_t dim, float eps, float *y, int64_t y_stride) {
+    cuda_backend *be = (cuda_backend *)ctx;
+    note(be, di_cuda_launch_rmsnorm(x, x_stride, w, n, dim, eps, y, y_stride, be->stream));
+}
+
+static void cuda_rope(void *ctx, const di_rope_op_params *p) {
+    cuda_backend *be = (cuda_backend *)ctx;
+    note(be, di_cuda_launch_rope(p, be->stream));
+}
+
+static void cuda_mla_attention(void *ctx, const di_mla_attn_params *p) {
+    cuda_backend *be = (cuda_backend *)ctx;
+    if (p->kv_lora_rank > DI_CUDA_ATTN_MAX_R || p->rope_dim > DI_CUDA_ATTN_MAX_DR) {
+        note(be, cudaErrorNotSupported);
+        return;
+    }
+    di_cuda_attn_launch a;
+    a.p = *p;
+    a.partial = be->attn_partial;
+    a.partial_floats = be->attn_partial_floats;
+    a.stream = be->stream;
+    /* Splitting pays when (query, head group) blocks alone cannot fill the device. The
+     * schedule does not change the result's bits. */
+    const int64_t blocks = p->n_tokens * ((p->n_heads + 7) / 8);
+    a.split = be->attn_mode == DI_CUDA_ATTN_SPLIT ||
+              (be->attn_mode == DI_CUDA_ATTN_AUTO && blocks < 2 * (int64_t)be->n_sms);
+    note(be, di_cuda_launch_mla_attention(&a));
+}
+
+static void cuda_silu_mul(void *ctx, const float *gate, const float *up, int64_t n, float *out) {
+    cuda_backend *be = (cuda_backend *)ctx;
+    note(be, di_cuda_launch_silu_mul(gate, up, n, out, be->stream));
+}
+
+static void cuda_axpy(void *ctx, float a, const float *x, int64_t n, float *y) {
+    cuda_backend *be = (cuda_backend *)ctx;
+    note(be, di_cuda_launch_axpy(a, x, n, y, be->stream));
+}
+
+static void cuda_copy2d(void *ctx, float *dst, int64_t dst_stride, const float *src,
+                        int64_t src_stride, int64_t rows, int64_t cols) {
+    cuda_backend *be = (cuda_backend *)ctx;
+    if (rows <= 0 || cols <= 0) return;
+    note(be, cudaMemcpy2DAsync(dst, (size_t)dst_stride * sizeof(float), src,
+                               (size_t)src_stride * sizeof(float), (size_t)cols * sizeof(float),
+                               (size_t)rows, cudaMemcpyDeviceToDevice, be->stream));
+}
+
+static void cuda_free_ctx(void *ctx) {
+    cuda_backend *be = (cuda_backend *)ctx;
+    if (!be) return;
+    cudaSetDevice(be->device);
+    if (be->stream) cudaStreamSynchronize(be->stream);
+    cudaFree(be->attn_partial);
+    if (be->stream) cudaStreamDestroy(be->stream);
+    di_free(be);
+}
+
+/* Filled by name, so slots added to backend.h later (the DeepSeek-V4 ops) start NULL here:
+ * this backend does not run them yet. */
+static di_backend_ops make_ops(void) {
+    di_backend_ops o;
+    memset(&o, 0, sizeof o);
+    o.name = "cuda";
+    o.matmul = cuda_matmul;
+    o.matmul_t = cuda_matmul_t;
+    o.head_matmul = cuda_head_matmul;
+    o.embed = cuda_embed;
+    o.rmsnorm = cuda_rmsnorm;
+    o.rope = cuda_rope;
+    o.mla_attention = cuda_mla_attention;
+    o.silu_mul = cuda_silu_mul;
+    o.axpy = cuda_axpy;
+    o.copy2d = cuda_copy2d;
+    o.free = cuda_free_ctx;
+    return o;
+}
+
+static const di_backend_ops g_cuda_ops = make_ops();
+
+/* ---------------------------------------------------------------------------------------- */
+/* Creation                                                                                   */
+/* ---------------------------------------------------------------------------------------- */
+
+/* Split-KV scratch: enough chunk states for a decode batch of DI_CUDA_ATTN_SPLIT_TOKENS
+ * queries of 128 heads with R = 512 at max_ctx keys, at most 256 MiB. Larger calls take the
+ * sequential schedule, which gives the same bits. */
+#define DI_CUDA_ATTN_SPLIT_TOKENS 8
+#define DI_CUDA_ATTN_SCRATCH_MAX  ((int64_t)256 << 20)
+
+extern "C" di_status di_backend_cuda_init(di_backend *out, int device, int64_t max_ctx) {
+    if (!out || max_ctx <= 0) return di_error(DI_ERR_INVALID_ARG, "cuda backend: bad arguments");
+    int count = 0;
+    cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess || count == 0) {
+        cudaGetLastError(); /* clear the sticky "no device" error */
+        return di_error(DI_ERR_UNSUPPORTED, "cuda backend: no CUDA device (%s)",
+                        err != cudaSuccess ? cudaGetErrorString(err) : "none found");
+    }
+    if (device < 0 || device >= count)
+        return di_error(DI_ERR_INVALID_ARG, "cuda backend: device %d does not exist (%d found)",
+                        device, count);
+    cudaDeviceProp prop;
+    if ((err = cudaGetDeviceProperties(&prop, device)) != cudaSuccess)
+        return di_error(DI_ERR_UNSUPPORTED, "cuda backend: device %d: %s", device,
+                        cudaGetErrorString(err));
+    if (prop.major < 9)
+        return di_error(DI_ERR_UNSUPPORTED,
+                        "cuda backend: %s has compute capability %d.%d; this build needs 9.0",
+                        prop.name, prop.major, prop.minor);
+
+    cuda_backend *be = (cuda_backend *)di_calloc(1, sizeof *be);
+    if (!be) return di_error(DI_ERR_OUT_OF_MEMORY, "cuda backend: out of memory");
+    be->device = device;
+    be->n_sms = prop.multiProcessorCount;
+    snprintf(be->name, sizeof be->name, "%s", prop.name);
+    /* Tuning knobs for benchmarks (DI_SIMD's counterpart): DI_CUDA_FP8_CONVERT=cvt|bits,
+     * DI_CUDA_KSPLIT_MIN=<vectors>. The defaults are what the benchmarks chose. */
+    const char *env = getenv("DI_CUDA_FP8_CONVERT");
+    be->fp8_bits = !(env && strcmp(env, "cvt") == 0);
+    env = getenv("DI_CUDA_KSPLIT_MIN");
+    be->ksplit_min = env && atoll(env) > 0 ? atoll(env) : 256;
+    const int64_t chunks = (max_ctx + DI_CUDA_ATTN_CHUNK - 1) / DI_CUDA_ATTN_CHUNK;
+    int64_t floats = DI_CUDA_ATTN_SPLIT_TOKENS * 128 * chunks * (DI_CUDA_ATTN_MAX_R + 2);
+    if (floats * (int64_t)sizeof(float) > DI_CUDA_ATTN_SCRATCH_MAX)
+        floats = DI_CUDA_ATTN_SCRATCH_MAX / (int64_t)sizeof(float);
+    be->attn_partial_floats = floats;
+
+    if ((err = cudaSetDevice(device)) != cudaSuccess ||
+        (err = cudaStreamCreateWithFlags(&be->stream, cudaStreamNonBlocking)) != cudaSuccess ||
+        (err = cudaMalloc((void **)&be->attn_partial, (size_t)floats * sizeof(float))) !=
+            cudaSuccess ||
+        (err = di_cuda_attn_setup()) != cudaSuccess) {
+        cuda_free_ctx(be);
+        return di_error(DI_ERR_OUT_OF_MEMORY, "cuda backend: device %d: %s", device,
+                        cudaGetErrorString(err));
+    }
+    out->ops = &g_cuda_ops;
+    out->ctx = be;
+    return DI_OK;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Helpers (cuda_backend.h)                                                                   */
+/* ---------------------------------------------------------------------------------------- */
+
+extern "C" di_status di_backend_cuda_sync(const di_backend *dbe) {
+    cuda_backend *be = ctx_of(dbe);
+    cudaError_t err = cudaStreamSynchronize(be->stream);
+    cudaError_t first = be->first_error != cudaSuccess ? be->first_error : err;
+    be->first_error = cudaSuccess;
+    if (first != cudaSuccess)
+        return di_error(DI_ERR_INTERNAL, "cuda backend: %s", cudaGetErrorString(first));
+    return DI_OK;
+}
+
+extern "C" void *di_backend_cuda_stream(const di_backend *dbe) {
+    return (void *)ctx_of(dbe)->stream;
+}
+
+extern "C" void di_backend_cuda_set_attn_mode(const di_backend *dbe, di_cuda_attn_mode mode) {
+    ctx_of(dbe)->attn_mode = mode;
+}
+
+extern "C" const char *di_backend_cuda_device_name(const di_backend *dbe) {
+    return dbe && dbe->ctx ? ctx_of(dbe)->name : "";
+}
+
+extern "C" void *di_cuda_malloc(const di_backend *dbe, size_t bytes) {
+    void *p = NULL;
+    cudaSetDevice(ctx_of(dbe)->device);
+    cudaError_t err = cudaMalloc(&p, bytes ? bytes : 1);
+    if (err != cudaSuccess) {
+        di_error(DI_ERR_OUT_OF_MEMORY, "cuda backend: cannot allocate %zu bytes: %s", bytes,
+                 cudaGetErrorString(err));
+        return NULL;
+    }
+    return p;
+}
+
+extern "C" void di_cuda_free(const di_backend *dbe, void *p) {
+    (void)dbe;
+    if (p) cudaFree(p);
+}
+
+static di_status copy_sync(const di_backend *dbe, void *dst, const void *src, size_t bytes,
+                           cudaMemcpyKind kind) {
+    cuda_backend *be = ctx_of(dbe);
+    if (bytes == 0) return DI_OK;
+    cudaError_t err = cudaMemcpyAsync(dst, src, bytes, kind, be->stream);
+    if (err == cudaSuccess) err = cudaStreamSynchronize(be->stream);
+    if (err != cudaSuccess)
+        return di_error(DI_ERR_INTERNAL, "cuda backend: copy of %zu bytes: %s", bytes,
+                        cudaGetErrorString(err));
+    return DI_OK;
+}
+
+extern "C" di_status di_cuda_upload(const di_backend *be, void *dst, const void *src, size_t n) {
+    return copy_sync(be, dst, src, n, cudaMemcpyHostToDevice);
+}
+
+extern "C" di_status di_cuda_download(const di_backend *be, void *dst, const void *src, size_t n) {
+    return copy_sync(be, dst, src, n, cudaMemcpyDeviceToHost);
+}
+
+extern "C" di_status di_cuda_weight_upload(const di_backend *dbe, const di_weight *w,
+                                           di_weight *out) {
+    const size_t esz = di_dtype_bytes(w->dtype, 1);
+    if (w->dtype != DI_DTYPE_F32 && w->dtype != DI_DTYPE_F16 && w->dtype != DI_DTYPE_BF16 &&
+        w->dtype != DI_DTYPE_F8_E4M3)
+        return di_error(DI_ERR_UNSUPPORTED, "cuda backend: weights of dtype %s",
+                        di_dtype_name(w->dtype));
+    if (w->rows <= 0 || w->cols <= 0)
+        return di_error(DI_ERR_INVALID_ARG, "cuda backend: empty weight [%lld][%lld]",
+                        (long long)w->rows, (long long)w->cols);
+    /* Rows padded to 16 bytes (zero-filled) so that every row starts aligned. */
+    const int64_t stride = (int64_t)(((size_t)w->cols * esz + 15) / 16 * 16 / esz);
+    const size_t bytes = (size_t)(w->rows * stride) * esz;
+    di_weight d = *w;
+    d.row_stride = stride;
+    d.data = NULL;
+    d.scale = NULL;
+    void *data = di_cuda_malloc(dbe, bytes);
+    if (!data) return di_error_prefix(DI_ERR_OUT_OF_MEMORY, "weight upload");
+    cuda_backend *be = ctx_of(dbe);
+    cudaError_t err = cudaMemsetAsync(data, 0, bytes, be->stream);
+    if (err == cudaSuccess)
+        err = cudaMemcpy2DAsync(data, (size_t)stride * esz, w->data, (size_t)w->row_stride * esz,
+                                (size_t)w->cols * esz, (size_t)w->rows, cudaMemcpyHostToDevice,
+                                be->stream);
+    float *scale = NULL;
+    if (err == cudaSuccess && w->dtype == DI_DTYPE_F8_E4M3) {
+        /* The scale block rows this view touches; row_offset rebased to the first. */
+        const int64_t br = w->block_rows, sr0 = w->row_offset / br;
+        const int64_t sr1 = (w->row_offset + w->rows - 1) / br;
+        const size_t sbytes = (size_t)((sr1 - sr0 + 1) * w->scale_cols) * sizeof(float);
+        scale = (float *)di_cuda_malloc(dbe, sbytes);
+        if (!scale)
+            err = cudaErrorMemoryAllocation;
+        else
+            err = cudaMemcpyAsync(scale, w->scale + sr0 * w->scale_cols, sbytes,
+                                  cudaMemcpyHostToDevice, be->stream);
+        d.row_offset = w->row_offset - sr0 * br;
+    }
+    if (err == cudaSuccess) err = cudaStreamSynchronize(be->stream);
+    if (err != cudaSuccess) {
+        cudaFree(data);
+        cudaFree(scale);
+        return di_error(DI_ERR_INTERNAL, "cuda backend: weight upload [%lld][%lld]: %s",
+                        (long long)w->rows, (long long)w->cols, cudaGetErrorString(err));
+    }
+    d.data = data;
+    d.scale = scale;
+    *out = d;
+    return DI_OK;
+}
+
+extern "C" void di_cuda_weight_free(const di_backend *dbe, di_weight *w) {
+    (void)dbe;
+    if (!w) return;
+    cudaFree((void *)w->data);
+    cudaFree((void *)w->scale);
+    w->data = NULL;
+    w->scale = NULL;
+}
+
+extern "C" double di_cuda_measure_copy_bandwidth(const di_backend *dbe, size_t bytes) {
+    cuda_backend *be = ctx_of(dbe);
+    void *a = NULL, *b = NULL;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    double bw = 0.0;
+    if (cudaMalloc(&a, bytes) != cudaSuccess || cudaMalloc(&b, bytes) != cudaSuccess) goto done;
+    cudaMemsetAsync(a, 1, bytes, be->stream);
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    for (int i = 0; i < 3; i++) /* warm-up */
+        cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, be->stream);
+    {
+        const int reps = 20;
+        cudaEventRecord(e0, be->stream);
+        for (int i = 0; i < reps; i++)
+            cudaMemcpyAsync(i % 2 ? a : b, i % 2 ? b : a, bytes, cudaMemcpyDeviceToDevice,
+                            be->stream);
+        cudaEventRecord(e1, be->stream);
+        float ms = 0.0f;
+        if (cudaEventSynchronize(e1) == cudaSuccess &&
+            cudaEventElapsedTime(&ms, e0, e1) == cudaSuccess && ms > 0.0f)
+            bw = 2.0 * (double)bytes * reps / (ms * 1e-3);
+    }
+done:
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    cudaFree(a);
+    cudaFree(b);
+    cudaGetLastError();
+    return bw;
+}

@@ -1,0 +1,71 @@
+/*
+ * cuda_backend.h -- C-callable helpers of the CUDA backend (no CUDA types appear here, so
+ * plain C code such as the model loader, the tests and the benchmarks can include it).
+ *
+ * The backend itself is created with di_backend_cuda_init() (backend.h) and then used
+ * through the op table like any other backend. What the op table cannot express lives here:
+ *   - weights: di_cuda_weight_upload() copies a host di_weight (any view, any dtype) to
+ *     device memory once and returns a di_weight whose data/scale pointers are device
+ *     pointers; the ops accept only such device-side weights;
+ *   - activations: every float* / int32_t* an op receives is a device pointer; these helpers
+ *     allocate, fill and read them;
+ *   - the stream: every op is enqueued on the backend's one stream, in call order;
+ *     di_backend_cuda_sync() waits for it and reports the first error any op hit (ops
+ *     cannot return errors, so a failed launch is remembered until the next sync).
+ *
+ * Without a CUDA build (no nvcc at configure time) every function here exists and fails
+ * with DI_ERR_UNSUPPORTED ("built without CUDA"), see cuda_stub.c.
+ */
+#ifndef DI_CUDA_BACKEND_H
+#define DI_CUDA_BACKEND_H
+
+#include "backend/backend.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Copies w (host memory; a row view is fine) to the backend's device. The copy is compact
+ * except that each row is padded to a multiple of 16 bytes, so the matmul kernels can use
+ * 16-byte loads on every row; FP8 scales are copied for the covered block rows only and
+ * row_offset is rebased accordingly. out->data / out->scale are device pointers owned by
+ * the caller (free with di_cuda_weight_free). Synchronous (load time only). */
+di_status di_cuda_weight_upload(const di_backend *be, const di_weight *w, di_weight *out);
+void di_cuda_weight_free(const di_backend *be, di_weight *w);
+
+/* Device memory for activations and caches (cudaMalloc; NULL on failure, with
+ * di_last_error set). */
+void *di_cuda_malloc(const di_backend *be, size_t bytes);
+void di_cuda_free(const di_backend *be, void *p);
+/* Synchronous copies through the backend's stream (they wait for the ops before them). */
+di_status di_cuda_upload(const di_backend *be, void *dst_dev, const void *src_host, size_t bytes);
+di_status di_cuda_download(const di_backend *be, void *dst_host, const void *src_dev, size_t bytes);
+
+/* Waits for every op enqueued so far; returns the first error an op or the device reported
+ * since the last sync (and clears it). */
+di_status di_backend_cuda_sync(const di_backend *be);
+
+/* The backend's cudaStream_t, as an opaque pointer (for interop: CUDA graphs, NCCL). */
+void *di_backend_cuda_stream(const di_backend *be);
+
+/* How the attention op schedules its KV chunks: DI_CUDA_ATTN_AUTO picks, SPLIT runs one
+ * block per chunk plus a combine pass, SEQUENTIAL walks the chunks inside one block. All
+ * three give bitwise identical results (the tests check it); this is a tuning knob only. */
+typedef enum { DI_CUDA_ATTN_AUTO, DI_CUDA_ATTN_SPLIT, DI_CUDA_ATTN_SEQUENTIAL } di_cuda_attn_mode;
+void di_backend_cuda_set_attn_mode(const di_backend *be, di_cuda_attn_mode mode);
+
+/* Device-to-device copy bandwidth in bytes/s (bytes read + bytes written per second) over a
+ * buffer of `bytes`: the roofline the benchmarks compare with. Returns 0 on failure. */
+double di_cuda_measure_copy_bandwidth(const di_backend *be, size_t bytes);
+
+/* Device name, or "" when unknown. */
+const char *di_backend_cuda_device_name(const di_backend *be);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DI_CUDA_BACKEND_H */

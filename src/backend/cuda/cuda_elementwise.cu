@@ -1,0 +1,161 @@
+/*
+ * cuda_elementwise.cu -- the CUDA backend's cheap ops: embedding gather, RMSNorm, RoPE,
+ * SwiGLU and axpy.
+ *
+ * Design stance: these are memory-bound and small next to the matmuls, so the kernels are
+ * plain (one thread per element, one block per row for RMSNorm). Each element is computed
+ * with the same float operations as the CPU reference, written with explicit round-to-
+ * nearest intrinsics (__fmul_rn, __fadd_rn) so that nvcc cannot contract them into FMAs:
+ * RoPE and axpy then match the CPU bitwise, SwiGLU up to expf's last bit, and RMSNorm up to
+ * the summation order of its double-precision sum of squares.
+ *
+ * Invariant: a row's result depends only on that row (RMSNorm's reduction tree depends on
+ * nothing but the block size, a constant), so every op is batch-invariant.
+ */
+#include "backend/cuda/cuda_internal.cuh"
+
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#define EW_THREADS 256
+
+static unsigned blocks_for(int64_t n) {
+    int64_t b = (n + EW_THREADS - 1) / EW_THREADS;
+    return (unsigned)(b < 1 ? 1 : b);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Embedding gather                                                                           */
+/* ---------------------------------------------------------------------------------------- */
+
+/* Value of table[r][c] as the CPU's di_mm_convert_scalar computes it. */
+static __device__ float weight_elem(const di_weight &w, int64_t r, int64_t c) {
+    const int64_t i = r * w.row_stride + c;
+    switch (w.dtype) {
+    case DI_DTYPE_F32:
+        return static_cast<const float *>(w.data)[i];
+    case DI_DTYPE_F16:
+        return __half2float(__ushort_as_half(static_cast<const uint16_t *>(w.data)[i]));
+    case DI_DTYPE_BF16:
+        return __uint_as_float((uint32_t) static_cast<const uint16_t *>(w.data)[i] << 16);
+    case DI_DTYPE_F8_E4M3: {
+        __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<const uint8_t *>(w.data)[i], __NV_E4M3);
+        const float *srow = w.scale + ((w.row_offset + r) / w.block_rows) * w.scale_cols;
+        return __fmul_rn(__half2float(__half(h)), srow[c / w.block_cols]);
+    }
+    default:
+        return 0.0f;
+    }
+}
+
+/* Block (t, y): a range of token t's columns (tokens on x, which has no 65535 limit). */
+__global__ void embed_kernel(const di_weight w, const int32_t *ids, float *out) {
+    const int64_t t = blockIdx.x;
+    const int64_t c = (int64_t)blockIdx.y * EW_THREADS + threadIdx.x;
+    if (c >= w.cols) return;
+    out[t * w.cols + c] = weight_elem(w, ids[t], c);
+}
+
+cudaError_t di_cuda_launch_embed(const di_weight *table, const int32_t *ids, int64_t n, float *out,
+                                 cudaStream_t stream) {
+    if (n <= 0 || table->cols <= 0) return cudaSuccess;
+    dim3 grid((unsigned)n, blocks_for(table->cols));
+    embed_kernel<<<grid, EW_THREADS, 0, stream>>>(*table, ids, out);
+    return cudaGetLastError();
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* RMSNorm                                                                                    */
+/* ---------------------------------------------------------------------------------------- */
+
+/* One block per row: a double sum of squares (strided per thread, then a fixed tree), then
+ * y = w * (x * r) with r = 1 / sqrt(mean + eps) in float, as the reference. y may be x. */
+__global__ void __launch_bounds__(EW_THREADS)
+    rmsnorm_kernel(const float *x, int64_t x_stride, const float *w, int64_t dim, float eps,
+                   float *y, int64_t y_stride) {
+    __shared__ double warp_sums[EW_THREADS / 32];
+    __shared__ float r_shared;
+    const int64_t t = blockIdx.x;
+    const float *xr = x + t * x_stride;
+    float *yr = y + t * y_stride;
+    double ss = 0.0;
+    for (int64_t i = threadIdx.x; i < dim; i += EW_THREADS)
+        ss = fma((double)xr[i], (double)xr[i], ss);
+    for (int off = 16; off >= 1; off >>= 1)
+        ss += __shfl_xor_sync(0xffffffffu, ss, off);
+    if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double tot = 0.0;
+        for (int k = 0; k < EW_THREADS / 32; k++)
+            tot += warp_sums[k];
+        float var = (float)(tot / (double)dim);
+        r_shared = 1.0f / sqrtf(var + eps); /* IEEE division and sqrt (no fast math) */
+    }
+    __syncthreads();
+    const float r = r_shared;
+    for (int64_t i = threadIdx.x; i < dim; i += EW_THREADS)
+        yr[i] = __fmul_rn(w[i], __fmul_rn(xr[i], r));
+}
+
+cudaError_t di_cuda_launch_rmsnorm(const float *x, int64_t x_stride, const float *w, int64_t n,
+                                   int64_t dim, float eps, float *y, int64_t y_stride,
+                                   cudaStream_t stream) {
+    if (n <= 0 || dim <= 0) return cudaSuccess;
+    rmsnorm_kernel<<<(unsigned)n, EW_THREADS, 0, stream>>>(x, x_stride, w, dim, eps, y, y_stride);
+    return cudaGetLastError();
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* RoPE                                                                                       */
+/* ---------------------------------------------------------------------------------------- */
+
+/* Thread: pair i of head h of token t (blockIdx.x = t). */
+__global__ void rope_kernel(const di_rope_op_params p) {
+    const int64_t half = p.rope_dim / 2, t = blockIdx.x;
+    const int64_t k = (int64_t)blockIdx.y * EW_THREADS + threadIdx.x;
+    if (k >= half * p.n_heads) return;
+    const int64_t h = k / half, i = k % half;
+    float *x = p.x + t * p.tstride + h * p.hstride;
+    const int64_t ia = p.interleaved ? 2 * i : i, ib = p.interleaved ? 2 * i + 1 : i + half;
+    const float a = x[ia], b = x[ib], c = p.cos[t * half + i], s = p.sin[t * half + i];
+    x[ia] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+    x[ib] = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+}
+
+cudaError_t di_cuda_launch_rope(const di_rope_op_params *p, cudaStream_t stream) {
+    const int64_t pairs = p->rope_dim / 2 * p->n_heads;
+    if (p->n_tokens <= 0 || pairs <= 0) return cudaSuccess;
+    dim3 grid((unsigned)p->n_tokens, blocks_for(pairs));
+    rope_kernel<<<grid, EW_THREADS, 0, stream>>>(*p);
+    return cudaGetLastError();
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* SwiGLU and axpy                                                                            */
+/* ---------------------------------------------------------------------------------------- */
+
+__global__ void silu_mul_kernel(const float *gate, const float *up, int64_t n, float *out) {
+    const int64_t i = (int64_t)blockIdx.x * EW_THREADS + threadIdx.x;
+    if (i >= n) return;
+    const float g = gate[i];
+    out[i] = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), up[i]);
+}
+
+cudaError_t di_cuda_launch_silu_mul(const float *gate, const float *up, int64_t n, float *out,
+                                    cudaStream_t stream) {
+    if (n <= 0) return cudaSuccess;
+    silu_mul_kernel<<<blocks_for(n), EW_THREADS, 0, stream>>>(gate, up, n, out);
+    return cudaGetLastError();
+}
+
+__global__ void axpy_kernel(float a, const float *x, int64_t n, float *y) {
+    const int64_t i = (int64_t)blockIdx.x * EW_THREADS + threadIdx.x;
+    if (i < n) y[i] = __fadd_rn(y[i], __fmul_rn(a, x[i]));
+}
+
+cudaError_t di_cuda_launch_axpy(float a, const float *x, int64_t n, float *y, cudaStream_t stream) {
+    if (n <= 0) return cudaSuccess;
+    axpy_kernel<<<blocks_for(n), EW_THREADS, 0, stream>>>(a, x, n, y);
+    return cudaGetLastError();
+}

@@ -1,0 +1,96 @@
+/*
+ * cuda_internal.cuh -- what the CUDA backend's .cu files share: the C headers (with C
+ * linkage), the kernels' parameter structs and the launchers.
+ *
+ * Shape of every op (the FlashMLA habit): the backend's op function (cuda_backend.cu)
+ * validates nothing (backend.h: arguments are trusted), fills a plain params struct with
+ * sizes, pointers, strides and the stream, and hands it to a launcher here. A launcher
+ * picks the kernel variant, launches it and returns the launch status; it never
+ * synchronizes.
+ */
+#ifndef DI_CUDA_INTERNAL_CUH
+#define DI_CUDA_INTERNAL_CUH
+
+extern "C" {
+#include "backend/backend.h"
+#include "core/core.h"
+}
+#include "backend/cuda/cuda_backend.h"
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+/* ---------------------------------------------------------------------------------------- */
+/* Matmul family                                                                              */
+/* ---------------------------------------------------------------------------------------- */
+
+/* One product per head h < n_heads, all heads of the same shape, head h's weight starting
+ * head_elem_stride elements (and head_row_offset_stride stored rows) after head 0's:
+ *   transposed == false:  y(h, t)[r] = sum_c W_h[r][c] x(h, t)[c]
+ *   transposed == true:   y(h, t)[c] = sum_r W_h[r][c] x(h, t)[r]
+ * x(h, t) = x + h * x_hstride + t * x_tstride (floats), likewise y. A plain matmul is one
+ * head with x_tstride = cols, y_tstride = rows. Weight fields as in di_weight. */
+typedef struct di_cuda_mm_params {
+    di_dtype dtype;
+    int64_t rows, cols, row_stride;
+    const void *data;
+    const float *scale;
+    int64_t scale_cols, block_rows, block_cols, row_offset;
+    int64_t n_heads, head_elem_stride, head_row_offset_stride;
+    bool transposed;
+    int64_t n_tokens;
+    const float *x;
+    int64_t x_hstride, x_tstride;
+    float *y;
+    int64_t y_hstride, y_tstride;
+    /* Tuning (cuda_backend.cu reads them from the environment once): FP8 conversion by bit
+     * placement (1) or by the conversion instructions (0), same values either way; rows of
+     * at least ksplit_min 16-byte vectors split K over 4 warps (this one changes the
+     * summation order, so it must stay fixed for a run: batch invariance needs one order). */
+    int fp8_bits;
+    int64_t ksplit_min;
+    cudaStream_t stream;
+} di_cuda_mm_params;
+
+cudaError_t di_cuda_launch_matmul(const di_cuda_mm_params *p);
+
+/* ---------------------------------------------------------------------------------------- */
+/* Element-wise and row-wise ops                                                              */
+/* ---------------------------------------------------------------------------------------- */
+
+cudaError_t di_cuda_launch_embed(const di_weight *table, const int32_t *ids, int64_t n, float *out,
+                                 cudaStream_t stream);
+cudaError_t di_cuda_launch_rmsnorm(const float *x, int64_t x_stride, const float *w, int64_t n,
+                                   int64_t dim, float eps, float *y, int64_t y_stride,
+                                   cudaStream_t stream);
+cudaError_t di_cuda_launch_rope(const di_rope_op_params *p, cudaStream_t stream);
+cudaError_t di_cuda_launch_silu_mul(const float *gate, const float *up, int64_t n, float *out,
+                                    cudaStream_t stream);
+cudaError_t di_cuda_launch_axpy(float a, const float *x, int64_t n, float *y, cudaStream_t stream);
+
+/* ---------------------------------------------------------------------------------------- */
+/* MLA attention                                                                              */
+/* ---------------------------------------------------------------------------------------- */
+
+/* Keys per chunk: the unit of the split along the KV axis. A fixed constant, so a query's
+ * arithmetic depends only on its own key count (batch invariance). */
+#define DI_CUDA_ATTN_CHUNK 256
+/* Largest latent width and rope width the attention kernel handles. */
+#define DI_CUDA_ATTN_MAX_R  512
+#define DI_CUDA_ATTN_MAX_DR 128
+
+typedef struct di_cuda_attn_launch {
+    di_mla_attn_params p; /* device pointers */
+    float *partial;       /* split scratch, [capacity] floats (may be NULL) */
+    int64_t partial_floats;
+    int split; /* 1: one block per chunk + combine; 0: chunks walked in-block */
+    cudaStream_t stream;
+} di_cuda_attn_launch;
+
+/* Floats of split scratch the call needs. */
+int64_t di_cuda_attn_partial_floats(const di_mla_attn_params *p);
+/* Raises the kernels' shared-memory limit; once per device, before the first launch. */
+cudaError_t di_cuda_attn_setup(void);
+cudaError_t di_cuda_launch_mla_attention(const di_cuda_attn_launch *a);
+
+#endif /* DI_CUDA_INTERNAL_CUH */

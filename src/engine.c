@@ -1,0 +1,481 @@
+/*
+ * engine.c -- the engine step: inbox -> scheduler -> batch builder -> batched forward ->
+ * sampler -> postprocess -> outputs, and the public engine API around it.
+ *
+ * Plain loop (overlap off), one step:
+ *     drain inbox; schedule; build; forward; sample; postprocess; deliver
+ * Overlap loop (mini-sglang's): the forward of step N runs on a compute thread that drives
+ * the thread pool, while the calling thread schedules step N+1 and then post-processes N:
+ *     drain inbox; schedule N+1; build N+1           (while N computes)
+ *     wait N; sample N; resolve N+1's pending ids from N's tokens; launch N+1
+ *     postprocess N; deliver                         (while N+1 computes)
+ * The scheduler supports two pending batches (docs/engine-design.md): decodes of N+1 consume
+ * N's tokens through DI_SCHED_PENDING_TOKEN rows, which the builder resolves right before
+ * launch; rows of requests that stopped in the meantime are ignored by their epoch.
+ *
+ * The batch builder copies what the forward reads (ids, block tables), so the scheduler can
+ * move on (and even preempt a request of the batch in flight) while the forward runs.
+ *
+ * Batch invariance: the forward computes each row independently of the batch (see
+ * deepseek_v3.c), and sampling is keyed by (seed, sample index, position), so results do not
+ * depend on the batch, the chunk size, the thread count, preemption or overlap. That costs
+ * nothing on the CPU backend, so batch_invariant is on by default (and cannot be turned off).
+ */
+#include "engine_internal.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#define ENG_DEFAULT_LEN      4096
+#define ENG_DEFAULT_KV_LIMIT ((int64_t)1 << 30)
+
+di_engine_params di_engine_default_params(void) {
+    di_engine_params p = {.n_threads = 0,
+                          .max_batch_tokens = 2048,
+                          .max_prefill_tokens = 512,
+                          .max_running = 64,
+                          .kv_memory_bytes = 0,
+                          .block_size = 16,
+                          .max_model_len = 0,
+                          .enable_prefix_cache = true,
+                          .batch_invariant = true,
+                          .overlap = false,
+                          .disaggregate = false,
+                          .tokenizer_path = NULL};
+    return p;
+}
+
+const char *di_engine_finish_str(di_engine_finish r) {
+    switch (r) {
+    case DI_ENGINE_FINISH_STOP:
+        return "stop";
+    case DI_ENGINE_FINISH_LENGTH:
+        return "length";
+    case DI_ENGINE_FINISH_ABORT:
+        return "abort";
+    case DI_ENGINE_FINISH_ERROR:
+        return "error";
+    default:
+        return "";
+    }
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* The forward, inline or on the compute thread                                               */
+/* ---------------------------------------------------------------------------------------- */
+
+static void run_forward(di_engine *e, const eng_batch *b) {
+    double t0 = di_time_now();
+    di_batch_args a = {.seqs = b->seqs, .n_seqs = b->sb->n_seqs, .logits = e->logits};
+    e->model->arch->forward_batch(e->model->weights, e->state, &e->be, &a);
+    e->work_time = di_time_now() - t0;
+}
+
+static void *compute_main(void *arg) {
+    di_engine *e = arg;
+    pthread_mutex_lock(&e->tlock);
+    for (;;) {
+        while (!e->work_ready && !e->thread_quit)
+            pthread_cond_wait(&e->cv, &e->tlock);
+        if (e->thread_quit) break;
+        const eng_batch *b = e->work;
+        pthread_mutex_unlock(&e->tlock);
+        run_forward(e, b);
+        pthread_mutex_lock(&e->tlock);
+        e->work_ready = false;
+        e->work_done = true;
+        pthread_cond_broadcast(&e->cv);
+    }
+    pthread_mutex_unlock(&e->tlock);
+    return NULL;
+}
+
+static void launch(di_engine *e, const eng_batch *b) {
+    e->stats.n_prompt_tokens += b->sb->n_prefill_tokens;
+    if (!e->thread_started) {
+        run_forward(e, b);
+        e->stats.time_device_s += e->work_time;
+        return;
+    }
+    pthread_mutex_lock(&e->tlock);
+    e->work = b;
+    e->work_done = false;
+    e->work_ready = true;
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->tlock);
+    e->in_flight = true;
+}
+
+static void wait_forward(di_engine *e) {
+    if (!e->in_flight) return;
+    pthread_mutex_lock(&e->tlock);
+    while (!e->work_done)
+        pthread_cond_wait(&e->cv, &e->tlock);
+    pthread_mutex_unlock(&e->tlock);
+    e->in_flight = false;
+    e->stats.time_device_s += e->work_time;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Batch builder                                                                              */
+/* ---------------------------------------------------------------------------------------- */
+
+static int64_t blocks_per_seq(const di_engine *e) {
+    return (e->max_model_len + e->scfg.block_size - 1) / e->scfg.block_size;
+}
+
+static void build(di_engine *e, const di_sched_batch *sb, eng_batch *b) {
+    const int64_t bps = blocks_per_seq(e);
+    b->sb = sb;
+    b->n_tokens = b->n_lrows = 0;
+    for (int32_t i = 0; i < sb->n_seqs; i++) {
+        const di_sched_seq *q = &sb->seqs[i];
+        int32_t *ids = b->ids + b->n_tokens, *tab = b->tables + (int64_t)i * bps;
+        memcpy(ids, q->tokens, (size_t)q->n_tokens * sizeof(int32_t));
+        memcpy(tab, q->block_table, (size_t)q->n_blocks_table * sizeof(int32_t));
+        b->seqs[i] = (di_batch_seq){.ids = ids,
+                                    .n = q->n_tokens,
+                                    .pos0 = q->start,
+                                    .n_replay = q->n_replay,
+                                    .block_table = tab,
+                                    .slot = q->slot,
+                                    .reset_state = q->reset_state,
+                                    .n_logits = q->n_logits};
+        b->lrow[i] = q->n_logits ? (int32_t)b->n_lrows++ : -1;
+        b->n_tokens += q->n_tokens;
+    }
+}
+
+/* Pending ids (tokens of the previous batch still being sampled) become e->sampled[row]. */
+static void resolve_pending(di_engine *e, eng_batch *b) {
+    for (int64_t k = 0; k < b->n_tokens; k++)
+        if (b->ids[k] < 0) {
+            int32_t row = -1 - b->ids[k];
+            b->ids[k] = e->sampled[row];
+        }
+}
+
+static void sample_batch(di_engine *e, const eng_batch *b) {
+    for (int32_t i = 0; i < b->sb->n_seqs; i++)
+        if (b->lrow[i] >= 0)
+            eng_sample_row(e, &b->sb->seqs[i], i, e->logits + (int64_t)b->lrow[i] * e->vocab);
+}
+
+/* Releases scheduler requests that no pending batch can reference any more. */
+static void release_finished(di_engine *e, bool all) {
+    for (int64_t i = 0; i < e->n_rel_old; i++)
+        di_sched_release(e->sched, e->rel_old[i]);
+    e->n_rel_old = 0;
+    if (all) {
+        for (int64_t i = 0; i < e->n_rel_new; i++)
+            di_sched_release(e->sched, e->rel_new[i]);
+    } else {
+        memcpy(e->rel_old, e->rel_new, (size_t)e->n_rel_new * sizeof(int64_t));
+        e->n_rel_old = e->n_rel_new;
+    }
+    e->n_rel_new = 0;
+}
+
+static di_status postprocess(di_engine *e, const eng_batch *b) {
+    di_status st = di_sched_postprocess(e->sched, e->sampled);
+    if (!st) st = eng_after_postprocess(e, b);
+    return st;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* The step                                                                                   */
+/* ---------------------------------------------------------------------------------------- */
+
+static di_status step_plain(di_engine *e, double *t_sched, double *t_post) {
+    double t0 = di_time_now();
+    const di_sched_batch *sb;
+    di_status st = di_sched_schedule(e->sched, &sb);
+    if (st) return st;
+    eng_batch *b = &e->batches[0];
+    build(e, sb, b);
+    *t_sched += di_time_now() - t0;
+    if (sb->n_seqs > 0) launch(e, b);
+    double t1 = di_time_now();
+    if (sb->n_seqs > 0) {
+        sample_batch(e, b);
+        st = postprocess(e, b);
+    } else {
+        st = eng_after_postprocess(e, NULL);
+    }
+    release_finished(e, true);
+    *t_post += di_time_now() - t1;
+    return st;
+}
+
+static di_status step_overlap(di_engine *e, double *t_sched, double *t_post) {
+    double t0 = di_time_now();
+    eng_batch *prev = e->in_flight ? &e->batches[e->cur] : NULL;
+    eng_batch *next = &e->batches[prev ? 1 - e->cur : e->cur];
+    const di_sched_batch *sb;
+    di_status st = di_sched_schedule(e->sched, &sb);
+    if (st) return st;
+    build(e, sb, next);
+    *t_sched += di_time_now() - t0;
+
+    wait_forward(e);
+    double t1 = di_time_now();
+    if (prev) sample_batch(e, prev);
+    if (sb->n_seqs > 0) {
+        resolve_pending(e, next);
+        launch(e, next);
+        e->cur = (int)(next - e->batches);
+    }
+    if (prev) {
+        st = postprocess(e, prev);
+    } else {
+        st = eng_after_postprocess(e, NULL);
+    }
+    release_finished(e, !e->in_flight);
+    *t_post += di_time_now() - t1;
+    return st;
+}
+
+di_status di_engine_step(di_engine *e, di_engine_output *out, int64_t cap, int64_t *n_out) {
+    if (!e || !n_out || (cap > 0 && !out))
+        return di_error(DI_ERR_INVALID_ARG, "di_engine_step: NULL argument");
+    *n_out = 0;
+    if (e->dirty_head < e->n_dirty) { /* records a previous call could not return */
+        *n_out = eng_deliver(e, out, cap);
+        return DI_OK;
+    }
+    double t0 = di_time_now(), t_sched = 0, t_post = 0;
+    eng_release_delivered(e);
+    di_status st = eng_drain_inbox(e);
+    t_sched += di_time_now() - t0;
+    if (!st)
+        st = e->p.overlap ? step_overlap(e, &t_sched, &t_post) : step_plain(e, &t_sched, &t_post);
+    double t1 = di_time_now();
+    *n_out = eng_deliver(e, out, cap);
+    t_post += di_time_now() - t1;
+    e->stats.n_steps++;
+    e->stats.time_schedule_s += t_sched;
+    e->stats.time_postprocess_s += t_post;
+    e->stats.time_total_s += di_time_now() - t0;
+    return st;
+}
+
+int64_t di_engine_output_cap(const di_engine *e) {
+    /* Every live sample can report in one step; the caller may also pass less. */
+    return e ? DI_MAX(e->n_live_samples, (int64_t)e->p.max_running) : 0;
+}
+
+bool di_engine_has_unfinished(di_engine *e) {
+    if (!e) return false;
+    pthread_mutex_lock(&e->lock);
+    bool inbox = e->inbox_head != NULL || e->n_aborts > 0;
+    pthread_mutex_unlock(&e->lock);
+    return inbox || e->in_flight || e->dirty_head < e->n_dirty || e->n_live_samples > 0;
+}
+
+di_status di_engine_get_stats(const di_engine *e, di_engine_stats *out) {
+    if (!e || !out) return di_error(DI_ERR_INVALID_ARG, "di_engine_get_stats: NULL argument");
+    *out = e->stats;
+    di_sched_stats ss;
+    di_sched_get_stats(e->sched, &ss);
+    out->n_running = ss.n_running;
+    out->n_waiting = ss.n_waiting + (int32_t)e->n_inbox;
+    out->kv_blocks_used = ss.kv_blocks_used;
+    out->kv_blocks_total = ss.kv_blocks_total;
+    out->prefix_cache_hit_tokens = ss.prefix_hit_tokens;
+    out->n_preemptions = ss.n_preemptions;
+    return DI_OK;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Create / free                                                                              */
+/* ---------------------------------------------------------------------------------------- */
+
+static di_status alloc_batch(eng_batch *b, int32_t max_running, int64_t max_tokens, int64_t bps) {
+    b->seqs = di_calloc((size_t)max_running, sizeof *b->seqs);
+    b->ids = di_malloc((size_t)max_tokens * sizeof(int32_t));
+    b->tables = di_malloc((size_t)(max_running * bps) * sizeof(int32_t));
+    b->lrow = di_malloc((size_t)max_running * sizeof(int32_t));
+    if (!b->seqs || !b->ids || !b->tables || !b->lrow)
+        return di_error(DI_ERR_OUT_OF_MEMORY, "engine: out of memory for batch buffers");
+    return DI_OK;
+}
+
+static void free_batch(eng_batch *b) {
+    di_free(b->seqs);
+    di_free(b->ids);
+    di_free(b->tables);
+    di_free(b->lrow);
+}
+
+static di_status check_params(const di_engine_params *p) {
+    if (p->max_running < 1 || p->max_batch_tokens < p->max_running)
+        return di_error(DI_ERR_INVALID_ARG,
+                        "engine params: need max_running >= 1 and max_batch_tokens >= "
+                        "max_running, got %d and %lld",
+                        p->max_running, (long long)p->max_batch_tokens);
+    if (p->block_size < 1)
+        return di_error(DI_ERR_INVALID_ARG, "engine params: block_size must be >= 1, got %d",
+                        p->block_size);
+    if (p->kv_memory_bytes < 0)
+        return di_error(DI_ERR_INVALID_ARG, "engine params: kv_memory_bytes must be >= 0");
+    if (p->disaggregate)
+        return di_error(DI_ERR_UNSUPPORTED,
+                        "engine params: disaggregated prefill/decode is not implemented yet");
+    return DI_OK;
+}
+
+di_status di_engine_create(di_model *model, const di_engine_params *params, di_engine **out) {
+    if (!model || !out) return di_error(DI_ERR_INVALID_ARG, "di_engine_create: NULL argument");
+    *out = NULL;
+    di_engine_params p = params ? *params : di_engine_default_params();
+    di_status st = check_params(&p);
+    if (st) return st;
+    const di_arch_vtable *arch = model->arch;
+    if (!arch->forward_batch)
+        return di_error(DI_ERR_UNSUPPORTED, "engine: %s has no batched runner", arch->name);
+
+    di_engine *e = di_calloc(1, sizeof *e);
+    if (!e) return di_error(DI_ERR_OUT_OF_MEMORY, "engine: out of memory");
+    pthread_mutex_init(&e->lock, NULL);
+    pthread_mutex_init(&e->tlock, NULL);
+    pthread_cond_init(&e->cv, NULL);
+    e->model = model;
+    e->vocab = model->hp.vocab_size;
+    e->eos = model->hp.eos_token_id;
+    e->max_model_len = p.max_model_len > 0
+                           ? DI_MIN(p.max_model_len, model->hp.max_position_embeddings)
+                           : DI_MIN(ENG_DEFAULT_LEN, model->hp.max_position_embeddings);
+    p.batch_invariant = true; /* by construction on the CPU backend */
+    if (p.max_prefill_tokens <= 0 || p.max_prefill_tokens > p.max_batch_tokens)
+        p.max_prefill_tokens = p.max_batch_tokens;
+    int64_t mult = arch->block_multiple(model->weights);
+    p.block_size = (int32_t)(((p.block_size + mult - 1) / mult) * mult);
+    if (!arch->prefix_cache_ok(model->weights)) p.enable_prefix_cache = false;
+    e->p = p;
+    if (p.tokenizer_path) {
+        e->tokenizer_path = di_strdup(p.tokenizer_path);
+        e->p.tokenizer_path = e->tokenizer_path;
+        if (!e->tokenizer_path) st = di_error(DI_ERR_OUT_OF_MEMORY, "engine: out of memory");
+    }
+
+    /* KV pool: blocks from the memory budget; it must hold one sequence of max_model_len. */
+    di_model_info info;
+    di_model_get_info(model, &info);
+    int64_t per_block = DI_MAX(info.kv_bytes_per_token, 1) * p.block_size;
+    int64_t min_blocks = (e->max_model_len + p.block_size - 1) / p.block_size;
+    int64_t bytes =
+        p.kv_memory_bytes > 0
+            ? p.kv_memory_bytes
+            : DI_MAX(DI_MIN((int64_t)p.max_running * min_blocks * per_block, ENG_DEFAULT_KV_LIMIT),
+                     min_blocks * per_block);
+    int64_t n_blocks = bytes / per_block;
+    if (!st && n_blocks < min_blocks)
+        st = di_error(DI_ERR_INVALID_ARG,
+                      "engine params: kv_memory_bytes = %lld holds %lld blocks of %d tokens; "
+                      "one sequence of max_model_len = %lld tokens needs %lld (%lld bytes)",
+                      (long long)bytes, (long long)n_blocks, p.block_size,
+                      (long long)e->max_model_len, (long long)min_blocks,
+                      (long long)(min_blocks * per_block));
+    if (!st && n_blocks > INT32_MAX / p.block_size)
+        st = di_error(DI_ERR_RANGE, "engine params: kv_memory_bytes gives too many blocks");
+
+    if (!st) {
+        e->scfg = di_sched_default_config();
+        e->scfg.block_size = p.block_size;
+        e->scfg.n_blocks = (int32_t)n_blocks;
+        e->scfg.max_batch_tokens = p.max_batch_tokens;
+        e->scfg.max_prefill_tokens = p.max_prefill_tokens;
+        e->scfg.max_running = p.max_running;
+        e->scfg.max_model_len = e->max_model_len;
+        e->scfg.eos_token_id = e->eos;
+        e->scfg.enable_prefix_cache = p.enable_prefix_cache;
+        e->scfg.replay_tokens = p.enable_prefix_cache ? arch->replay_tokens(model->weights) : 0;
+        st = di_sched_create(&e->scfg, &e->sched);
+    }
+    di_pool *pool = model->pool;
+    if (!st && p.n_threads > 0 && p.n_threads != di_pool_size(model->pool)) {
+        e->own_pool = di_pool_create(p.n_threads);
+        if (!e->own_pool) st = DI_ERR_INTERNAL;
+        pool = e->own_pool;
+    }
+    if (!st) st = di_backend_cpu_init(&e->be, pool, e->max_model_len);
+    if (!st) {
+        di_batch_config bc = {.n_blocks = n_blocks,
+                              .block_size = p.block_size,
+                              .n_slots = p.max_running,
+                              .max_model_len = e->max_model_len,
+                              .max_batch_tokens = p.max_batch_tokens};
+        st = arch->batch_state_create(model->weights, &bc, &e->state);
+    }
+    const int64_t bps = (e->max_model_len + p.block_size - 1) / p.block_size;
+    for (int k = 0; k < 2 && !st; k++)
+        st = alloc_batch(&e->batches[k], p.max_running, p.max_batch_tokens, bps);
+    if (!st) {
+        e->logits = di_malloc((size_t)(p.max_running * e->vocab) * sizeof(float));
+        e->sampled = di_calloc((size_t)p.max_running, sizeof(int32_t));
+        e->results = di_calloc((size_t)p.max_running, sizeof *e->results);
+        e->row_ok = di_calloc((size_t)p.max_running, sizeof(bool));
+        e->sscratch = di_malloc(di_sampler_scratch_size(e->vocab));
+        if (!e->logits || !e->sampled || !e->results || !e->row_ok || !e->sscratch)
+            st = di_error(DI_ERR_OUT_OF_MEMORY, "engine: out of memory for logits");
+    }
+    if (!st) st = eng_map_init(&e->map);
+    if (!st && e->tokenizer_path) { /* an explicit tokenizer must load: fail early */
+        st = di_tokenizer_load(e->tokenizer_path, &e->tok);
+        e->tok_tried = true;
+    }
+    if (!st && p.overlap) {
+        if (pthread_create(&e->thread, NULL, compute_main, e) != 0)
+            st = di_error(DI_ERR_INTERNAL, "engine: cannot start the compute thread");
+        else
+            e->thread_started = true;
+    }
+    if (st) {
+        di_engine_free(e);
+        return st;
+    }
+    *out = e;
+    return DI_OK;
+}
+
+void di_engine_free(di_engine *e) {
+    if (!e) return;
+    if (e->thread_started) {
+        wait_forward(e);
+        pthread_mutex_lock(&e->tlock);
+        e->thread_quit = true;
+        pthread_cond_broadcast(&e->cv);
+        pthread_mutex_unlock(&e->tlock);
+        pthread_join(e->thread, NULL);
+    }
+    /* Every request still owned: those whose outputs were all returned wait in to_release;
+     * the others (live or in the inbox) are in the map. */
+    eng_release_delivered(e);
+    for (int64_t i = 0; i < e->map.cap; i++)
+        if (e->map.state && e->map.state[i] == 1) eng_req_free(e->map.vals[i]);
+    eng_map_free(&e->map);
+    if (e->state) e->model->arch->batch_state_free(e->state);
+    di_backend_free(&e->be);
+    di_pool_free(e->own_pool);
+    di_sched_free(e->sched);
+    for (int k = 0; k < 2; k++)
+        free_batch(&e->batches[k]);
+    di_free(e->logits);
+    di_free(e->sampled);
+    di_free(e->results);
+    di_free(e->row_ok);
+    di_free(e->sscratch);
+    di_free(e->by_sid);
+    di_free(e->dirty);
+    di_free(e->to_release);
+    di_free(e->rel_old);
+    di_free(e->rel_new);
+    di_free(e->fin_ids);
+    di_free(e->aborts);
+    if (e->tok) di_tokenizer_free(e->tok);
+    di_free(e->tokenizer_path);
+    pthread_cond_destroy(&e->cv);
+    pthread_mutex_destroy(&e->tlock);
+    pthread_mutex_destroy(&e->lock);
+    di_free(e);
+}

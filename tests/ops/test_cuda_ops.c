@@ -1,0 +1,564 @@
+/*
+ * test_cuda_ops.c -- every op of the CUDA backend against the CPU scalar references on random
+ * shapes, test-backend-ops style: normalised error max|gpu - ref| / max|ref| under a per-op
+ * tolerance, outputs poisoned with NaN before each run so that an unwritten element fails.
+ *
+ * Beyond accuracy it checks the CUDA backend's own promises bitwise: a token's matmul row is
+ * the same alone or in any batch (token groups, odd n), the 16-byte and element-wise weight
+ * load paths agree, per-head products take the one-launch and per-head paths alike, and the
+ * attention gives the same bits split along the KV axis, walked sequentially, or with the
+ * query alone. Shapes include odd sizes, row views and FP8 partial blocks (block sizes
+ * 128x128, 8x32, 3x20, 1x7 over sizes that are not multiples of them).
+ *
+ * On a machine without a CUDA device (or a build without CUDA) it prints why and counts as
+ * skipped (exit status 0).
+ */
+#include "backend/backend.h"
+#include "backend/cpu/cpu_nn.h"
+#include "backend/cpu/cpu_ops.h"
+#include "backend/cuda/cuda_backend.h"
+#include "core/core.h"
+#include "test.h"
+
+static di_backend g_be;
+static bool g_have_gpu;
+
+static uint64_t g_rng = 0x853c49e6748fea9bull;
+
+static uint32_t rnd_u32(void) {
+    g_rng ^= g_rng << 13;
+    g_rng ^= g_rng >> 7;
+    g_rng ^= g_rng << 17;
+    return (uint32_t)(g_rng >> 16);
+}
+static int64_t rnd_int(int64_t lo, int64_t hi) {
+    return lo + (int64_t)(rnd_u32() % (uint64_t)(hi - lo + 1));
+}
+static float rnd_f(void) {
+    return (float)rnd_u32() / 4294967296.0f * 2.0f - 1.0f;
+}
+
+static float *rnd_vec(int64_t n, float amp) {
+    float *v = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    for (int64_t i = 0; i < n; i++)
+        v[i] = amp * rnd_f();
+    return v;
+}
+
+static double nerr(const float *a, const float *ref, int64_t n) {
+    double mx = 0, err = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (isnan(a[i]) != isnan(ref[i])) return INFINITY;
+        mx = fmax(mx, fabs((double)ref[i]));
+        err = fmax(err, fabs((double)a[i] - (double)ref[i]));
+    }
+    return mx > 0 ? err / mx : err;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Device buffers                                                                             */
+/* ---------------------------------------------------------------------------------------- */
+
+static void *dev_from(const void *host, size_t bytes) {
+    void *d = di_cuda_malloc(&g_be, bytes ? bytes : 4);
+    if (d && bytes) di_cuda_upload(&g_be, d, host, bytes);
+    return d;
+}
+
+static float *dev_floats(const float *host, int64_t n) {
+    return dev_from(host, (size_t)n * sizeof(float));
+}
+
+/* A device buffer of n floats, all NaN (so that unwritten outputs show). */
+static float *dev_poison(int64_t n) {
+    float *h = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    for (int64_t i = 0; i < n; i++)
+        h[i] = NAN;
+    float *d = dev_floats(h, n);
+    free(h);
+    return d;
+}
+
+/* Waits for the queued ops and downloads n floats. */
+static float *host_floats(const float *dev, int64_t n) {
+    float *h = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    di_status st = di_backend_cuda_sync(&g_be);
+    CHECK_MSG(st == DI_OK, "%s", di_last_error());
+    di_cuda_download(&g_be, h, dev, (size_t)n * sizeof(float));
+    return h;
+}
+
+static void dfree(void *d) {
+    di_cuda_free(&g_be, d);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Random weights                                                                             */
+/* ---------------------------------------------------------------------------------------- */
+
+/* A stored host tensor [srows][scols] and a view [rows][cols] of it at row r0. */
+typedef struct {
+    void *data;
+    float *scale;
+    di_weight all, w;
+} test_weight;
+
+static const int64_t g_br[] = {128, 8, 3, 1}, g_bc[] = {128, 32, 20, 7};
+
+static test_weight make_weight(di_dtype dt, int64_t rows, int64_t cols, int64_t extra_rows,
+                               int64_t extra_cols, int blk) {
+    test_weight t;
+    memset(&t, 0, sizeof t);
+    const int64_t srows = rows + extra_rows, scols = cols + extra_cols;
+    const size_t count = (size_t)(srows * scols);
+    t.data = malloc(di_dtype_bytes(dt, (int64_t)count) + 64);
+    for (size_t i = 0; i < count; i++) {
+        float v = rnd_f();
+        switch (dt) {
+        case DI_DTYPE_F32:
+            ((float *)t.data)[i] = v;
+            break;
+        case DI_DTYPE_F16:
+            ((uint16_t *)t.data)[i] = di_f32_to_f16(v);
+            break;
+        case DI_DTYPE_BF16:
+            ((uint16_t *)t.data)[i] = di_f32_to_bf16(v);
+            break;
+        default: {
+            uint8_t b = (uint8_t)rnd_u32();
+            if ((b & 0x7f) == 0x7f) b ^= 1; /* no NaN bytes */
+            ((uint8_t *)t.data)[i] = b;
+        }
+        }
+    }
+    di_weight w = {.dtype = dt, .rows = srows, .cols = cols, .row_stride = scols, .data = t.data};
+    if (dt == DI_DTYPE_F8_E4M3) {
+        w.block_rows = g_br[blk % 4];
+        w.block_cols = g_bc[blk % 4];
+        w.scale_cols = (scols + w.block_cols - 1) / w.block_cols;
+        const int64_t n_sr = (srows + w.block_rows - 1) / w.block_rows;
+        t.scale = malloc(sizeof(float) * (size_t)(n_sr * w.scale_cols));
+        for (int64_t i = 0; i < n_sr * w.scale_cols; i++)
+            t.scale[i] = ldexpf(1.0f + 0.5f * rnd_f(), (int)rnd_int(-10, -4));
+        w.scale = t.scale;
+    }
+    t.all = w;
+    t.w = di_weight_rows(&w, extra_rows, rows);
+    return t;
+}
+
+static void free_weight(test_weight *t) {
+    free(t->data);
+    free(t->scale);
+}
+
+static di_weight upload(const di_weight *w) {
+    di_weight d;
+    memset(&d, 0, sizeof d);
+    di_status st = di_cuda_weight_upload(&g_be, w, &d);
+    CHECK_MSG(st == DI_OK, "upload: %s", di_last_error());
+    return d;
+}
+
+static const di_dtype g_dtypes[] = {DI_DTYPE_F32, DI_DTYPE_F16, DI_DTYPE_BF16, DI_DTYPE_F8_E4M3};
+
+/* ---------------------------------------------------------------------------------------- */
+/* Matmul family                                                                              */
+/* ---------------------------------------------------------------------------------------- */
+
+/* GPU y = W x (or W^T x) for n tokens; returns host floats. */
+static float *gpu_mm(const di_weight *dw, bool tr, const float *x, int64_t n) {
+    const int64_t in = tr ? dw->rows : dw->cols, out = tr ? dw->cols : dw->rows;
+    float *dx = dev_floats(x, n * in), *dy = dev_poison(n * out);
+    (tr ? g_be.ops->matmul_t : g_be.ops->matmul)(g_be.ctx, dw, dx, n, dy);
+    float *y = host_floats(dy, n * out);
+    dfree(dx), dfree(dy);
+    return y;
+}
+
+/* One random product, checked against the reference and for batch invariance. */
+static void check_mm(di_dtype dt, bool tr, int64_t rows, int64_t cols, int64_t n, int blk,
+                     double tol) {
+    test_weight t = make_weight(dt, rows, cols, rnd_int(0, 9), rnd_int(0, 5), blk);
+    const int64_t in = tr ? rows : cols, out = tr ? cols : rows;
+    float *x = rnd_vec(n * in, 1.0f), *ref = malloc((size_t)(n * out) * sizeof(float));
+    (tr ? di_cpu_matmul_t_ref : di_cpu_matmul_ref)(&t.w, x, n, ref);
+    di_weight dw = upload(&t.w);
+    float *y = gpu_mm(&dw, tr, x, n);
+    double e = nerr(y, ref, n * out);
+    CHECK_MSG(e <= tol, "%s%s rows=%lld cols=%lld n=%lld blk=%d: error %.3g", di_dtype_name(dt),
+              tr ? " (T)" : "", (long long)rows, (long long)cols, (long long)n, blk, e);
+    /* batch invariance: the first, a middle and the last token alone */
+    int64_t probes[3] = {0, n / 2, n - 1};
+    for (int k = 0; k < 3 && n > 1; k++) {
+        float *y1 = gpu_mm(&dw, tr, x + probes[k] * in, 1);
+        CHECK_MSG(memcmp(y1, y + probes[k] * out, (size_t)out * sizeof(float)) == 0,
+                  "%s%s rows=%lld cols=%lld n=%lld: token %lld alone differs", di_dtype_name(dt),
+                  tr ? " (T)" : "", (long long)rows, (long long)cols, (long long)n,
+                  (long long)probes[k]);
+        free(y1);
+    }
+    di_cuda_weight_free(&g_be, &dw);
+    free(x), free(ref), free(y);
+    free_weight(&t);
+}
+
+TEST(matmul) {
+    if (!g_have_gpu) SKIP("no CUDA device");
+    static const int64_t ns[] = {1, 2, 3, 4, 5, 8, 9, 17, 40};
+    for (size_t d = 0; d < DI_ARRAY_LEN(g_dtypes); d++)
+        for (int it = 0; it < 12; it++)
+            check_mm(g_dtypes[d], false, rnd_int(1, 300), rnd_int(1, 1100),
+                     ns[rnd_u32() % DI_ARRAY_LEN(ns)], it, 1e-5);
+    /* model-sized rows (V3's hidden size), 128x128 fp8 blocks */
+    check_mm(DI_DTYPE_BF16, false, 512, 7168, 8, 0, 1e-5);
+    check_mm(DI_DTYPE_F8_E4M3, false, 600, 7168, 3, 0, 1e-5);
+    check_mm(DI_DTYPE_F8_E4M3, false, 257, 2000, 1, 2, 1e-5);
+    /* rows long enough for the K split over 4 warps, with a partial last vector */
+    check_mm(DI_DTYPE_BF16, false, 37, 2049, 5, 0, 1e-5);
+    check_mm(DI_DTYPE_F8_E4M3, false, 45, 4100, 17, 0, 1e-5);
+    check_mm(DI_DTYPE_F8_E4M3, false, 64, 4096, 2, 1, 1e-5);
+}
+
+/* FP8 bytes 0x7f / 0xff are NaN and must propagate; scales too large for the fast
+ * conversion take the exact path. */
+TEST(matmul_fp8_special) {
+    if (!g_have_gpu) SKIP("no CUDA device");
+    for (int it = 0; it < 4; it++) {
+        const int64_t rows = 9, cols = it < 2 ? 300 : 5000, n = it % 2 ? 3 : 1;
+        test_weight t = make_weight(DI_DTYPE_F8_E4M3, rows, cols, 0, 0, it % 2 ? 0 : 1);
+        ((uint8_t *)t.data)[3 * cols + cols / 2] = it % 2 ? 0xff : 0x7f; /* row 3 */
+        t.scale[0] = 300.0f; /* first scale block: the slow path */
+        float *x = rnd_vec(n * cols, 1.0f), *ref = malloc((size_t)(n * rows) * sizeof(float));
+        di_cpu_matmul_ref(&t.w, x, n, ref);
+        di_weight dw = upload(&t.w);
+        float *y = gpu_mm(&dw, false, x, n);
+        for (int64_t tk = 0; tk < n; tk++)
+            CHECK(isnan(y[tk * rows + 3]) && isnan(ref[tk * rows + 3]));
+        CHECK_MSG(nerr(y, ref, n * rows) <= 1e-5, "error %.3g", nerr(y, ref, n * rows));
+        di_cuda_weight_free(&g_be, &dw);
+        free(x), free(ref), free(y);
+        free_weight(&t);
+    }
+}
+
+TEST(matmul_t) {
+    if (!g_have_gpu) SKIP("no CUDA device");
+    static const int64_t ns[] = {1, 2, 4, 5, 7};
+    for (size_t d = 0; d < DI_ARRAY_LEN(g_dtypes); d++)
+        for (int it = 0; it < 10; it++)
+            check_mm(g_dtypes[d], true, rnd_int(1, 200), rnd_int(1, 700),
+                     ns[rnd_u32() % DI_ARRAY_LEN(ns)], it, 1e-5);
+    check_mm(DI_DTYPE_F8_E4M3, true, 128, 512, 4, 0, 1e-5); /* W_UK^T's shape */
+}
+
+/* Weights whose rows are not 16-byte aligned take the element-wise load path; it must give
+ * the bits of the 16-byte path. The unaligned weight is a one-column shift of an upload. */
+TEST(matmul_unaligned) {
+    if (!g_have_gpu) SKIP("no CUDA device");
+    static const di_dtype dts[] = {DI_DTYPE_F32, DI_DTYPE_F16, DI_DTYPE_BF16};
+    for (size_t d = 0; d < DI_ARRAY_LEN(dts); d++) {
+        for (int it = 0; it < 4; it++) {
+            const int64_t rows = rnd_int(1, 100), cols = rnd_int(2, 600), n = rnd_int(1, 6);
+            test_weight t = make_weight(dts[d], rows, cols + 1, 0, 0, 0);
+            const size_t esz = di_dtype_bytes(dts[d], 1);
+            di_weight hv = t.w; /* columns [1, cols] of every row */
+            hv.data = (const char *)hv.data + esz;
+            hv.cols = cols;
+            di_weight dall = upload(&t.w), dv = dall;
+            dv.data = (const char *)dv.data + esz;
+            dv.cols = cols;
+            di_weight daligned = upload(&hv);
+            for (int tr = 0; tr < 2; tr++) {
+                const int64_t in = tr ? rows : cols, out = tr ? cols : rows;
+                float *x = rnd_vec(n * in, 1.0f), *ref = malloc((size_t)(n * out) * 4);
+                (tr ? di_cpu_matmul_t_ref : di_cpu_matmul_ref)(&hv, x, n, ref);
+                float *y1 = gpu_mm(&dv, tr, x, n), *y2 = gpu_mm(&daligned, tr, x, n);
+                CHECK_MSG(nerr(y1, ref, n * out) <= 1e-5, "%s: error %.3g", di_dtype_name(dts[d]),
+                          nerr(y1, ref, n * out));
+                CHECK(memcmp(y1, y2, (size_t)(n * out) * sizeof(float)) == 0);
+                free(x), free(ref), free(y1), free(y2);
+            }
+            di_cuda_weight_free(&g_be, &dall);
+            di_cuda_weight_free(&g_be, &daligned);
+            free_weight(&t);
+        }
+    }
+}
+
+/* Per-head products as the model uses them: views of one tensor (one launch) and heads
+ * uploaded one by one (one launch per head), both directions, model-like strides. */
+TEST(head_matmul) {
+    if (!g_have_gpu) SKIP("no CUDA device");
+    for (int iter = 0; iter < 16; iter++) {
+        const bool tr = iter % 2 == 0, per_head = iter % 4 >= 2;
+        const di_dtype dt = iter % 8 < 4 ? DI_DTYPE_BF16 : DI_DTYPE_F8_E4M3;
+        int64_t nh = rnd_int(1, 6), n = rnd_int(1, 7), rows = rnd_int(1, 70),
+                cols = rnd_int(1, 300);
+        if (iter >= 12) rows = 128, cols = 512, nh = 16; /* V2-Lite's W_UK / W_UV */
+        const int64_t in = tr ? rows : cols, out = tr ? cols : rows;
+        test_weight t = make_weight(dt, nh * rows, cols, 0, 0, iter % 4);
+        di_weight *hw = malloc((size_t)nh * sizeof(di_weight));
+        di_weight *dw = malloc((size_t)nh * sizeof(di_weight));
+        di_weight dall = upload(&t.w);
+        for (int64_t h = 0; h < nh; h++) {
+            hw[h] = di_weight_rows(&t.w, h * rows, rows);
+            dw[h] = per_head ? upload(&hw[h]) : di_weight_rows(&dall, h * rows, rows);
+        }
+        /* x token-major [n][nh][in + 2] and y head-major, or the other way round */
+        const bool xs = iter % 3 == 0;
+        const int64_t xh = xs ? in + 2 : n * in, xt = xs ? nh * (in + 2) : in;
+        const int64_t yh = xs ? n * out : out, yt = xs ? out : nh * out;
+        const int64_t nx = nh * n * (in + 2), ny = nh * n * out;
+        float *x = rnd_vec(nx, 1.0f), *ref = malloc((size_t)ny * sizeof(float));
+        di_head_matmul_params p = {.w = hw,
+                                   .transposed = tr,
+                                   .n_heads = nh,
+                                   .n_tokens = n,
+                                   .x = x,
+                                   .x_hstride = xh,
+                                   .x_tstride = xt,
+                                   .y = ref,
+                                   .y_hstride = yh,
+                                   .y_tstride = yt};
+        di_cpu_head_matmul_ref(&p);
+        float *dx = dev_floats(x, nx), *dy = dev_poison(ny);
+        p.w = dw;
+        p.x = dx;
+        p.y = dy;
+        g_be.ops->head_matmul(g_be.ctx, &p);
+        float *y = host_floats(dy, ny);
+        double e = nerr(y, ref, ny);
+        CHECK_MSG(e <= 1e-5, "%s%s nh=%lld n=%lld rows=%lld cols=%lld per_head=%d: error %.3g",
+                  di_dtype_name(dt), tr ? " (T)" : "", (long long)nh, (long long)n, (long long)rows,
+                  (long long)cols, per_head, e);
+        if (per_head)
+            for (int64_t h = 0; h < nh; h++)
+                di_cuda_weight_free(&g_be, &dw[h]);
+        di_cuda_weight_free(&g_be, &dall);
+        dfree(dx), dfree(dy);
+        free(hw), free(dw), free(x), free(ref), free(y);
+        free_weight(&t);
+    }
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Other ops                                                                                  */
+/* ---------------------------------------------------------------------------------------- */
+
+TEST(embed) {
+    if (!g_have_gpu) SKIP("no CUDA device");
+    for (size_t d = 0; d < DI_ARRAY_LEN(g_dtypes); d++) {
+        const int64_t V = rnd_int(1, 300), D = rnd_int(1, 900), n = rnd_int(1, 20);
+        test_weight t = make_weight(g_dtypes[d], V, D, rnd_int(0, 4), rnd_int(0, 3), (int)d);
+        int32_t *ids = malloc((size_t)n * sizeof(int32_t));
+        for (int64_t i = 0; i < n; i++)
+            ids[i] = (int32_t)rnd_int(0, V - 1);
+        float *ref = malloc((size_t)(n * D) * sizeof(float));
+        for (int64_t i = 0; i < n; i++)
+            di_cpu_weight_row_f32(&t.w, ids[i], ref + i * D);
+        di_weight dw = upload(&t.w);
+        int32_t *dids = dev_from(ids, (size_t)n * sizeof(int32_t));
+        float *dout = dev_poison(n * D);
+        g_be.ops->embed(g_be.ctx, &dw, dids, n, dout);
+        float *out = host_floats(dout, n * D);
+        CHECK_MSG(memcmp(out, ref, (size_t)(n * D) * sizeof(float)) == 0, "%s: error %.3g",
+                  di_dtype_name(g_dtypes[d]), nerr(out, ref, n * D));
+        di_cuda_weight_free(&g_be, &dw);
+        dfree(dids), dfree(dout);
+        free(ids), free(ref), free(out);
+        free_weight(&t);
+    }
+}
+
+TEST(rmsnorm) {
+    if (!g_have_gpu) SKIP("no CUDA device");
+    for (int iter = 0; iter < 20; iter++) {
+        const int64_t n = rnd_int(1, 40), dim = iter < 16 ? rnd_int(1, 700) : 7168;
+        const int64_t xs = dim + rnd_int(0, 9);
+        const bool in_place = iter % 3 == 0;
+        const int64_t ys = in_place ? xs : dim;
+        float *x = rnd_vec(n * xs, 3.0f), *w = rnd_vec(dim, 1.0f);
+        float *ref = malloc((size_t)(n * ys) * sizeof(float));
+        memcpy(ref, x, (size_t)(in_place ? n * xs : 0) * sizeof(float));
+        di_cpu_rmsnorm_ref(x, xs, w, n, dim, 1e-6f, ref, ys);
+        float *dx = dev_floats(x, n * xs), *dw = dev_floats(w, dim);
+        float *dy = in_place ? dx : dev_poison(n * ys);
+        g_be.ops->rmsnorm(g_be.ctx, dx, xs, dw, n, dim, 1e-6f, dy, ys);
+        float *y = host_floats(dy, n * ys);
+        double e = 0;
+        for (int64_t t = 0; t < n; t++)
+            e = fmax(e, nerr(y + t * ys, ref + t * ys, dim));
+        CHECK_MSG(e <= 1e-6, "n=%lld dim=%lld in_place=%d: error %.3g", (long long)n,
+                  (long long)dim, in_place, e);
+        dfree(dx), dfree(dw);
+        if (!in_place) dfree(dy);
+        free(x), free(w), free(ref), free(y);
+    }
+}
+
+TEST(rope) {
+    if (!g_have_gpu) SKIP("no CUDA device");
+    for (int iter = 0; iter < 20; iter++) {
+        const int64_t n = rnd_int(1, 20), nh = rnd_int(1, 6), dr = 2 * rnd_int(1, 40);
+        const int64_t hs = dr + rnd_int(0, 8), ts = nh * hs + rnd_int(0, 5), half = dr / 2;
+        float *x = rnd_vec(n * ts, 1.0f), *cs = rnd_vec(n * half, 1.0f),
+              *sn = rnd_vec(n * half, 1.0f);
+        float *ref = malloc((size_t)(n * ts) * sizeof(float));
+        memcpy(ref, x, (size_t)(n * ts) * sizeof(float));
+        di_rope_op_params p = {.x = ref,
+                               .n_tokens = n,
+                               .n_heads = nh,
+                               .rope_dim = dr,
+                               .tstride = ts,
+                               .hstride = hs,
+                               .cos = cs,
+                               .sin = sn,
+                               .interleaved = iter % 2 == 0};
+        di_cpu_rope_ref(&p);
+        float *dx = dev_floats(x, n * ts), *dc = dev_floats(cs, n * half),
+              *ds = dev_floats(sn, n * half);
+        p.x = dx, p.cos = dc, p.sin = ds;
+        g_be.ops->rope(g_be.ctx, &p);
+        float *y = host_floats(dx, n * ts);
+        CHECK_MSG(memcmp(y, ref, (size_t)(n * ts) * sizeof(float)) == 0, "error %.3g",
+                  nerr(y, ref, n * ts));
+        dfree(dx), dfree(dc), dfree(ds);
+        free(x), free(cs), free(sn), free(ref), free(y);
+    }
+}
+
+TEST(silu_axpy_copy) {
+    if (!g_have_gpu) SKIP("no CUDA device");
+    for (int iter = 0; iter < 6; iter++) {
+        const int64_t n = iter < 3 ? rnd_int(1, 1000) : rnd_int(40000, 300000);
+        float *g = rnd_vec(n, 8.0f), *u = rnd_vec(n, 2.0f), *ref = malloc((size_t)n * 4);
+        di_cpu_silu_mul_ref(g, u, n, ref);
+        float *dg = dev_floats(g, n), *du = dev_floats(u, n);
+        g_be.ops->silu_mul(g_be.ctx, dg, du, n, dg); /* in place, as the model calls it */
+        float *y = host_floats(dg, n);
+        CHECK_MSG(nerr(y, ref, n) <= 1e-6, "silu_mul n=%lld: error %.3g", (long long)n,
+                  nerr(y, ref, n));
+        /* axpy: bitwise (one rounded multiply, one rounded add) */
+        float *ax = malloc((size_t)n * 4);
+        memcpy(ax, u, (size_t)n * 4);
+        di_cpu_axpy(NULL, 0.37f, g, n, ax);
+        float *dx = dev_floats(g, n), *dyy = dev_floats(u, n);
+        g_be.ops->axpy(g_be.ctx, 0.37f, dx, n, dyy);
+        float *ay = host_floats(dyy, n);
+        CHECK(memcmp(ay, ax, (size_t)n * 4) == 0);
+        free(g), free(u), free(ref), free(y), free(ax), free(ay);
+        dfree(dg), dfree(du), dfree(dx), dfree(dyy);
+    }
+    /* copy2d between strided buffers */
+    const int64_t rows = 37, cols = 29, ss = 41, ds = 33;
+    float *src = rnd_vec(rows * ss, 1.0f), *dst0 = rnd_vec(rows * ds, 1.0f);
+    float *dsrc = dev_floats(src, rows * ss), *ddst = dev_floats(dst0, rows * ds);
+    g_be.ops->copy2d(g_be.ctx, ddst, ds, dsrc + 3, ss, rows, cols);
+    float *dst = host_floats(ddst, rows * ds);
+    int bad = 0;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < ds; c++)
+            bad += dst[r * ds + c] != (c < cols ? src[r * ss + 3 + c] : dst0[r * ds + c]);
+    CHECK_EQ_INT(bad, 0);
+    dfree(dsrc), dfree(ddst);
+    free(src), free(dst0), free(dst);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* MLA attention                                                                              */
+/* ---------------------------------------------------------------------------------------- */
+
+/* Runs the GPU attention on host-side problem p (pointers replaced by device copies). */
+static float *gpu_attn(const di_mla_attn_params *hp, di_cuda_attn_mode mode) {
+    const int64_t R = hp->kv_lora_rank, dr = hp->rope_dim, n = hp->n_tokens, nh = hp->n_heads;
+    const int64_t L = hp->pos0 + n;
+    const int64_t nqr = (n - 1) * hp->q_rope_tstride + (nh - 1) * hp->q_rope_hstride + dr;
+    di_mla_attn_params p = *hp;
+    float *dql = dev_floats(hp->q_lat, nh * n * R), *dqr = dev_floats(hp->q_rope, nqr);
+    float *dckv = dev_floats(hp->c_kv, L * R), *dkr = dev_floats(hp->k_rope, L * dr);
+    float *dout = dev_poison(nh * n * R);
+    p.q_lat = dql, p.q_rope = dqr, p.c_kv = dckv, p.k_rope = dkr, p.out = dout;
+    di_backend_cuda_set_attn_mode(&g_be, mode);
+    g_be.ops->mla_attention(g_be.ctx, &p);
+    di_backend_cuda_set_attn_mode(&g_be, DI_CUDA_ATTN_AUTO);
+    float *out = host_floats(dout, nh * n * R);
+    dfree(dql), dfree(dqr), dfree(dckv), dfree(dkr), dfree(dout);
+    return out;
+}
+
+static void check_attn(int64_t n, int64_t nh, int64_t R, int64_t dr, int64_t pos0) {
+    const int64_t L = pos0 + n, hs = dr + 3, ts = nh * hs;
+    float *ql = rnd_vec(nh * n * R, 1.0f), *qr = rnd_vec(n * ts, 1.0f);
+    float *ckv = rnd_vec(L * R, 1.5f), *kr = rnd_vec(L * dr, 1.5f);
+    float *ref = malloc((size_t)(nh * n * R) * sizeof(float));
+    di_mla_attn_params p = {.n_tokens = n,
+                            .n_heads = nh,
+                            .pos0 = pos0,
+                            .kv_lora_rank = R,
+                            .rope_dim = dr,
+                            .scale = 0.3f / sqrtf((float)R / 64.0f),
+                            .q_lat = ql,
+                            .q_rope = qr,
+                            .q_rope_tstride = ts,
+                            .q_rope_hstride = hs,
+                            .c_kv = ckv,
+                            .k_rope = kr,
+                            .out = ref};
+    di_cpu_mla_attention_ref(&p);
+    float *ys = gpu_attn(&p, DI_CUDA_ATTN_SPLIT), *yq = gpu_attn(&p, DI_CUDA_ATTN_SEQUENTIAL);
+    const double e = nerr(ys, ref, nh * n * R);
+    CHECK_MSG(e <= 2e-5, "n=%lld nh=%lld R=%lld dr=%lld pos0=%lld: error %.3g", (long long)n,
+              (long long)nh, (long long)R, (long long)dr, (long long)pos0, e);
+    CHECK_MSG(memcmp(ys, yq, (size_t)(nh * n * R) * sizeof(float)) == 0,
+              "n=%lld nh=%lld R=%lld pos0=%lld: split and sequential differ", (long long)n,
+              (long long)nh, (long long)R, (long long)pos0);
+    /* batch invariance: the last query alone */
+    float *ql1 = malloc((size_t)(nh * R) * sizeof(float));
+    for (int64_t h = 0; h < nh; h++)
+        memcpy(ql1 + h * R, ql + (h * n + n - 1) * R, (size_t)R * sizeof(float));
+    di_mla_attn_params p1 = p;
+    p1.n_tokens = 1;
+    p1.pos0 = pos0 + n - 1;
+    p1.q_lat = ql1;
+    p1.q_rope = qr + (n - 1) * ts;
+    float *y1 = gpu_attn(&p1, DI_CUDA_ATTN_AUTO);
+    for (int64_t h = 0; h < nh; h++)
+        CHECK_MSG(memcmp(y1 + h * R, ys + (h * n + n - 1) * R, (size_t)R * sizeof(float)) == 0,
+                  "n=%lld pos0=%lld head %lld: last query alone differs", (long long)n,
+                  (long long)pos0, (long long)h);
+    free(ql), free(qr), free(ckv), free(kr), free(ref), free(ys), free(yq), free(ql1), free(y1);
+}
+
+TEST(mla_attention) {
+    if (!g_have_gpu) SKIP("no CUDA device");
+    for (int iter = 0; iter < 20; iter++)
+        check_attn(rnd_int(1, 9), rnd_int(1, 11), rnd_int(1, 80), 2 * rnd_int(1, 20),
+                   iter % 3 == 0 ? 0 : rnd_int(0, 300));
+    /* DeepSeek shapes: R = 512, rope 64; decode and short prefill over several chunks */
+    check_attn(1, 16, 512, 64, 1500);
+    check_attn(4, 16, 512, 64, 700);
+    check_attn(1, 128, 512, 64, 257);
+    check_attn(33, 8, 512, 64, 230);
+}
+
+int main(void) {
+    di_status st = di_backend_cuda_init(&g_be, 0, 8192);
+    g_have_gpu = st == DI_OK;
+    if (!g_have_gpu)
+        printf("skip: %s\n", di_last_error());
+    else
+        printf("device: %s\n", di_backend_cuda_device_name(&g_be));
+    RUN(matmul);
+    RUN(matmul_fp8_special);
+    RUN(matmul_t);
+    RUN(matmul_unaligned);
+    RUN(head_matmul);
+    RUN(embed);
+    RUN(rmsnorm);
+    RUN(rope);
+    RUN(silu_axpy_copy);
+    RUN(mla_attention);
+    if (g_have_gpu) di_backend_free(&g_be);
+    return test_summary();
+}

@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# gpu_check.sh OUTDIR -- builds deepinfer with the CUDA backend on a GPU machine, runs every
+# test and the CUDA GEMV benchmark, and writes the logs to OUTDIR:
+#   env.txt       GPU, driver, toolkit, cmake
+#   deps.txt      how the build dependencies were found (system, carried .debs, apt)
+#   build.log     configure + build (warnings are errors)
+#   cuda_ops.log  tests/ops/test_cuda_ops (every CUDA op vs the CPU reference)
+#   ctest.log     all tests through ctest
+#   bench.log     bench_cuda_matmul (GEMV GB/s vs the device copy bandwidth, MLA decode)
+#   sanitizer.log compute-sanitizer memcheck over test_cuda_ops (only with SANITIZE=1)
+#   ncu.txt       Nsight Compute profile of the FP8 decode GEMV (only with VARIANTS=1)
+#   summary.txt   one line per step, also printed last
+#
+# Build dependencies (cmake, pkg-config, jansson, pcre2): taken from the system when present;
+# else from .deb files in DI_DEB_DIR (default: <repo>/.debs, e.g. fetched elsewhere with
+# `apt-get download libjansson-dev libjansson4 libpcre2-dev libpcre2-8-0 pkgconf pkgconf-bin
+# libpkgconf3`), unpacked under /tmp/di-deps (never over /); else through apt-get when the
+# machine can reach a mirror. Environment: BUILD_DIR (default <repo>/build-gpu), JOBS,
+# DI_FORCE_DEBS=1 (use the .debs even when the system has the packages).
+set -uo pipefail
+
+out=${1:?usage: gpu_check.sh OUTDIR}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+repo=$(cd "$(dirname "$0")/.." && pwd)
+build=${BUILD_DIR:-$repo/build-gpu}
+jobs=${JOBS:-$(nproc)}
+deb_dir=${DI_DEB_DIR:-$repo/.debs}
+summary=$out/summary.txt
+: >"$summary"
+say() { echo "$*" | tee -a "$summary"; }
+
+# --- environment ------------------------------------------------------------------------------
+{
+    date -u
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv 2>&1
+    command -v nvcc && nvcc --version | tail -2
+    command -v cmake && cmake --version | head -1
+    grep PRETTY_NAME /etc/os-release
+    nproc
+} >"$out/env.txt" 2>&1
+export PATH=$PATH:/usr/local/cuda/bin
+
+# --- build dependencies -----------------------------------------------------------------------
+have_deps() { command -v pkg-config >/dev/null && pkg-config --exists jansson libpcre2-8; }
+{
+    if have_deps && [ -z "${DI_FORCE_DEBS:-}" ]; then
+        echo "deps: system"
+    elif ls "$deb_dir"/*.deb >/dev/null 2>&1; then
+        echo "deps: unpacking $(ls "$deb_dir"/*.deb | wc -l) .deb files from $deb_dir"
+        prefix=/tmp/di-deps
+        mkdir -p $prefix
+        for f in "$deb_dir"/*.deb; do dpkg-deb -x "$f" $prefix; done
+        # The .pc files say prefix=/usr; point them at the unpacked tree.
+        find $prefix -name '*.pc' -exec sed -i "s|^prefix=/usr\$|prefix=$prefix/usr|" {} +
+        export PATH=$prefix/usr/bin:$PATH
+        export PKG_CONFIG_PATH=$prefix/usr/lib/x86_64-linux-gnu/pkgconfig:$prefix/usr/share/pkgconfig
+        export LD_LIBRARY_PATH=$prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    else
+        echo "deps: trying apt-get"
+        bash "$repo/tools/install_deps.sh"
+    fi
+    command -v cmake || echo "cmake: MISSING"
+    pkg-config --modversion jansson libpcre2-8
+} >"$out/deps.txt" 2>&1
+# Exports made inside { } stay in this shell (no subshell), so the build sees them.
+if have_deps; then say "deps: ok ($(head -1 "$out/deps.txt"))"; else say "deps: MISSING (see deps.txt)"; fi
+
+# --- build ------------------------------------------------------------------------------------
+# First the CUDA test and benchmark (they must build), then everything else, carrying on past
+# failures so that others' work in progress cannot stop the CUDA checks.
+t0=$(date +%s)
+{
+    cmake -S "$repo" -B "$build" -DDI_WERROR=ON -DCMAKE_BUILD_TYPE=Release &&
+        cmake --build "$build" -j"$jobs" --target test_cuda_ops bench_cuda_matmul
+} >"$out/build.log" 2>&1
+rc=$?
+say "build (CUDA test + bench): rc=$rc in $(($(date +%s) - t0)) s ($(grep -c 'Building CUDA object' "$out/build.log") CUDA objects)"
+if [ $rc -ne 0 ]; then
+    grep -E "error" "$out/build.log" | head -20 | tee -a "$summary"
+    exit 1
+fi
+t0=$(date +%s)
+cmake --build "$build" -j"$jobs" -- -k >>"$out/build.log" 2>&1
+rc=$?
+say "build (all): rc=$rc in $(($(date +%s) - t0)) s"
+[ $rc -ne 0 ] && grep -E "error" "$out/build.log" | head -10 | tee -a "$summary"
+
+# --- CUDA op tests and benchmark --------------------------------------------------------------
+t0=$(date +%s)
+(cd "$repo" && "$build/test_cuda_ops") >"$out/cuda_ops.log" 2>&1
+rc=$?
+say "test_cuda_ops: rc=$rc in $(($(date +%s) - t0)) s: $(tail -1 "$out/cuda_ops.log")"
+grep -E "^FAIL|failed:|CHECK" "$out/cuda_ops.log" | head -20
+
+t0=$(date +%s)
+"$build/bench_cuda_matmul" >"$out/bench.log" 2>&1
+rc=$?
+say "bench: rc=$rc in $(($(date +%s) - t0)) s"
+
+# --- all tests --------------------------------------------------------------------------------
+t0=$(date +%s)
+(cd "$build" && ctest --output-on-failure -j4 --timeout 300) >"$out/ctest.log" 2>&1
+rc=$?
+say "ctest: rc=$rc in $(($(date +%s) - t0)) s: $(grep -E 'tests passed|tests failed' "$out/ctest.log")"
+grep -E "\*\*\*Failed|Not Run|\(Failed\)|Timeout" "$out/ctest.log" | head -20 | tee -a "$summary"
+
+# --- memory checker (optional: SANITIZE=1) ------------------------------------------------------
+if [ -n "${SANITIZE:-}" ] && command -v compute-sanitizer >/dev/null; then
+    t0=$(date +%s)
+    (cd "$repo" && timeout 150 compute-sanitizer --tool memcheck --print-limit 20 \
+        "$build/test_cuda_ops") >"$out/sanitizer.log" 2>&1
+    rc=$?
+    say "compute-sanitizer memcheck: rc=$rc in $(($(date +%s) - t0)) s: $(grep -E 'ERROR SUMMARY' "$out/sanitizer.log")"
+fi
+
+# --- tuning variants and a profile (optional: VARIANTS=1) ---------------------------------------
+# The CUDA tests again under each non-default knob, the FP8 GEMV timed under each, and one
+# Nsight Compute profile of the FP8 decode GEMV (appended to cuda_ops.log / bench.log; ncu.txt).
+if [ -n "${VARIANTS:-}" ]; then
+    for v in DI_CUDA_FP8_CONVERT=cvt DI_CUDA_KSPLIT_MIN=1000000; do
+        echo "==== $v" >>"$out/cuda_ops.log"
+        (cd "$repo" && env $v "$build/test_cuda_ops") >>"$out/cuda_ops.log" 2>&1
+        say "test_cuda_ops with $v: rc=$? $(tail -1 "$out/cuda_ops.log")"
+    done
+    for v in "DI_CUDA_FP8_CONVERT=bits DI_CUDA_KSPLIT_MIN=256" \
+        "DI_CUDA_FP8_CONVERT=cvt DI_CUDA_KSPLIT_MIN=256" \
+        "DI_CUDA_FP8_CONVERT=bits DI_CUDA_KSPLIT_MIN=1000000" \
+        "DI_CUDA_FP8_CONVERT=cvt DI_CUDA_KSPLIT_MIN=1000000"; do
+        echo "==== $v" >>"$out/bench.log"
+        env $v "$build/bench_cuda_matmul" 0 F8_E4M3 4 2>&1 | grep -v '^device' >>"$out/bench.log"
+    done
+    if command -v ncu >/dev/null; then
+        timeout 180 ncu --clock-control none -k regex:gemv_kernel -c 1 --section SpeedOfLight \
+            --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+            --section Occupancy --section WarpStateStats \
+            "$build/bench_cuda_matmul" 0 F8_E4M3 1 >"$out/ncu.txt" 2>&1
+        say "ncu: rc=$?"
+    fi
+fi
+
+cat "$out/bench.log"
+echo "---- summary"
+cat "$summary"
