@@ -5,6 +5,7 @@
  *   bench_engine --model DIR [--mode engine|context] [--concurrency C] [--requests N]
  *                [--prompt-len P] [--gen-len G] [--shared-prefix S] [--threads T]
  *                [--max-running M] [--max-batch-tokens B] [--no-prefix-cache] [--seed X]
+ *                [--no-batch-invariant]
  *
  * engine:  a closed loop over di_engine: C requests in flight, a new one submitted as soon as
  *          one finishes, N in all. Each prompt is S ids shared by every request (a "system
@@ -29,7 +30,7 @@ typedef struct bench_opts {
     const char *model, *mode;
     int64_t concurrency, requests, prompt_len, gen_len, shared_prefix, threads, max_running,
         max_batch_tokens, seed;
-    bool no_prefix_cache;
+    bool no_prefix_cache, no_batch_invariant;
 } bench_opts;
 
 typedef struct samples {
@@ -106,6 +107,7 @@ static int run_engine(const bench_opts *o, di_model *model, const di_model_info 
     if (o->max_batch_tokens) ep.max_batch_tokens = o->max_batch_tokens;
     if (ep.max_prefill_tokens > ep.max_batch_tokens) ep.max_prefill_tokens = ep.max_batch_tokens;
     ep.enable_prefix_cache = !o->no_prefix_cache;
+    ep.batch_invariant = !o->no_batch_invariant;
     di_engine *e;
     if (di_engine_create(model, &ep, &e) != DI_OK) {
         fprintf(stderr, "bench_engine: %s\n", di_last_error());
@@ -285,7 +287,7 @@ static int usage(void) {
     fprintf(stderr, "usage: bench_engine --model DIR [--mode engine|context] [--concurrency C] "
                     "[--requests N] [--prompt-len P] [--gen-len G] [--shared-prefix S] "
                     "[--threads T] [--max-running M] [--max-batch-tokens B] "
-                    "[--no-prefix-cache] [--seed X]\n");
+                    "[--no-prefix-cache] [--seed X] [--no-batch-invariant]\n");
     return 2;
 }
 
@@ -312,6 +314,8 @@ int main(int argc, char **argv) {
         bool done = false;
         if (!strcmp(argv[i], "--no-prefix-cache")) {
             o.no_prefix_cache = done = true;
+        } else if (!strcmp(argv[i], "--no-batch-invariant")) {
+            o.no_batch_invariant = done = true;
         } else if (i + 1 < argc && !strcmp(argv[i], "--model")) {
             o.model = argv[++i];
             done = true;
@@ -339,10 +343,11 @@ int main(int argc, char **argv) {
         return 1;
     }
     json_t *out =
-        json_pack("{s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:b}", "model", o.model, "mode", o.mode,
+        json_pack("{s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:b, s:b}", "model", o.model, "mode", o.mode,
                   "concurrency", (json_int_t)o.concurrency, "requests", (json_int_t)o.requests,
                   "prompt_len", (json_int_t)o.prompt_len, "gen_len", (json_int_t)o.gen_len,
-                  "shared_prefix", (json_int_t)o.shared_prefix, "prefix_cache", !o.no_prefix_cache);
+                  "shared_prefix", (json_int_t)o.shared_prefix, "prefix_cache", !o.no_prefix_cache,
+                  "batch_invariant", !o.no_batch_invariant);
     int rc = !strcmp(o.mode, "engine") ? run_engine(&o, model, &info, out)
                                        : run_context(&o, model, &info, out);
     if (rc == 0) {

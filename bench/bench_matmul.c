@@ -1,11 +1,12 @@
 /*
  * bench_matmul.c -- throughput of the CPU matmul kernels (not a test; never run by ctest).
  *
- *   bench_matmul [threads]          (DI_SIMD=scalar|avx2|avx512 forces a lower SIMD level)
+ *   bench_matmul [threads [--invariance-only]]   (DI_SIMD=scalar|avx2|avx512 forces a level)
  *
  * Prints: the measured memory read bandwidth; for decode shapes (n = 1) the weight bytes read
  * per second and their share of that bandwidth, per dtype, over >= 256 MB of distinct
- * matrices cycled so that caches cannot help; for prefill shapes (n = 64, 256, 512) GFLOP/s.
+ * matrices cycled so that caches cannot help; for prefill shapes (n = 64, 256, 512) GFLOP/s;
+ * then the batch-invariant matmul against di_cpu_matmul_fast on the models' shapes.
  */
 #include "backend/cpu/cpu_ops.h"
 #include "core/core.h"
@@ -123,11 +124,72 @@ static void bench_prefill(di_pool *pool, di_dtype dt, int64_t rows, int64_t cols
     di_aligned_free(data), di_aligned_free(scale), di_aligned_free(x), di_aligned_free(y);
 }
 
+/* Batch-invariant (di_cpu_matmul) vs. free (di_cpu_matmul_fast) on one shape at n tokens:
+ * best of 5 over a set of distinct matrices of >= min_bytes (1 matrix: cache-resident). */
+static void bench_modes(di_pool *pool, const char *tag, int64_t rows, int64_t cols, int64_t n,
+                        size_t min_bytes) {
+    const size_t one = di_dtype_bytes(DI_DTYPE_BF16, rows * cols);
+    const int count = (int)DI_MAX((size_t)1, (min_bytes + one - 1) / one);
+    di_weight *ws = calloc((size_t)count, sizeof *ws);
+    void **data = calloc((size_t)count, sizeof *data);
+    float *sc;
+    for (int i = 0; i < count; i++)
+        ws[i] = make(DI_DTYPE_BF16, rows, cols, &data[i], &sc);
+    float *x = vec(n * cols), *y = vec(n * rows);
+    double best[2] = {1e30, 1e30};
+    const int inner = (int)DI_MAX(1, (int64_t)(4e6 / ((double)rows * cols * n) / count));
+    for (int rep = 0; rep < 6; rep++)
+        for (int mi = 0; mi < 2; mi++) { /* interleaved, alternating which goes first */
+            const int mode = (mi + rep) % 2;
+            double t = di_time_now();
+            for (int it = 0; it < inner; it++)
+                for (int i = 0; i < count; i++)
+                    (mode ? di_cpu_matmul_fast
+                          : di_cpu_matmul)(rows * cols * n < 65536 ? NULL : pool, &ws[i], x, n, y);
+            t = (di_time_now() - t) / (inner * count);
+            if (rep > 0 && t < best[mode]) best[mode] = t;
+        }
+    printf("  %-22s bf16 %6lldx%-5lld n=%-3lld  invariant %8.2f us  fast %8.2f us  x%.2f\n", tag,
+           (long long)rows, (long long)cols, (long long)n, best[0] * 1e6, best[1] * 1e6,
+           best[0] / best[1]);
+    for (int i = 0; i < count; i++)
+        di_aligned_free(data[i]);
+    free(ws), free(data);
+    di_aligned_free(x), di_aligned_free(y);
+}
+
+/* The shapes of the models we run: V2-Lite (hidden 2048, experts 1408) from memory, and the
+ * bundled V4 tiny model (hidden 256, experts 48; 15 MB, so cache-resident). */
+static void bench_invariance(di_pool *pool) {
+    printf("batch-invariant vs fast matmul (DI_MM fast mode):\n");
+    static const struct {
+        const char *tag;
+        int64_t rows, cols;
+        size_t bytes;
+    } shapes[] = {{"v2lite q_proj", 3072, 2048, 64u << 20},
+                  {"v2lite expert gate/up", 1408, 2048, 64u << 20},
+                  {"v2lite expert down", 2048, 1408, 64u << 20},
+                  {"v4tiny wq_a", 96, 256, 0},
+                  {"v4tiny expert gate/up", 48, 256, 0},
+                  {"v4tiny expert down", 256, 48, 0},
+                  {"v4tiny lm_head", 6144, 256, 0}};
+    static const int64_t ns[] = {1, 2, 4, 6, 8};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (size_t k = 0; k < 5; k++)
+            bench_modes(pool, shapes[s].tag, shapes[s].rows, shapes[s].cols, ns[k],
+                        shapes[s].bytes);
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0); /* progress shows through pipes too */
     int threads = argc > 1 ? atoi(argv[1]) : 0;
     di_pool *pool = di_pool_create(threads);
     if (!pool) return 1;
+    if (argc > 2 && strcmp(argv[2], "--invariance-only") == 0) {
+        bench_invariance(pool);
+        di_pool_free(pool);
+        return 0;
+    }
     printf("bench_matmul: simd %s, %d threads\n", di_cpu_simd_name(), di_pool_size(pool));
     double bw = di_cpu_measure_read_bandwidth(pool, (size_t)256 << 20);
     printf("  read bandwidth (256 MiB): %.2f GB/s\n", bw / 1e9);
@@ -147,6 +209,7 @@ int main(int argc, char **argv) {
     for (size_t d = 0; d < 2; d++)
         for (size_t k = 0; k < 3; k++)
             bench_prefill(pool, dtypes[d], 2048, 2048, ns[k]);
+    bench_invariance(pool);
     di_pool_free(pool);
     return 0;
 }

@@ -38,14 +38,15 @@
 #include <time.h>
 
 static const char *const k_usage =
-    "usage: deepinfer batch --model DIR --input IN.jsonl --output OUT.jsonl [options]\n"
+    "usage: deepinfer batch [--model DIR] --input IN.jsonl --output OUT.jsonl [options]\n"
     "\n"
     "Runs an OpenAI Batch API file of /v1/completions and /v1/chat/completions requests and\n"
     "writes one result line per request to OUT.jsonl as requests finish. Rerunning with the\n"
     "same output file skips the requests already there (a killed run resumes).\n"
     "\n"
     "options:\n"
-    "  --model DIR             checkpoint folder (config.json + *.safetensors)    [required]\n"
+    "  --model DIR             checkpoint folder (config.json + *.safetensors);\n"
+    "                          default: the bundled model (models/deepseek-v4-tiny)\n"
     "  --input FILE            requests, one JSON object per line                  [required]\n"
     "  --output FILE           results (appended; created if absent)               [required]\n"
     "  --tokenizer PATH        tokenizer.json or a folder with it (and tokenizer_config.json\n"
@@ -58,6 +59,9 @@ static const char *const k_usage =
     "  --kv-memory SIZE        KV cache pool, e.g. 512M, 4G (default: the engine's)\n"
     "  --no-prefix-cache       do not reuse the KV of shared prompt prefixes\n"
     "  --disaggregate          separate prefill and decode workers\n"
+    "  --batch-invariant, --no-batch-invariant\n"
+    "                          results independent of the batch (default), or the faster\n"
+    "                          batch-size-dependent kernels (may differ in the last bits)\n"
     "  --progress-interval S   seconds between progress lines when stderr is not a terminal\n"
     "                          (default 10; 0 = after every finished request)\n"
     "  --sync-interval S       seconds between fdatasync of the output (default 1)\n"
@@ -73,6 +77,7 @@ typedef struct batch_options {
     int64_t kv_bytes;
     double progress_interval, sync_interval;
     bool no_prefix_cache, disaggregate, quiet;
+    bool batch_invariant, no_batch_invariant;
 } batch_options;
 
 /* One non-blank input line. */
@@ -176,10 +181,15 @@ static int parse_options(const char *cmd, int argc, char **argv, batch_options *
         {"progress-interval", CLI_OPT_DOUBLE, &o->progress_interval, 0, 0},
         {"sync-interval", CLI_OPT_DOUBLE, &o->sync_interval, 0, 0},
         {"quiet", CLI_OPT_FLAG, &o->quiet, 0, 0},
+        {"batch-invariant", CLI_OPT_FLAG, &o->batch_invariant, 0, 0},
+        {"no-batch-invariant", CLI_OPT_FLAG, &o->no_batch_invariant, 0, 0},
     };
     int rc = cli_parse(cmd, k_usage, opts, (int)CLI_LEN(opts), argc, argv);
     if (rc != CLI_CONTINUE) return rc;
-    if (!o->model_dir) return cli_missing(cmd, "model");
+    if (o->batch_invariant && o->no_batch_invariant)
+        return cli_error(CLI_EXIT_USAGE, cmd,
+                         "--batch-invariant and --no-batch-invariant exclude each other");
+    if (!(o->model_dir = cli_model_dir(cmd, o->model_dir))) return CLI_EXIT_USAGE;
     if (!o->input) return cli_missing(cmd, "input");
     if (!o->output) return cli_missing(cmd, "output");
     if (o->kv_memory && !parse_size(o->kv_memory, &o->kv_bytes))
@@ -512,6 +522,7 @@ static di_engine_params engine_params(const batch_options *o) {
     if (o->kv_bytes) ep.kv_memory_bytes = o->kv_bytes;
     ep.enable_prefix_cache = !o->no_prefix_cache;
     ep.disaggregate = o->disaggregate;
+    ep.batch_invariant = !o->no_batch_invariant;
     ep.tokenizer_path = o->tokenizer;
     return ep;
 }

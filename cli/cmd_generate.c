@@ -33,14 +33,15 @@
 #include <sys/stat.h>
 
 static const char *const k_usage =
-    "usage: deepinfer generate --model DIR (--ids \"3 17 42\" | --ids-file F | --prompt TEXT)\n"
+    "usage: deepinfer generate [--model DIR] (--ids \"3 17 42\" | --ids-file F | --prompt TEXT)\n"
     "                          [--chat] [--tokenizer PATH] [--max-tokens N] [sampling]\n"
     "                          [--ignore-eos] [--format text|json] [--threads N]\n"
     "\n"
     "Generates a continuation of a prompt (greedy by default).\n"
     "\n"
     "options:\n"
-    "  --model DIR       checkpoint folder (config.json + *.safetensors)   [required]\n"
+    "  --model DIR       checkpoint folder (config.json + *.safetensors);\n"
+    "                    default: the bundled model (models/deepseek-v4-tiny)\n"
     "  --ids \"A B ..\"    prompt token ids separated by spaces            [or --ids-file]\n"
     "  --ids-file F      file of whitespace-separated prompt token ids\n"
     "  --prompt TEXT     prompt text, tokenized with the model's tokenizer (BOS added as its\n"
@@ -57,6 +58,10 @@ static const char *const k_usage =
     "                    vLLM's penalties (defaults 1, 0, 0)\n"
     "  --seed S          random seed (default: drawn, and reported in JSON)\n"
     "  --logprobs N      report the chosen token's logprob and the top N (JSON)\n"
+    "  --prompt-logprobs N\n"
+    "                    report each prompt token's logprob and the top N (JSON, vLLM's\n"
+    "                    \"prompt_logprobs\": [null, {\"<id>\": {\"logprob\", \"rank\"?}}, ...];\n"
+    "                    rank, 1-based, on the top N entries)\n"
     "  --stop STR        stop at this text (repeatable; removed from the text)\n"
     "  --n N             completions of the prompt (default 1; JSON adds \"choices\")\n"
     "  --ignore-eos      do not stop at the end-of-sequence token\n"
@@ -64,6 +69,9 @@ static const char *const k_usage =
     "                    with --prompt), a speed summary on stderr; json: one object\n"
     "                    {ids, [text,] finish_reason, usage, timing}\n"
     "  --threads N       compute threads; 0 = all cores (default)\n"
+    "  --batch-invariant, --no-batch-invariant\n"
+    "                    results independent of the batch (default), or the faster\n"
+    "                    batch-size-dependent kernels (results may differ in the last bits)\n"
     "  -h, --help        show this help\n"
     "\n"
     "exit status: 0 ok, 1 failure (model, memory), 2 bad command line\n";
@@ -73,11 +81,12 @@ static const char *const k_usage =
 
 typedef struct gen_options {
     const char *model_dir, *ids_text, *ids_file, *format, *prompt, *tokenizer;
-    int64_t max_tokens, threads, top_k, seed, logprobs, n;
+    int64_t max_tokens, threads, top_k, seed, logprobs, prompt_logprobs, n;
     double temperature, top_p, min_p, rep_pen, pres_pen, freq_pen;
     const char *stop[GEN_MAX_STOP];
     int64_t n_stop;
     bool ignore_eos, json, chat;
+    bool batch_invariant, no_batch_invariant;
 } gen_options;
 
 /* One completion. */
@@ -99,6 +108,11 @@ typedef struct gen_result {
     bool has_text;
     double prefill_s, decode_s;
     int64_t n_decoded; /* tokens after the first of sample 0 */
+    /* --prompt-logprobs: positions 1 .. n_prompt - 1 (copied from sample 0's first output) */
+    di_engine_logprobs *plp; /* [n_plp], owned (top arrays below) */
+    int32_t *plp_ids;        /* [n_plp][prompt_logprobs] */
+    float *plp_vals;
+    int64_t n_plp;
 } gen_result;
 
 /* ---------------------------------------------------------------------------------------- */
@@ -134,6 +148,7 @@ static int parse_options(const char *cmd, int argc, char **argv, gen_options *o)
                        .top_k = -1,
                        .seed = -1,
                        .logprobs = -1,
+                       .prompt_logprobs = -1,
                        .n = 1,
                        .top_p = 1.0,
                        .rep_pen = 1.0};
@@ -156,14 +171,20 @@ static int parse_options(const char *cmd, int argc, char **argv, gen_options *o)
         {"frequency-penalty", CLI_OPT_DOUBLE, &o->freq_pen, 0, 0},
         {"seed", CLI_OPT_INT, &o->seed, -1, INT64_MAX},
         {"logprobs", CLI_OPT_INT, &o->logprobs, 0, DI_SAMPLING_MAX_LOGPROBS},
+        {"prompt-logprobs", CLI_OPT_INT, &o->prompt_logprobs, 0, DI_SAMPLING_MAX_LOGPROBS},
         {"n", CLI_OPT_INT, &o->n, 1, 1024},
         {"ignore-eos", CLI_OPT_FLAG, &o->ignore_eos, 0, 0},
         {"format", CLI_OPT_STRING, &o->format, 0, 0},
         {"threads", CLI_OPT_INT, &o->threads, 0, 4096},
+        {"batch-invariant", CLI_OPT_FLAG, &o->batch_invariant, 0, 0},
+        {"no-batch-invariant", CLI_OPT_FLAG, &o->no_batch_invariant, 0, 0},
     };
     int rc = cli_parse(cmd, k_usage, opts, (int)CLI_LEN(opts), argc, argv);
     if (rc != CLI_CONTINUE) return rc;
-    if (!o->model_dir) return cli_missing(cmd, "model");
+    if (o->batch_invariant && o->no_batch_invariant)
+        return cli_error(CLI_EXIT_USAGE, cmd,
+                         "--batch-invariant and --no-batch-invariant exclude each other");
+    if (!(o->model_dir = cli_model_dir(cmd, o->model_dir))) return CLI_EXIT_USAGE;
     if (o->prompt && (o->ids_text || o->ids_file))
         return cli_error(CLI_EXIT_USAGE, cmd, "--prompt cannot be combined with --ids/--ids-file");
     if (o->chat && !o->prompt) return cli_error(CLI_EXIT_USAGE, cmd, "--chat needs --prompt");
@@ -186,6 +207,7 @@ static di_sampling_params sampling_of(const gen_options *o) {
     sp.frequency_penalty = (float)o->freq_pen;
     sp.seed = o->seed;
     sp.logprobs = (int32_t)o->logprobs;
+    sp.prompt_logprobs = (int32_t)o->prompt_logprobs;
     sp.n = (int32_t)o->n;
     sp.max_tokens = o->max_tokens;
     sp.ignore_eos = o->ignore_eos;
@@ -239,6 +261,26 @@ static void take_output(const di_engine_output *out, const gen_options *o, gen_s
     if (out->finished) g->finish_reason = di_engine_finish_str(out->finish_reason);
 }
 
+/* Copies the prompt logprobs of an output (sample 0's first one carries them). */
+static bool take_prompt_logprobs(const di_engine_output *out, gen_result *r) {
+    int64_t n = out->n_prompt_logprobs, N = DI_SAMPLING_MAX_LOGPROBS;
+    if (!out->prompt_logprobs || r->plp) return true;
+    r->plp = calloc((size_t)GEN_MAX(n, 1), sizeof *r->plp);
+    r->plp_ids = malloc((size_t)(GEN_MAX(n, 1) * N) * sizeof(int32_t));
+    r->plp_vals = malloc((size_t)(GEN_MAX(n, 1) * N) * sizeof(float));
+    if (!r->plp || !r->plp_ids || !r->plp_vals) return false;
+    for (int64_t i = 0; i < n; i++) {
+        const di_engine_logprobs *l = &out->prompt_logprobs[i];
+        r->plp[i] = *l;
+        r->plp[i].top_ids = r->plp_ids + i * N;
+        r->plp[i].top_logprobs = r->plp_vals + i * N;
+        memcpy(r->plp_ids + i * N, l->top_ids, (size_t)l->n_top * sizeof(int32_t));
+        memcpy(r->plp_vals + i * N, l->top_logprobs, (size_t)l->n_top * sizeof(float));
+    }
+    r->n_plp = n;
+    return true;
+}
+
 /* Runs the request through an engine; returns CLI_CONTINUE or an exit code. */
 static int generate(const char *cmd, di_model *model, const cli_ids *prompt, const gen_options *o,
                     gen_result *r) {
@@ -261,6 +303,7 @@ static int generate(const char *cmd, di_model *model, const cli_ids *prompt, con
 
     di_engine_params ep = di_engine_default_params();
     ep.n_threads = (int32_t)o->threads;
+    ep.batch_invariant = !o->no_batch_invariant;
     ep.max_model_len = prompt->n + o->max_tokens;
     ep.max_running = (int32_t)o->n;
     /* the whole prompt in one step, as a single-sequence prefill would run it */
@@ -288,6 +331,7 @@ static int generate(const char *cmd, di_model *model, const cli_ids *prompt, con
                 break;
             }
             take_output(&outs[k], o, g);
+            if (!take_prompt_logprobs(&outs[k], r)) st = DI_ERR_OUT_OF_MEMORY;
             r->seed = outs[k].seed;
             r->has_text = r->has_text || outs[k].text != NULL;
             if (outs[k].sample_index == 0) r->cached_tokens = outs[k].usage.cached_tokens;
@@ -384,6 +428,32 @@ static json_t *logprobs_json(const gen_sample *g) {
     return arr;
 }
 
+/* vLLM's prompt_logprobs: [null, {"<id>": {"logprob", "rank"?}, ...}, ...]; the prompt token's
+ * entry first, rank (1-based) on the top entries. */
+static double finite_lp(float v) { /* JSON has no infinity: -9999.0, as vLLM writes it */
+    return v >= -9999.0f ? (double)v : -9999.0;
+}
+
+static json_t *prompt_logprobs_json(const gen_result *r) {
+    json_t *arr = json_array();
+    json_array_append_new(arr, json_null());
+    for (int64_t i = 0; i < r->n_plp; i++) {
+        const di_engine_logprobs *l = &r->plp[i];
+        json_t *pos = json_object();
+        char key[16];
+        snprintf(key, sizeof key, "%d", (int)l->token);
+        json_object_set_new(pos, key, json_pack("{s:f}", "logprob", finite_lp(l->logprob)));
+        for (int32_t j = 0; j < l->n_top; j++) {
+            snprintf(key, sizeof key, "%d", (int)l->top_ids[j]);
+            json_object_set_new(pos, key,
+                                json_pack("{s:f, s:i}", "logprob", finite_lp(l->top_logprobs[j]),
+                                          "rank", (int)(j + 1)));
+        }
+        json_array_append_new(arr, pos);
+    }
+    return arr;
+}
+
 /* One completion's fields: ids, [text,] finish_reason, [logprobs]. */
 static json_t *sample_json(const gen_result *r, const gen_sample *g) {
     json_t *ids = json_array();
@@ -412,6 +482,7 @@ static int print_json(const char *cmd, const gen_result *r, int64_t n_prompt) {
         json_object_set_new(o, "usage", usage);
         json_object_set_new(o, "timing", timing);
         json_object_set_new(o, "seed", json_integer((json_int_t)r->seed));
+        if (r->plp) json_object_set_new(o, "prompt_logprobs", prompt_logprobs_json(r));
     }
     if (o && r->n_samples > 1) {
         json_t *choices = json_array();
@@ -455,6 +526,9 @@ static void result_free(gen_result *r) {
         free(r->s[i].text);
     }
     free(r->s);
+    free(r->plp);
+    free(r->plp_ids);
+    free(r->plp_vals);
 }
 
 /* ---------------------------------------------------------------------------------------- */

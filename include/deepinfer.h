@@ -164,10 +164,10 @@ DI_API di_status di_context_eval(di_context *ctx, const int32_t *ids, int64_t n_
  * until di_engine_has_unfinished is false; each step reports what every request produced.
  *
  * Determinism: a request's random numbers are keyed by (seed, sample index, position) only,
- * and with batch_invariant (the default, free on the CPU backend) every kernel computes a
- * row independently of the rows around it. So a request gives the same tokens and bitwise
- * identical logprobs alone or inside any batch, for any thread count, chunk size or
- * preemption history.
+ * and with batch_invariant (the default; its cost on the CPU backend is measured by
+ * bench/batch_invariance.sh) every kernel computes a row independently of the rows around
+ * it. So a request gives the same tokens and bitwise identical logprobs alone or inside any
+ * batch, for any thread count, chunk size or preemption history.
  *
  * Threads: di_engine_add_request and di_engine_abort may be called from any thread, also
  * while another thread is inside di_engine_step (they go through a locked inbox drained at
@@ -190,8 +190,12 @@ typedef struct di_engine_params {
     bool enable_prefix_cache;   /* reuse the KV of shared prompt prefixes (default true;
                                    off for DeepSeek-V4 for now: its compressed rows are
                                    kept per sequence, not paged) */
-    bool batch_invariant;       /* results independent of the batch (default true; the CPU
-                                   kernels are batch-invariant by construction) */
+    bool batch_invariant;       /* results independent of the batch (default true). false:
+                                   the CPU matmul picks its kernel by the step's token count
+                                   (faster for 5-8 tokens per weight on AVX-512: MoE experts
+                                   at moderate concurrency), so results depend on the batch
+                                   in the last bits (normalised error ~1e-6 per matmul) and
+                                   the determinism guarantee below no longer holds */
     bool overlap;               /* schedule / post-process on the calling thread while the
                                    forward runs on a compute thread (default false) */
     bool disaggregate;          /* separate prefill and decode workers (default false;
@@ -277,7 +281,12 @@ typedef struct di_engine_output {
     int64_t text_len;
     const di_engine_logprobs *logprobs; /* [n_tokens] when the request asked, else NULL */
     /* Prompt logprobs (positions 1 .. prompt_tokens - 1), on the sample's first output only,
-     * when the request asked; else NULL / 0. */
+     * when the request asked; else NULL / 0. Entry k is prompt position k + 1: its token, its
+     * logprob under the raw logits of position k (log-softmax, as `logprobs`) and the top
+     * prompt_logprobs entries (vLLM's list without its leading null for position 0). Every
+     * sample of a request carries the same values. NULL also when the request ended before
+     * its prompt was computed (abort, error). A request that asks does not use the prefix
+     * cache for its own prompt, whose logits are all computed (usage.cached_tokens is 0). */
     const di_engine_logprobs *prompt_logprobs;
     int64_t n_prompt_logprobs;
     bool finished; /* last output of this sample */
@@ -354,7 +363,8 @@ typedef struct di_sampling_params {
     int64_t min_tokens;       /* 0; EOS and stop_token_ids are masked until this many */
     int32_t n;                /* 1; completions per prompt */
     int32_t logprobs;         /* -1 = none; N in [0, 20]: the sampled token's and top-N */
-    int32_t prompt_logprobs;  /* -1 = none; N in [0, 20] per prompt position */
+    int32_t prompt_logprobs;  /* -1 = none; N in [0, 20]: each prompt token's logprob and the
+                                 top N per prompt position (di_engine_output) */
     int64_t seed;             /* -1 = none: the engine draws one and reports it */
 } di_sampling_params;
 

@@ -19,7 +19,8 @@
  * Batch invariance: the forward computes each row independently of the batch (see
  * deepseek_v3.c), and sampling is keyed by (seed, sample index, position), so results do not
  * depend on the batch, the chunk size, the thread count, preemption or overlap. That costs
- * nothing on the CPU backend, so batch_invariant is on by default (and cannot be turned off).
+ * little on the CPU backend, so batch_invariant is on by default; turned off, the matmul may
+ * pick kernels by batch size (di_cpu_matmul_fast), and results agree only to rounding.
  */
 #include "engine_internal.h"
 
@@ -28,6 +29,9 @@
 
 #define ENG_DEFAULT_LEN      4096
 #define ENG_DEFAULT_KV_LIMIT ((int64_t)1 << 30)
+/* Logits rows per step for prompt logprobs (beyond one per sequence): the logits buffer
+ * grows by this many rows of the vocabulary; longer prompts take several steps. */
+#define ENG_PROMPT_LOGITS_ROWS 64
 
 di_engine_params di_engine_default_params(void) {
     di_engine_params p = {.n_threads = 0,
@@ -140,8 +144,9 @@ static void build(di_engine *e, const di_sched_batch *sb, eng_batch *b) {
                                     .block_table = tab,
                                     .slot = q->slot,
                                     .reset_state = q->reset_state,
-                                    .n_logits = q->n_logits};
-        b->lrow[i] = q->n_logits ? (int32_t)b->n_lrows++ : -1;
+                                    .n_logits = q->n_logit_rows};
+        b->lrow[i] = q->n_logit_rows > 0 ? (int32_t)b->n_lrows : -1;
+        b->n_lrows += q->n_logit_rows;
         b->n_tokens += q->n_tokens;
     }
 }
@@ -155,10 +160,15 @@ static void resolve_pending(di_engine *e, eng_batch *b) {
         }
 }
 
+/* Each seq's rows are its last n_logit_rows positions; the sampled row is the last. */
 static void sample_batch(di_engine *e, const eng_batch *b) {
-    for (int32_t i = 0; i < b->sb->n_seqs; i++)
-        if (b->lrow[i] >= 0)
-            eng_sample_row(e, &b->sb->seqs[i], i, e->logits + (int64_t)b->lrow[i] * e->vocab);
+    for (int32_t i = 0; i < b->sb->n_seqs; i++) {
+        const di_sched_seq *q = &b->sb->seqs[i];
+        if (b->lrow[i] < 0) continue;
+        const float *rows = e->logits + (int64_t)b->lrow[i] * e->vocab;
+        if (q->n_logit_rows > q->n_logits) eng_prompt_logprobs(e, q, rows);
+        if (q->n_logits) eng_sample_row(e, q, i, rows + (q->n_logit_rows - 1) * e->vocab);
+    }
 }
 
 /* Releases scheduler requests that no pending batch can reference any more. */
@@ -345,7 +355,6 @@ di_status di_engine_create(di_model *model, const di_engine_params *params, di_e
     e->max_model_len = p.max_model_len > 0
                            ? DI_MIN(p.max_model_len, model->hp.max_position_embeddings)
                            : DI_MIN(ENG_DEFAULT_LEN, model->hp.max_position_embeddings);
-    p.batch_invariant = true; /* by construction on the CPU backend */
     if (p.max_prefill_tokens <= 0 || p.max_prefill_tokens > p.max_batch_tokens)
         p.max_prefill_tokens = p.max_batch_tokens;
     int64_t mult = arch->block_multiple(model->weights);
@@ -390,6 +399,7 @@ di_status di_engine_create(di_model *model, const di_engine_params *params, di_e
         e->scfg.eos_token_id = e->eos;
         e->scfg.enable_prefix_cache = p.enable_prefix_cache;
         e->scfg.replay_tokens = p.enable_prefix_cache ? arch->replay_tokens(model->weights) : 0;
+        e->scfg.max_prompt_logits = ENG_PROMPT_LOGITS_ROWS;
         st = di_sched_create(&e->scfg, &e->sched);
     }
     di_pool *pool = model->pool;
@@ -399,6 +409,7 @@ di_status di_engine_create(di_model *model, const di_engine_params *params, di_e
         pool = e->own_pool;
     }
     if (!st) st = di_backend_cpu_init(&e->be, pool, e->max_model_len);
+    if (!st) di_backend_cpu_set_batch_invariant(&e->be, p.batch_invariant);
     if (!st) {
         di_batch_config bc = {.n_blocks = n_blocks,
                               .block_size = p.block_size,
@@ -411,7 +422,8 @@ di_status di_engine_create(di_model *model, const di_engine_params *params, di_e
     for (int k = 0; k < 2 && !st; k++)
         st = alloc_batch(&e->batches[k], p.max_running, p.max_batch_tokens, bps);
     if (!st) {
-        e->logits = di_malloc((size_t)(p.max_running * e->vocab) * sizeof(float));
+        int64_t rows = p.max_running + e->scfg.max_prompt_logits;
+        e->logits = di_malloc((size_t)(rows * e->vocab) * sizeof(float));
         e->sampled = di_calloc((size_t)p.max_running, sizeof(int32_t));
         e->results = di_calloc((size_t)p.max_running, sizeof *e->results);
         e->row_ok = di_calloc((size_t)p.max_running, sizeof(bool));
@@ -452,7 +464,7 @@ void di_engine_free(di_engine *e) {
      * the others (live or in the inbox) are in the map. */
     eng_release_delivered(e);
     for (int64_t i = 0; i < e->map.cap; i++)
-        if (e->map.state && e->map.state[i] == 1) eng_req_free(e->map.vals[i]);
+        if (e->map.state && e->map.state[i] == SLOT_FULL) eng_req_free(e->map.vals[i]);
     eng_map_free(&e->map);
     if (e->state) e->model->arch->batch_state_free(e->state);
     di_backend_free(&e->be);

@@ -57,6 +57,7 @@ typedef struct eng_sample {
     di_engine_finish reason;
     char error[256];
     int64_t cached_tokens;
+    bool plp_sent;   /* its first output (carrying the prompt logprobs) was returned */
     bool dirty;      /* on the engine's output list */
     bool sched_done; /* its scheduler request finished and was handled */
     bool cut;        /* the text was cut at a stop string */
@@ -72,6 +73,13 @@ struct eng_req {
     int64_t max_stop_len;
     int32_t *prompt; /* [n_prompt] owned */
     int64_t n_prompt;
+    /* Prompt logprobs (sp.prompt_logprobs >= 0): plp[k] is prompt position k + 1, from the
+     * logits of position k in sample 0's prefill rows; entries [0, plp_filled) are written
+     * (in position order; a recompute rewrites the same values). */
+    di_engine_logprobs *plp; /* [max(n_prompt - 1, 1)] */
+    int32_t *plp_ids;        /* [n_prompt - 1][N], N = max(prompt_logprobs, 1) */
+    float *plp_vals;         /* [n_prompt - 1][N] */
+    int64_t plp_filled;
     eng_sample *samples; /* [sp.n] */
     int32_t n_final;     /* samples whose final output was returned */
     int32_t n_released;  /* samples freed */
@@ -86,12 +94,13 @@ typedef struct eng_batch {
     di_batch_seq *seqs;       /* [max_running] */
     int32_t *ids;             /* [max_batch_tokens] (placeholders resolved before launch) */
     int32_t *tables;          /* [max_running][blocks_per_seq] */
-    int32_t *lrow;            /* [max_running] logits row of each seq, or -1 */
+    int32_t *lrow;            /* [max_running] first logits row of each seq, or -1 */
     int64_t n_lrows;
     int64_t n_tokens;
 } eng_batch;
 
 /* Open-addressing map from caller id to request (linear probing, tombstones). */
+enum { SLOT_EMPTY, SLOT_FULL, SLOT_TOMB };
 typedef struct eng_map {
     uint64_t *keys;
     eng_req **vals;
@@ -117,7 +126,7 @@ struct di_engine {
     eng_batch batches[2];
     int cur; /* index of the in-flight (overlap) or last batch */
     bool in_flight;
-    float *logits;             /* [max_running][vocab] */
+    float *logits;             /* [max_running + scfg.max_prompt_logits][vocab] */
     int32_t *sampled;          /* [max_running] */
     di_sample_result *results; /* [max_running] */
     bool *row_ok;              /* [max_running] */
@@ -173,6 +182,8 @@ void eng_req_free(eng_req *r);
 di_status eng_drain_inbox(di_engine *e);
 /* Samples one row: fills e->sampled[row], e->results[row]. */
 void eng_sample_row(di_engine *e, const di_sched_seq *q, int32_t row, const float *logits);
+/* Prompt logprobs from a seq's logits rows ([q->n_logit_rows][vocab]), when it asked. */
+void eng_prompt_logprobs(di_engine *e, const di_sched_seq *q, const float *rows);
 /* After di_sched_postprocess: new tokens, stop strings, finished requests, children. */
 di_status eng_after_postprocess(di_engine *e, const eng_batch *b);
 /* Releases samples whose final output was returned (start of a step). */

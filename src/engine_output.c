@@ -221,6 +221,13 @@ int64_t eng_deliver(di_engine *e, di_engine_output *out, int64_t cap) {
             s->text_delivered = s->emit;
         }
         o->logprobs = s->lp ? s->lp + s->delivered : NULL;
+        if (r->plp && !s->plp_sent) { /* complete unless the request ended before its prefill */
+            s->plp_sent = true;
+            if (r->plp_filled >= r->n_prompt - 1) {
+                o->prompt_logprobs = r->plp;
+                o->n_prompt_logprobs = r->n_prompt - 1;
+            }
+        }
         o->finished = s->finished;
         o->finish_reason = s->finished ? s->reason : DI_ENGINE_FINISH_NONE;
         o->error = s->reason == DI_ENGINE_FINISH_ERROR ? s->error : "";

@@ -20,14 +20,13 @@
  */
 #include "engine_internal.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
 /* ---------------------------------------------------------------------------------------- */
 /* Caller-id map                                                                              */
 /* ---------------------------------------------------------------------------------------- */
-
-enum { SLOT_EMPTY, SLOT_FULL, SLOT_TOMB };
 
 static uint64_t mix64(uint64_t x) {
     x ^= x >> 33;
@@ -135,6 +134,9 @@ void eng_req_free(eng_req *r) {
     for (int32_t i = 0; r->samples && i < r->sp.n; i++)
         sample_free_buffers(&r->samples[i]);
     di_free(r->samples);
+    di_free(r->plp);
+    di_free(r->plp_ids);
+    di_free(r->plp_vals);
     for (int64_t i = 0; r->stop && i < r->sp.n_stop; i++)
         di_free(r->stop[i]);
     di_free(r->stop);
@@ -213,9 +215,6 @@ di_status di_engine_add_request(di_engine *e, const di_engine_request *q) {
     di_sampling_params sp = q->sampling ? *q->sampling : di_sampling_default_params();
     di_status st = di_sampling_params_validate(&sp, NULL, 0);
     if (st) return st;
-    if (sp.prompt_logprobs >= 0)
-        return di_error(DI_ERR_UNSUPPORTED, "di_engine_add_request: prompt_logprobs is not "
-                                            "implemented yet (set it to -1)");
     bool need_tok = (!q->prompt_ids && q->prompt_text) || sp.n_stop > 0;
     di_tokenizer *tok = NULL;
     if (need_tok) {
@@ -303,6 +302,13 @@ di_status di_engine_add_request(di_engine *e, const di_engine_request *q) {
         ok = r->bias != NULL;
         if (ok) memcpy(r->bias, sp.logit_bias, (size_t)sp.n_logit_bias * sizeof *r->bias);
         sp.logit_bias = r->bias;
+    }
+    if (ok && sp.prompt_logprobs >= 0) {
+        int64_t n = DI_MAX(r->n_prompt - 1, 1), N = DI_MAX(sp.prompt_logprobs, 1);
+        r->plp = di_calloc((size_t)n, sizeof *r->plp);
+        r->plp_ids = di_malloc((size_t)(n * N) * sizeof(int32_t));
+        r->plp_vals = di_malloc((size_t)(n * N) * sizeof(float));
+        ok = r->plp && r->plp_ids && r->plp_vals;
     }
     r->sp = sp;
     if (ok) ok = (r->samples = di_calloc((size_t)sp.n, sizeof *r->samples)) != NULL;
@@ -394,6 +400,7 @@ static void sched_add_sample(di_engine *e, eng_sample *s) {
     int64_t sid = e->n_sid;
     di_sched_req_params rp = di_sched_params_from_sampling(&s->req->sp);
     rp.max_tokens = s->cap;
+    rp.prompt_logprobs = s->req->plp && s->index == 0; /* the others share sample 0's */
     di_status st = di_sched_add(e->sched, sid, s->req->prompt, s->req->n_prompt, &rp);
     if (st) {
         eng_finish_sample(e, s, DI_ENGINE_FINISH_ERROR, di_last_error());
@@ -403,11 +410,13 @@ static void sched_add_sample(di_engine *e, eng_sample *s) {
     s->sched_id = sid;
 }
 
-/* Completions 1.. join once completion 0's prompt blocks are in the prefix cache. */
+/* Completions 1.. join once completion 0's prompt blocks are in the prefix cache, and its
+ * prompt logprobs (which every completion's first output carries) are complete. */
 void eng_maybe_add_children(di_engine *e, eng_req *r) {
     if (r->children_added) return;
     eng_sample *s0 = &r->samples[0];
-    if (e->p.enable_prefix_cache && s0->n_out < 1 && !s0->finished) return;
+    bool wait = e->p.enable_prefix_cache || r->plp;
+    if (wait && s0->n_out < 1 && !s0->finished) return;
     r->children_added = true;
     for (int32_t i = 1; i < r->sp.n; i++)
         if (!r->samples[i].finished) sched_add_sample(e, &r->samples[i]);
@@ -485,5 +494,39 @@ void eng_sample_row(di_engine *e, const di_sched_seq *q, int32_t row, const floa
     if (st == DI_OK && e->results[row].token >= 0) {
         e->sampled[row] = e->results[row].token;
         e->row_ok[row] = true;
+    }
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Prompt logprobs                                                                            */
+/* ---------------------------------------------------------------------------------------- */
+
+/* The row of position p gives prompt token p + 1 its logprob (vLLM: from the raw logits, as
+ * the sampler's logprobs). Rows past the prompt's last token have nothing to give. */
+void eng_prompt_logprobs(di_engine *e, const di_sched_seq *q, const float *rows) {
+    eng_sample *s = q->req_id < e->n_sid ? e->by_sid[q->req_id] : NULL;
+    if (!s || s->finished || !s->req->plp) return;
+    eng_req *r = s->req;
+    int32_t n_top = r->sp.prompt_logprobs;
+    int64_t N = DI_MAX(n_top, 1), first = q->start + q->n_tokens - q->n_logit_rows;
+    for (int64_t j = 0; j < q->n_logit_rows; j++) {
+        int64_t p = first + j;
+        if (p + 1 >= r->n_prompt) break;
+        di_sample_result res;
+        di_engine_logprobs *l = &r->plp[p];
+        l->token = r->prompt[p + 1];
+        l->top_ids = r->plp_ids + p * N;
+        l->top_logprobs = r->plp_vals + p * N;
+        if (di_sampler_token_logprobs(rows + j * e->vocab, e->vocab, l->token, n_top, e->sscratch,
+                                      &res) != DI_OK) {
+            l->logprob = NAN; /* the row holds NaN or +inf */
+            l->n_top = 0;
+        } else {
+            l->logprob = res.logprob;
+            l->n_top = res.n_top;
+            memcpy(r->plp_ids + p * N, res.top_ids, (size_t)res.n_top * sizeof(int32_t));
+            memcpy(r->plp_vals + p * N, res.top_logprobs, (size_t)res.n_top * sizeof(float));
+        }
+        r->plp_filled = DI_MAX(r->plp_filled, p + 1);
     }
 }

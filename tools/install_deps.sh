@@ -2,7 +2,7 @@
 # Installs the Debian/Ubuntu packages deepinfer needs to build and test, if they are missing.
 # Safe to run repeatedly; does nothing when everything is present.
 set -euo pipefail
-pkgs=(build-essential cmake pkg-config libjansson-dev libpcre2-dev)
+pkgs=(build-essential cmake pkg-config libjansson-dev libpcre2-dev python3)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

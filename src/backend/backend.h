@@ -13,7 +13,8 @@
  *     sized once when the backend is created, from `max_ctx`.
  *   - Every op computes each output row with an arithmetic order that depends only on the
  *     op's shape parameters (never on the number of rows, the thread count or the split),
- *     so results are batch-invariant and identical for any thread count.
+ *     so results are batch-invariant and identical for any thread count. (Unless batch
+ *     invariance is turned off: see di_backend_cpu_set_batch_invariant.)
  *   - Arguments are trusted: the model validated shapes at load time. Ops do not fail.
  *
  * Every op has a scalar reference on the CPU (tests/ops compares the fast versions with it).
@@ -228,6 +229,12 @@ typedef struct di_backend {
 /* The CPU backend over `pool` (borrowed; must outlive the backend). max_ctx: the longest
  * sequence the attention op will see (sizes its per-thread scratch). */
 di_status di_backend_cpu_init(di_backend *be, di_pool *pool, int64_t max_ctx);
+
+/* Batch invariance of a CPU backend (default on). Off, the matmul may choose its kernel by
+ * the number of rows n (di_cpu_matmul_fast in cpu_ops.h), so a row's result can change in
+ * the last bits with the batch around it; the other ops are unchanged. No-op for a backend
+ * that is not the CPU one. Not to be called while ops run. */
+void di_backend_cpu_set_batch_invariant(di_backend *be, bool on);
 
 static inline void di_backend_free(di_backend *be) {
     if (be && be->ops && be->ops->free) be->ops->free(be->ctx);

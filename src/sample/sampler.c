@@ -242,6 +242,26 @@ di_status di_sampler_sample(const di_sampling_params *p, const di_sample_input *
     return DI_OK;
 }
 
+di_status di_sampler_token_logprobs(const float *logits, int64_t vocab, int32_t token,
+                                    int32_t n_top, void *scratch, di_sample_result *out) {
+    out->token = -1;
+    out->logprob = 0.0f;
+    out->n_top = 0;
+    if (token < 0 || token >= vocab || n_top < 0 || n_top > DI_SAMPLING_MAX_LOGPROBS)
+        return di_error(DI_ERR_RANGE, "prompt logprobs: token %d or n_top %d out of range",
+                        (int)token, (int)n_top);
+    di_status st = row_error(logits, vocab);
+    if (st != DI_OK) return st;
+    float m = -INFINITY;
+    for (int64_t i = 0; i < vocab; i++)
+        m = logits[i] > m ? logits[i] : m;
+    double lse = log_sum_exp(logits, vocab, m, (double *)carve(scratch, vocab).keys);
+    out->token = token;
+    out->logprob = (float)(logits[token] - lse);
+    raw_top(logits, vocab, n_top, lse, out);
+    return DI_OK;
+}
+
 di_status di_sampler_probs(const di_sampling_params *p, const di_sample_input *in, void *scratch,
                            double *probs) {
     scratch_view s = carve(scratch, in ? in->vocab : 0);

@@ -70,6 +70,12 @@ size_t di_sampler_scratch_size(int64_t vocab);
 di_status di_sampler_sample(const di_sampling_params *params, const di_sample_input *in,
                             void *scratch, di_sample_result *out);
 
+/* Raw logprobs of a given token (prompt logprobs): out->logprob of `token` and the n_top
+ * best entries, computed exactly as di_sampler_sample's step 1; out->token = token. The row
+ * must hold no NaN or +inf (else DI_ERR_RANGE). n_top in [0, DI_SAMPLING_MAX_LOGPROBS]. */
+di_status di_sampler_token_logprobs(const float *logits, int64_t vocab, int32_t token,
+                                    int32_t n_top, void *scratch, di_sample_result *out);
+
 /* Steps 2-3 alone: writes the processed row to row[vocab] (for tests and diagnostics). */
 di_status di_sampler_process(const di_sampling_params *params, const di_sample_input *in,
                              float *row);

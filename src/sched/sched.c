@@ -22,6 +22,7 @@ di_sched_config di_sched_default_config(void) {
     c.eos_token_id = -1;
     c.enable_prefix_cache = true;
     c.replay_tokens = 0;
+    c.max_prompt_logits = 64;
     return c;
 }
 
@@ -251,6 +252,9 @@ di_status di_sched_add(di_sched *s, int64_t id, const int32_t *prompt, int64_t n
                         (long long)id, (long long)p->max_tokens);
     if (p->n_stop_token_ids < 0 || (p->n_stop_token_ids > 0 && !p->stop_token_ids))
         return di_error(DI_ERR_INVALID_ARG, "request %lld: bad stop_token_ids", (long long)id);
+    if (p->prompt_logprobs && s->cfg.max_prompt_logits < 1)
+        return di_error(DI_ERR_UNSUPPORTED, "request %lld: prompt logprobs need max_prompt_logits",
+                        (long long)id);
     if (find_req(s, id))
         return di_error(DI_ERR_INVALID_ARG, "request %lld: the id is already in use",
                         (long long)id);
@@ -264,6 +268,7 @@ di_status di_sched_add(di_sched *s, int64_t id, const int32_t *prompt, int64_t n
     r->max_tokens = p->max_tokens;
     r->min_tokens = p->min_tokens;
     r->ignore_eos = p->ignore_eos;
+    r->plp_end = p->prompt_logprobs ? n_prompt - 1 : 0;
     r->slot = -1;
     r->chain = di_prefix_chain_root();
     bool fits = n_prompt < s->cfg.max_model_len;
@@ -386,6 +391,8 @@ di_status di_sched_postprocess(di_sched *s, const int32_t *sampled) {
         r->n_computed += q->n_tokens;
         r->n_pending -= q->n_tokens;
         register_full_blocks(s, r);
+        if (q->n_logit_rows > q->n_logits)
+            r->plp_done = DI_MAX(r->plp_done, DI_MIN(q->start + q->n_tokens, r->plp_end));
         if (q->n_logits == 0) continue;
         r->n_future--;
         r->tokens[r->n_tokens++] = sampled[i]; /* replaces the placeholder, if any */

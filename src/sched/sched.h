@@ -27,6 +27,12 @@
  *     running request cannot grow, the newest running request is preempted (its blocks
  *     freed; their full blocks stay in the prefix cache) -- never an error. Admission never
  *     preempts.
+ *   - Prompt logprobs (vLLM's prompt_logprobs): such a request needs logits rows for every
+ *     prompt position, not only the last. Its prefill chunks request them (n_logit_rows)
+ *     from a separate per-step budget, max_prompt_logits, and stop at the end of the prompt;
+ *     until its prompt logits are complete it does not use the prefix cache for its own
+ *     prompt (positions served from the cache would have no logits), so they are always
+ *     computed. Rows already post-processed are not asked for again after a preemption.
  *   - Everything a step needs is allocated when a request is added (its token array and
  *     block table at their final size) or at init (the batch arrays): schedule and
  *     postprocess never allocate.
@@ -60,6 +66,9 @@ typedef struct di_sched_config {
     /* V4 bounded replay: tokens of window state to rebuild after a prefix-cache hit, i.e.
      * (n_layers + 1) * sliding_window; 0 for models without window layers. */
     int64_t replay_tokens;
+    /* Logits rows per step for prompt logprobs, beyond the one row per sequence that
+     * samples; 0: requests with prompt_logprobs are refused by di_sched_add. */
+    int64_t max_prompt_logits;
 } di_sched_config;
 
 di_sched_config di_sched_default_config(void);
@@ -89,6 +98,7 @@ typedef struct di_sched_req_params {
     bool ignore_eos;
     const int32_t *stop_token_ids; /* [n_stop_token_ids], copied by di_sched_add */
     int64_t n_stop_token_ids;
+    bool prompt_logprobs; /* needs the logits of every prompt position (prompt_logprobs >= 0) */
 } di_sched_req_params;
 
 /* The scheduler's part of a request's sampling parameters (borrows stop_token_ids). */
@@ -99,6 +109,7 @@ static inline di_sched_req_params di_sched_params_from_sampling(const di_samplin
     r.ignore_eos = p->ignore_eos;
     r.stop_token_ids = p->stop_token_ids;
     r.n_stop_token_ids = p->n_stop_token_ids;
+    r.prompt_logprobs = p->prompt_logprobs >= 0;
     return r;
 }
 
@@ -120,7 +131,12 @@ typedef struct di_sched_seq {
                                    write them): they only rebuild window state */
     const int32_t *block_table; /* [n_blocks_table] covers positions 0 .. start + n_tokens - 1 */
     int64_t n_blocks_table;
-    int32_t n_logits; /* 0, or 1: logits of the last position are needed */
+    int32_t n_logits; /* 0, or 1: logits of the last position are needed to sample */
+    /* Logits rows the runner returns: those of the last n_logit_rows positions (>= n_logits).
+     * More than n_logits only for prompt logprobs: the rows of positions
+     * start + n_tokens - n_logit_rows .. start + n_tokens - 1, the last one being the
+     * sampled row when n_logits == 1. */
+    int64_t n_logit_rows;
 } di_sched_seq;
 
 typedef struct di_sched_batch {
@@ -131,7 +147,8 @@ typedef struct di_sched_batch {
     int64_t n_decode_tokens;
     int64_t n_prefill_tokens; /* prompt / recompute tokens, replay excluded */
     int64_t n_replay_tokens;
-    int32_t n_logits; /* sequences that need a sampled token */
+    int32_t n_logits;     /* sequences that need a sampled token */
+    int64_t n_logit_rows; /* logits rows of all sequences (<= max_running + max_prompt_logits) */
 } di_sched_batch;
 
 typedef struct di_sched_stats {

@@ -47,6 +47,10 @@ typedef struct di_sched_req {
     int32_t *stop_ids; /* [n_stop], owned */
     int64_t n_stop;
 
+    /* Prompt logprobs: logits of positions [0, plp_end) are needed (plp_end = n_prompt - 1,
+     * 0 when not asked); rows of [0, plp_done) were post-processed. */
+    int64_t plp_end, plp_done;
+
     bool admitted_once;
     int64_t n_cached_tokens;
     int64_t n_preemptions;
@@ -102,6 +106,12 @@ static inline int64_t di_sched_eff_computed(const di_sched_req *r) {
 }
 static inline int64_t di_sched_eff_tokens(const di_sched_req *r) {
     return r->n_tokens + r->n_future;
+}
+
+/* Prompt logits still to be delivered: the request skips the prefix cache and its prefill
+ * chunks stop at the end of the prompt. */
+static inline bool di_sched_needs_prompt_logits(const di_sched_req *r) {
+    return r->plp_done < r->plp_end;
 }
 
 /* sched.c */

@@ -12,6 +12,12 @@
  * earlier may be newer than a prefilling request); in the decode pass every newer request
  * is still unscheduled, because decodes are visited oldest first.
  *
+ * Prompt logprobs: a request that needs them gets logits rows for each position of its
+ * prefill chunks from bud->logits (max_prompt_logits per step), its chunks end at the end of
+ * the prompt (so the rows are always the chunk's last ones), and it is admitted without a
+ * prefix-cache hit. The one row per sampling sequence needs no budget: the logits buffer
+ * holds max_running of them besides.
+ *
  * Every decision starts from where the pending batches leave a request (n_computed +
  * n_pending), so the same code serves the plain loop and the overlap loop.
  */
@@ -22,6 +28,7 @@
 typedef struct budget {
     int64_t tokens;  /* left of max_batch_tokens */
     int64_t prefill; /* left of max_prefill_tokens */
+    int64_t logits;  /* left of max_prompt_logits */
 } budget;
 
 /* ---------------------------------------------------------------------------------------- */
@@ -34,6 +41,24 @@ static di_sched_pending *building(di_sched *s) {
 
 di_sched_pending *di_sched_oldest_pending(di_sched *s) {
     return &s->bufs[s->n_pending == 2 ? 1 - s->newest : s->newest];
+}
+
+/* Logits rows of r's next chunk [start, end): the positions still missing prompt logits
+ * (plus the sampled last row), or just the sampled row. */
+static int64_t logit_rows(const di_sched_req *r, int64_t start, int64_t end, bool sample) {
+    int64_t lo = DI_MAX(start, r->plp_done);
+    if (di_sched_needs_prompt_logits(r) && lo < r->plp_end && end > lo) return end - lo;
+    return sample ? 1 : 0;
+}
+
+/* Caps a prefill chunk of r starting at `start`: a request that needs prompt logits stops at
+ * the end of its prompt and takes at most bud->logits rows. */
+static int64_t cap_prompt_chunk(const di_sched_req *r, int64_t start, int64_t chunk,
+                                const budget *bud) {
+    if (!di_sched_needs_prompt_logits(r) || start >= r->n_prompt) return chunk;
+    int64_t lo = DI_MAX(start, r->plp_done);
+    chunk = DI_MIN(chunk, r->n_prompt - start);
+    return DI_MIN(chunk, DI_MAX(0, lo - start) + bud->logits);
 }
 
 /* Puts the next n tokens of r (from where the pending batches leave it) into the batch. */
@@ -55,6 +80,7 @@ static void batch_add(di_sched *s, di_sched_req *r, int64_t n, bool decode, budg
     q->block_table = r->blocks;
     q->n_blocks_table = r->n_blocks;
     q->n_logits = start + n == di_sched_eff_tokens(r) ? 1 : 0;
+    q->n_logit_rows = logit_rows(r, start, start + n, q->n_logits);
     pb->reqs[row] = r;
     pb->epochs[row] = r->epoch;
     pb->is_decode[row] = decode;
@@ -65,6 +91,7 @@ static void batch_add(di_sched *s, di_sched_req *r, int64_t n, bool decode, budg
 
     b->n_tokens += n;
     b->n_logits += q->n_logits;
+    b->n_logit_rows += q->n_logit_rows;
     b->n_replay_tokens += q->n_replay;
     if (decode)
         b->n_decode_tokens += n;
@@ -72,6 +99,7 @@ static void batch_add(di_sched *s, di_sched_req *r, int64_t n, bool decode, budg
         b->n_prefill_tokens += n - q->n_replay;
     bud->tokens -= n;
     if (!decode) bud->prefill -= n;
+    bud->logits -= q->n_logit_rows - q->n_logits;
 }
 
 /* Takes r out of the batch being built (it is being preempted), returning its budget. */
@@ -83,8 +111,10 @@ static void batch_remove(di_sched *s, di_sched_req *r, budget *bud) {
         const di_sched_seq *q = &pb->seqs[i];
         b->n_tokens -= q->n_tokens;
         b->n_logits -= q->n_logits;
+        b->n_logit_rows -= q->n_logit_rows;
         b->n_replay_tokens -= q->n_replay;
         bud->tokens += q->n_tokens;
+        bud->logits += q->n_logit_rows - q->n_logits;
         if (pb->is_decode[i]) {
             b->n_decode_tokens -= q->n_tokens;
         } else {
@@ -179,6 +209,8 @@ static void schedule_prefill_chunks(di_sched *s, budget *bud) {
         int64_t done = di_sched_eff_computed(r);
         int64_t chunk = DI_MIN(r->n_tokens - done, DI_MIN(bud->tokens, bud->prefill));
         if (chunk <= 0) break;
+        chunk = cap_prompt_chunk(r, done, chunk, bud);
+        if (chunk <= 0) continue; /* out of prompt-logits rows this step */
         int64_t need = di_sched_blocks_for(s, done + chunk) - r->n_blocks;
         if (!make_room(s, r, need, bud)) {
             /* r is the newest: take the part that fits and keep the blocks it has. */
@@ -199,10 +231,11 @@ static bool admit_one(di_sched *s, budget *bud) {
     int64_t bs = s->cfg.block_size;
 
     /* Prefix-cache hit: full blocks only, and at least the last token is computed so that
-     * the step yields its logits. */
+     * the step yields its logits. None while prompt logits are missing: cached positions
+     * would have no logits (vLLM recomputes them; so do we, by not using the cache). */
     int64_t n_hit = 0;
     di_prefix_chain chain = di_prefix_chain_root();
-    if (s->cfg.enable_prefix_cache)
+    if (s->cfg.enable_prefix_cache && !di_sched_needs_prompt_logits(r))
         n_hit = di_prefix_cache_match(&s->pc, r->tokens, (r->n_tokens - 1) / bs, s->match_scratch,
                                       &chain);
     int64_t hit_tokens = n_hit * bs;
@@ -213,6 +246,8 @@ static bool admit_one(di_sched *s, budget *bud) {
         replay_end = hit_tokens;
     }
     int64_t chunk = DI_MIN(r->n_tokens - start, DI_MIN(bud->tokens, bud->prefill));
+    chunk = cap_prompt_chunk(r, start, chunk, bud);
+    if (chunk <= 0) return false; /* out of prompt-logits rows: wait for the next step */
     int64_t need = DI_MAX(0, di_sched_blocks_for(s, start + chunk) - n_hit);
     int64_t n_pinned = 0; /* hit blocks nobody holds leave the allocatable set once held */
     for (int64_t i = 0; i < n_hit; i++)
@@ -256,7 +291,7 @@ di_status di_sched_schedule(di_sched *s, const di_sched_batch **out) {
     memset(b, 0, sizeof *b);
     b->seqs = pb->seqs;
     b->step = s->n_steps;
-    budget bud = {s->cfg.max_batch_tokens, s->cfg.max_prefill_tokens};
+    budget bud = {s->cfg.max_batch_tokens, s->cfg.max_prefill_tokens, s->cfg.max_prompt_logits};
 
     int64_t preemptions_before = s->n_preemptions;
     schedule_decodes(s, &bud);

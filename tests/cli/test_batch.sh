@@ -152,6 +152,24 @@ PY
         "$(q "$TMP/stop_out.jsonl" 'body("s")["choices"][0]["text"] + "|" + body("s")["choices"][0]["finish_reason"]')"
 fi
 
+# prompt_logprobs (vLLM's extra field): on the completion choice, [null, {"<id>": ...}, ...],
+# the same numbers as `deepinfer generate --prompt-logprobs`; on the chat body.
+PLP="$TMP/plp.jsonl"
+{
+    echo '{"custom_id": "p", "method": "POST", "url": "/v1/completions", "body": {"prompt": [5, 6, 7, 8], "max_tokens": 3, "temperature": 0, "prompt_logprobs": 2}}'
+    echo '{"custom_id": "c", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 2, "prompt_logprobs": 0}}'
+} >"$PLP"
+"$BIN" batch --model "$MODEL" --tokenizer "$TOK" --input "$PLP" --output "$TMP/plp_out.jsonl" --quiet
+check "prompt_logprobs lines succeed" "0 ok ok" "$? $(q "$TMP/plp_out.jsonl" 'err("p") + " " + err("c")')"
+check "prompt_logprobs on the choice: null first, then the prompt token (+ top 2)" "4 None 6 7 8 True" \
+    "$(q "$TMP/plp_out.jsonl" '(lambda l: " ".join(map(str, [len(l), l[0]] + [next(iter(x)) for x in l[1:]] + [all(2 <= len(x) <= 3 for x in l[1:])])))(body("p")["choices"][0]["prompt_logprobs"])')"
+check "prompt_logprobs == generate --prompt-logprobs" \
+    "$("$BIN" generate --model "$MODEL" --ids "5 6 7 8" --max-tokens 3 --prompt-logprobs 2 --format json |
+        python3 -c 'import json,sys; print([{k: round(v["logprob"], 4) for k, v in x.items()} for x in json.load(sys.stdin)["prompt_logprobs"][1:]])')" \
+    "$(q "$TMP/plp_out.jsonl" '[{k: round(v["logprob"], 4) for k, v in x.items()} for x in body("p")["choices"][0]["prompt_logprobs"][1:]]')"
+check "chat: prompt_logprobs on the body" "None True" \
+    "$(q "$TMP/plp_out.jsonl" '(lambda l: str(l[0]) + " " + str(len(l) > 1 and all(len(x) == 1 for x in l[1:])))(body("c")["prompt_logprobs"])')"
+
 # A rerun on the complete output adds nothing.
 "$BIN" batch --model "$MODEL" --tokenizer "$TOK" --input "$IN" --output "$OUT" 2>"$TMP/err2"
 check "rerun on a complete output adds nothing" "0 15" "$? $(wc -l <"$OUT" | tr -d ' ')"

@@ -27,6 +27,14 @@ typedef struct eu_result {
     di_engine_finish reason;
     di_engine_usage usage;
     int64_t seed;
+    /* Prompt logprobs (positions 1 .. n_plp), from the records that carried them. */
+    int32_t plp_tok[EU_MAX_TOK];
+    float plp[EU_MAX_TOK];
+    int32_t plp_n_top[EU_MAX_TOK];
+    int32_t plp_top_ids[EU_MAX_TOK][EU_TOP];
+    float plp_top_lp[EU_MAX_TOK][EU_TOP];
+    int64_t n_plp;
+    int plp_records; /* records with prompt_logprobs != NULL (must be 1 when asked) */
 } eu_result;
 
 /* One request to feed: added before the given step. res has sp.n entries. */
@@ -116,6 +124,20 @@ static inline int eu_run(di_engine *e, eu_req *reqs, int n_reqs) {
                 memcpy(r->text + r->text_len, o->text, (size_t)o->text_len);
                 r->text_len += o->text_len;
                 r->text[r->text_len] = 0;
+            }
+            if (o->prompt_logprobs) {
+                r->plp_records++;
+                for (int64_t i = 0; i < o->n_prompt_logprobs && i < EU_MAX_TOK; i++) {
+                    const di_engine_logprobs *l = &o->prompt_logprobs[i];
+                    r->plp_tok[i] = l->token;
+                    r->plp[i] = l->logprob;
+                    r->plp_n_top[i] = l->n_top;
+                    for (int32_t j = 0; j < l->n_top && j < EU_TOP; j++) {
+                        r->plp_top_ids[i][j] = l->top_ids[j];
+                        r->plp_top_lp[i][j] = l->top_logprobs[j];
+                    }
+                }
+                r->n_plp = o->n_prompt_logprobs;
             }
             r->usage = o->usage;
             r->seed = o->seed;

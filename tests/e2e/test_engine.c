@@ -8,12 +8,17 @@
  *     recomputing its window state, which must reproduce the uninterrupted run);
  *   - prefix reuse: a second request sharing a long prefix reports cached tokens and the
  *     same output as alone;
+ *   - prompt logprobs equal the log-softmax of the context's logits of the whole prompt, and
+ *     are bitwise the same alone, inside a batch (behind a cached prefix they must not use),
+ *     with chunked prefill, with the logits-row budget binding, with the overlap loop and
+ *     with preemptions;
  *   - n > 1 (children share the prompt blocks), stop strings across token boundaries, text
  *     prompts, abort, finish reasons and usage.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "engine_util.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <time.h>
 
@@ -184,6 +189,160 @@ TEST(prefix_reuse) {
     CHECK(st.prefix_cache_hit_tokens >= 64);
     di_engine_free(e);
     di_model_free(m);
+}
+
+/* ---- Prompt logprobs --------------------------------------------------------------------- */
+
+#define PLP_LEN 110 /* > the engine's 64 prompt-logits rows per step */
+#define PLP_N   5
+
+/* Runs `reqs` through a fresh engine; the caller's results are filled. */
+static bool plp_run(di_model *m, di_engine_params ep, eu_req *reqs, int n, int64_t *n_preempt) {
+    di_engine *e = NULL;
+    if (di_engine_create(m, &ep, &e) != DI_OK) return false;
+    bool ok = eu_run(e, reqs, n) > 0;
+    di_engine_stats st;
+    di_engine_get_stats(e, &st);
+    ok = ok && st.kv_blocks_used == 0;
+    if (n_preempt) *n_preempt = st.n_preemptions;
+    di_engine_free(e);
+    return ok;
+}
+
+static bool plp_same(const eu_result *a, const eu_result *b) {
+    if (a->n_plp != b->n_plp || a->plp_records != 1 || b->plp_records != 1) return false;
+    for (int64_t i = 0; i < a->n_plp; i++)
+        if (a->plp_tok[i] != b->plp_tok[i] || memcmp(&a->plp[i], &b->plp[i], sizeof(float)) ||
+            a->plp_n_top[i] != b->plp_n_top[i] ||
+            memcmp(a->plp_top_ids[i], b->plp_top_ids[i], (size_t)a->plp_n_top[i] * 4) ||
+            memcmp(a->plp_top_lp[i], b->plp_top_lp[i], (size_t)a->plp_n_top[i] * 4))
+            return false;
+    return a->n == b->n && memcmp(a->tokens, b->tokens, (size_t)a->n * sizeof(int32_t)) == 0;
+}
+
+static void check_prompt_logprobs(const char *model_name) {
+    di_model *m = NULL;
+    if (!eu_load(model_name, 2, &m)) {
+        CHECK_MSG(false, "%s: %s", model_name, di_last_error());
+        return;
+    }
+    di_model_info info;
+    di_model_get_info(m, &info);
+    const int64_t V = info.vocab_size;
+    int32_t p[PLP_LEN], other[3][PLP_LEN], one = 7;
+    for (int k = 0; k < PLP_LEN; k++) {
+        p[k] = 2 + rnd((int32_t)V - 2);
+        for (int j = 0; j < 3; j++)
+            other[j][k] = j == 0 && k < 96 ? p[k] : 2 + rnd((int32_t)V - 2); /* 0: p's prefix */
+    }
+
+    /* Reference: the context's logits of every prompt position, log-softmax in double. */
+    di_context_params cp = di_context_default_params();
+    cp.max_tokens = PLP_LEN + 1;
+    di_context *c = NULL;
+    CHECK(di_context_create(m, &cp, &c) == DI_OK);
+    float *lg = malloc((size_t)(PLP_LEN * V) * sizeof(float));
+    CHECK(c && lg && di_context_eval(c, p, PLP_LEN, lg, PLP_LEN) == DI_OK);
+    di_context_free(c);
+
+    di_sampling_params sp = greedy(4);
+    sp.prompt_logprobs = PLP_N;
+    eu_result *alone = calloc(1, sizeof *alone);
+    eu_req ra = {.prompt = p, .n_prompt = PLP_LEN, .sp = sp, .abort_at = -1, .res = alone};
+    di_engine_params ep = small_params();
+    ep.max_model_len = 256;
+    ep.max_batch_tokens = ep.max_prefill_tokens = 128;
+    CHECK(plp_run(m, ep, &ra, 1, NULL));
+    CHECK_MSG(alone->plp_records == 1 && alone->n_plp == PLP_LEN - 1, "%s: %d records, %lld",
+              model_name, alone->plp_records, (long long)alone->n_plp);
+    double worst = 0;
+    for (int64_t i = 0; i < alone->n_plp && i < PLP_LEN - 1; i++) {
+        const float *x = lg + i * V; /* position i gives prompt token i + 1 */
+        float mx = x[0];
+        for (int64_t v = 1; v < V; v++)
+            mx = x[v] > mx ? x[v] : mx;
+        double s = 0;
+        for (int64_t v = 0; v < V; v++)
+            s += exp((double)x[v] - mx);
+        double lse = mx + log(s);
+        CHECK(alone->plp_tok[i] == p[i + 1] && alone->plp_n_top[i] == PLP_N);
+        worst = fmax(worst, fabs(alone->plp[i] - (x[p[i + 1]] - lse)));
+        for (int32_t j = 0; j < PLP_N; j++) {
+            int32_t id = alone->plp_top_ids[i][j];
+            int64_t better = 0; /* the reference rank: higher logits, ties to the lower id */
+            for (int64_t v = 0; v < V; v++)
+                better += x[v] > x[id] || (x[v] == x[id] && v < id);
+            CHECK_MSG(better == j, "%s pos %lld top %d: id %d has rank %lld", model_name,
+                      (long long)i, j, id, (long long)better);
+            worst = fmax(worst, fabs(alone->plp_top_lp[i][j] - (x[id] - lse)));
+        }
+    }
+    CHECK_MSG(worst <= 1e-6, "%s: prompt logprobs differ from the context by %g", model_name,
+              worst);
+    int32_t ref[4];
+    eu_ref_greedy(m, p, PLP_LEN, 4, ref);
+    CHECK(alone->n == 4 && memcmp(alone->tokens, ref, sizeof ref) == 0);
+
+    /* Inside a batch: a request sharing p's first 96 tokens finishes first, so p's prefix is
+     * cached -- and must not be used (cached positions have no logits). n = 2: both samples'
+     * first records carry the same prompt logprobs. */
+    for (int variant = 0; variant < 4; variant++) {
+        eu_result *res = calloc(6, sizeof *res);
+        di_sampling_params sp2 = sp;
+        sp2.n = 2;
+        eu_req reqs[5] = {
+            {.prompt = other[0],
+             .n_prompt = PLP_LEN,
+             .sp = greedy(3),
+             .abort_at = -1,
+             .res = &res[0]},
+            {.prompt = other[1],
+             .n_prompt = 50,
+             .sp = greedy(9),
+             .arrive = 6,
+             .abort_at = -1,
+             .res = &res[1]},
+            {.prompt = p,
+             .n_prompt = PLP_LEN,
+             .sp = sp2,
+             .arrive = 6,
+             .abort_at = -1,
+             .res = &res[2]},
+            {.prompt = other[2],
+             .n_prompt = 30,
+             .sp = sp,
+             .arrive = 7,
+             .abort_at = -1,
+             .res = &res[4]},
+            {.prompt = &one, .n_prompt = 1, .sp = sp, .arrive = 7, .abort_at = -1, .res = &res[5]}};
+        di_engine_params eb = small_params();
+        eb.max_model_len = 256;
+        if (variant == 1) eb.max_prefill_tokens = 7; /* chunked prefill */
+        if (variant == 2) eb.overlap = true;
+        if (variant == 3) { /* a KV pool of one sequence: preemptions, recompute */
+            int64_t bs = strncmp(model_name, "v4", 2) == 0 ? 128 : eb.block_size;
+            eb.max_model_len = 128;
+            eb.kv_memory_bytes = info.kv_bytes_per_token * bs * ((eb.max_model_len + bs - 1) / bs);
+        }
+        int64_t n_preempt = 0;
+        CHECK(plp_run(m, eb, reqs, 5, &n_preempt));
+        if (variant == 3) CHECK_MSG(n_preempt > 0, "%s: no preemption", model_name);
+        CHECK_MSG(plp_same(alone, &res[2]) && plp_same(alone, &res[3]),
+                  "%s variant %d: prompt logprobs differ from the request alone", model_name,
+                  variant);
+        CHECK(res[2].usage.cached_tokens == 0 && res[0].plp_records == 0);
+        CHECK(res[4].plp_records == 1 && res[4].n_plp == 29);
+        CHECK(res[5].plp_records == 1 && res[5].n_plp == 0 && res[5].n == 4);
+        free(res);
+    }
+    free(alone);
+    free(lg);
+    di_model_free(m);
+}
+
+TEST(prompt_logprobs) {
+    check_prompt_logprobs("v2_lite");
+    check_prompt_logprobs("v4_hc3_plain");
 }
 
 TEST(n_samples) {
@@ -418,6 +577,7 @@ int main(void) {
     RUN(mixed_batches);
     RUN(preemption);
     RUN(prefix_reuse);
+    RUN(prompt_logprobs);
     RUN(n_samples);
     RUN(stop_strings_and_text);
     RUN(abort_and_errors);

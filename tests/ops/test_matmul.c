@@ -236,6 +236,48 @@ TEST(matmul_vs_ref_all_levels) {
     di_pool_free(pool);
 }
 
+/* The non-invariant matmul (batch_invariant = false) against the scalar reference, by
+ * normalised error, on every level, with n around the decode / fast-path boundaries. Also
+ * close to (not necessarily equal to) the invariant result. */
+TEST(matmul_fast_vs_ref_all_levels) {
+    di_pool *pool = di_pool_create(2);
+    static const int64_t fixed[][3] = {{1, 1, 1},    {4, 32, 2},  {37, 129, 5}, {64, 256, 8},
+                                       {20, 300, 3}, {16, 48, 1}, {5, 15, 7},   {33, 700, 9},
+                                       {96, 256, 6}, {9, 2048, 4}};
+    int levels = 0;
+    for (size_t lv = 0; lv < DI_ARRAY_LEN(g_levels); lv++) {
+        if (di_cpu_simd_force(g_levels[lv]) != 0) continue;
+        levels++;
+        for (size_t d = 0; d < DI_ARRAY_LEN(g_dtypes); d++) {
+            for (int it = 0; it < 24; it++) {
+                int64_t rows, cols, n;
+                if (it < (int)DI_ARRAY_LEN(fixed)) {
+                    rows = fixed[it][0], cols = fixed[it][1], n = fixed[it][2];
+                } else {
+                    rows = rnd_int(1, 90), cols = rnd_int(1, 520), n = rnd_int(1, 12);
+                }
+                test_weight t = make_weight(g_dtypes[d], rows, cols, it % 3 ? 0 : rnd_int(1, 9),
+                                            it % 2 ? 0 : rnd_int(1, 40), it);
+                float *x = rnd_vec(n * cols), *y = rnd_vec(n * rows), *yr = rnd_vec(n * rows),
+                      *yi = rnd_vec(n * rows);
+                di_cpu_matmul_fast(pool, &t.w, x, n, y);
+                di_cpu_matmul_ref(&t.w, x, n, yr);
+                di_cpu_matmul(pool, &t.w, x, n, yi);
+                double e = norm_err(y, yr, n * rows), ei = norm_err(y, yi, n * rows);
+                CHECK_MSG(e <= tolerance(g_dtypes[d]) && ei <= 2 * tolerance(g_dtypes[d]),
+                          "fast %s %s rows=%lld cols=%lld n=%lld err=%g (vs invariant %g)",
+                          g_levels[lv], di_dtype_name(g_dtypes[d]), (long long)rows,
+                          (long long)cols, (long long)n, e, ei);
+                free(x), free(y), free(yr), free(yi);
+                free_weight(&t);
+            }
+        }
+    }
+    di_cpu_simd_force(NULL);
+    CHECK(levels >= 1);
+    di_pool_free(pool);
+}
+
 /* x = identity picks single weights: y[t][r] = w[r][t] exactly, so the SIMD conversions
  * (e4m3 subnormals, scales >= 128, f16 subnormals) must equal di_cpu_weight_row_f32 bitwise. */
 TEST(conversion_exact_via_identity) {
@@ -367,6 +409,7 @@ int main(void) {
     RUN(dtype_bf16_f16_round_trips);
     RUN(weight_row_f32_matches_scalar);
     RUN(matmul_vs_ref_all_levels);
+    RUN(matmul_fast_vs_ref_all_levels);
     RUN(conversion_exact_via_identity);
     RUN(fp8_nan_propagates);
     RUN(batch_and_thread_invariance);

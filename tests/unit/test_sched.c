@@ -2,8 +2,8 @@
  * test_sched.c -- targeted scheduler cases (src/sched) with the fake model runner of
  * test_sched_fake.h: prompt limits, abort (also while a batch is in flight), preemption and
  * resume, reuse of a 2,000-token prefix, a long prompt arriving among decodes, V4 window
- * replay after a prefix hit, and the engine step through the runner interface with a runner
- * that fails once.
+ * replay after a prefix hit, the logits rows of prompt logprobs, and the engine step through the
+ * runner interface with a runner that fails once.
  */
 #include "test_sched_fake.h"
 
@@ -58,6 +58,59 @@ TEST(prefix_reuse_2000) {
     di_sched_stats st;
     di_sched_get_stats(s, &st);
     CHECK_EQ_INT(st.prefix_hit_tokens, 2000);
+    di_sched_free(s);
+}
+
+/* Prompt logprobs: logits rows for every prompt position, max_prompt_logits per step, no
+ * prefix-cache hit for the request's own prompt. */
+TEST(prompt_logits_rows) {
+    di_sched_config c = di_sched_default_config();
+    c.block_size = 16;
+    c.n_blocks = 64;
+    c.max_model_len = 256;
+    c.max_batch_tokens = 64;
+    c.max_running = 4;
+    c.max_prompt_logits = 10;
+    di_sched *s = make(&c);
+    if (!s) return;
+    static spec a, b;
+    memset(&a, 0, sizeof a);
+    memset(&b, 0, sizeof b);
+    fill_random(a.prompt, 100);
+    memcpy(b.prompt, a.prompt, 100 * sizeof(int32_t));
+    a.id = 1, a.n_prompt = 100, b.id = 2, b.n_prompt = 100;
+    plain_params(&a, 2);
+    plain_params(&b, 2);
+    run_all(s, &c, &a, 1, (run_opts){0});
+    b.params.prompt_logprobs = true;
+    CHECK_EQ_INT(di_sched_add(s, b.id, b.prompt, b.n_prompt, &b.params), DI_OK);
+    int64_t next = 0, rows = 0; /* rows cover positions [0, 100) in order, each once */
+    for (int step = 0; step < 40 && next < 100; step++) {
+        const di_sched_batch *batch;
+        CHECK_EQ_INT(di_sched_schedule(s, &batch), DI_OK);
+        CHECK_EQ_INT(batch->n_seqs, 1);
+        const di_sched_seq *q = &batch->seqs[0];
+        CHECK(q->n_logit_rows <= c.max_prompt_logits + q->n_logits);
+        CHECK_EQ_INT(q->start + q->n_tokens - q->n_logit_rows, next);
+        CHECK_EQ_INT(batch->n_logit_rows, q->n_logit_rows);
+        next = q->start + q->n_tokens;
+        rows += q->n_logit_rows;
+        int32_t tok[4] = {3, 3, 3, 3};
+        CHECK_EQ_INT(di_sched_postprocess(s, tok), DI_OK);
+        CHECK_EQ_INT(di_sched_check(s), DI_OK);
+    }
+    CHECK_EQ_INT(next, 100);
+    CHECK_EQ_INT(rows, 100);
+    di_sched_req_info info;
+    CHECK_EQ_INT(di_sched_get(s, b.id, &info), DI_OK);
+    CHECK_EQ_INT(info.n_cached_tokens, 0); /* the cached prefix of a was not used */
+    CHECK_EQ_INT(info.n_output, 1);
+    di_sched_free(s);
+
+    c.max_prompt_logits = 0; /* no rows to give: refused */
+    s = make(&c);
+    if (!s) return;
+    CHECK_EQ_INT(di_sched_add(s, b.id, b.prompt, b.n_prompt, &b.params), DI_ERR_UNSUPPORTED);
     di_sched_free(s);
 }
 
@@ -356,6 +409,7 @@ int main(void) {
     RUN(limits_and_errors);
     RUN(abort_frees_everything);
     RUN(preempt_and_resume);
+    RUN(prompt_logits_rows);
     RUN(prefix_reuse_2000);
     RUN(long_prompt_does_not_starve_decodes);
     RUN(window_replay_after_prefix_hit);

@@ -4,6 +4,10 @@
  * The backend owns only the attention's per-thread score rows ([n_threads][max_ctx]
  * floats); the thread pool is borrowed. Everything else is a thin forwarding call, so the
  * forward pass pays one indirect call per op and nothing more.
+ *
+ * Batch invariance is on by default; di_backend_cpu_set_batch_invariant(be, false) lets the
+ * matmul pick n-dependent kernels (di_cpu_matmul_fast). The other ops have no faster
+ * non-invariant variant yet, so they are the same in both modes.
  */
 #include "backend/backend.h"
 #include "backend/cpu/cpu_nn.h"
@@ -16,6 +20,7 @@ typedef struct cpu_backend {
     di_pool *pool;  /* borrowed */
     float *scratch; /* [n_threads][max_ctx], owned */
     int64_t max_ctx;
+    bool fast; /* batch invariance off: di_cpu_matmul_fast (default false) */
 } cpu_backend;
 
 /* Below this many multiply-adds a product runs on the calling thread: waking the pool costs
@@ -28,7 +33,11 @@ static di_pool *pool_for(const cpu_backend *be, int64_t macs) {
 }
 
 static void cpu_matmul(void *ctx, const di_weight *w, const float *x, int64_t n, float *y) {
-    di_cpu_matmul(pool_for(ctx, n * w->rows * w->cols), w, x, n, y);
+    di_pool *pool = pool_for(ctx, n * w->rows * w->cols);
+    if (((const cpu_backend *)ctx)->fast)
+        di_cpu_matmul_fast(pool, w, x, n, y);
+    else
+        di_cpu_matmul(pool, w, x, n, y);
 }
 
 static void cpu_matmul_t(void *ctx, const di_weight *w, const float *x, int64_t n, float *y) {
@@ -86,9 +95,8 @@ static void cpu_v4_hc_pre(void *ctx, const di_v4_hc_params *p) {
     di_cpu_v4_hc_pre(((cpu_backend *)ctx)->pool, p);
 }
 
-static void cpu_v4_hc_post(void *ctx, int64_t n_tokens, int64_t n_hc, int64_t dim,
-                           const float *x, const float *y, const float *post, const float *mix,
-                           float *out) {
+static void cpu_v4_hc_post(void *ctx, int64_t n_tokens, int64_t n_hc, int64_t dim, const float *x,
+                           const float *y, const float *post, const float *mix, float *out) {
     di_cpu_v4_hc_post(((cpu_backend *)ctx)->pool, n_tokens, n_hc, dim, x, y, post, mix, out);
 }
 
@@ -154,4 +162,8 @@ di_status di_backend_cpu_init(di_backend *out, di_pool *pool, int64_t max_ctx) {
     out->ops = &g_cpu_ops;
     out->ctx = be;
     return DI_OK;
+}
+
+void di_backend_cpu_set_batch_invariant(di_backend *be, bool on) {
+    if (be && be->ops == &g_cpu_ops && be->ctx) ((cpu_backend *)be->ctx)->fast = !on;
 }

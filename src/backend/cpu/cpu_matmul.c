@@ -11,12 +11,16 @@
  * so a converted chunk (8 KiB of float32) is reused by up to 48 tokens from L1.
  *
  * Invariant: see cpu_matmul_impl.h -- y[t][r]'s bits depend only on cols and the SIMD level.
+ * Except in di_cpu_matmul_fast (batch invariance off): for n <= 8 it keeps to the decode
+ * kernels, running token groups over each 4-row group while it is in L1, the last 1-2
+ * tokens by the level's direct_fast kernel (another summation order), so bits depend on n.
  */
 #include "backend/cpu/cpu_matmul_impl.h"
 #include "backend/cpu/cpu_ops.h"
 #include "core/core.h"
 
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -180,7 +184,8 @@ typedef struct {
     const di_weight *w;
     const float *x; /* [n][cols] */
     int64_t n;
-    float *y; /* [n][rows] */
+    float *y;  /* [n][rows] */
+    bool fast; /* di_cpu_matmul_fast: not batch-invariant */
 } mm_job;
 
 /* Sums L lanes by halving: lane i += lane i + L/2, ... A fixed tree, the same for all n. */
@@ -256,8 +261,8 @@ static void panel_chunked(const mm_job *job, int64_t t0, int64_t tb, int64_t p0,
 /* The most tokens the direct (decode) kernels take; larger batches reuse converted chunks. */
 #define DIRECT_MAX_N 4
 
-static void mm_rows(void *ctx, int64_t r0, int64_t r1, int tid) {
-    const mm_job *job = ctx;
+/* Rows [r0, r1) of every token, batch-invariant. */
+static void mm_rows_invariant(const mm_job *job, int64_t r0, int64_t r1) {
     const di_mm_kernels *k = job->k;
     const int64_t rows = job->w->rows, L = k->lanes;
     if (job->n <= DIRECT_MAX_N && k->direct && job->w->cols > 0) {
@@ -283,10 +288,58 @@ static void mm_rows(void *ctx, int64_t r0, int64_t r1, int tid) {
             panel_chunked(job, t0, DI_MIN(DI_MM_TB, job->n - t0), p0, DI_MIN(DI_MM_PANEL, r1 - p0));
 }
 
+/* Up to this many tokens the fast (non-invariant) mode stays on the decode kernels: for each
+ * group of DI_MM_NR rows it runs the tokens in groups (the last <= direct_fast_mt of them by
+ * direct_fast, the others 4 at a time by direct), so the group's weights (<= 4 rows) stay in
+ * L1 between token groups and no converted chunk is stored. */
+#define FAST_DIRECT_MAX_N 8
+
+/* Rows [r0, r1) by the decode kernels; returns 0 when a kernel declines (then the caller
+ * recomputes the whole range, overwriting whatever was written). */
+static int mm_rows_fast(const mm_job *job, int64_t r0, int64_t r1) {
+    const di_mm_kernels *k = job->k;
+    const int64_t rows = job->w->rows, cols = job->w->cols, L = k->lanes, as = DI_MM_NR * L;
+    _Alignas(64) float acc[DI_MM_MAXMT * DI_MM_NR * DI_MM_MAXL];
+    for (int64_t g = r0; g < r1; g += DI_MM_NR) {
+        const int nr = (int)DI_MIN((int64_t)DI_MM_NR, r1 - g);
+        for (int64_t t0 = 0, m; t0 < job->n; t0 += m) {
+            m = job->n - t0;
+            const float *x = job->x + t0 * cols;
+            int ok;
+            if (m <= k->direct_fast_mt) {
+                ok = k->direct_fast(job->w, g, nr, x, cols, (int)m, acc, as);
+            } else {
+                m = DI_MIN(m, (int64_t)DIRECT_MAX_N);
+                ok = k->direct && k->direct(job->w, g, nr, x, cols, (int)m, acc, as);
+            }
+            if (!ok) return 0;
+            for (int i = 0; i < m; i++)
+                for (int j = 0; j < nr; j++)
+                    job->y[(t0 + i) * rows + g + j] = hsum(acc + i * as + j * L, (int)L);
+        }
+    }
+    return 1;
+}
+
+static void mm_rows(void *ctx, int64_t r0, int64_t r1, int tid) {
+    (void)tid;
+    const mm_job *job = ctx;
+    if (job->fast && job->k->direct_fast && job->n <= FAST_DIRECT_MAX_N && job->w->cols > 0 &&
+        mm_rows_fast(job, r0, r1))
+        return;
+    mm_rows_invariant(job, r0, r1);
+}
+
 void di_cpu_matmul(di_pool *pool, const di_weight *w, const float *x, int64_t n, float *y) {
     if (n <= 0 || w->rows <= 0) return;
-    mm_job job = {di_mm_active(), w, x, n, y};
+    mm_job job = {di_mm_active(), w, x, n, y, false};
     /* Whole panels per thread; the split never changes a value, only who computes it. */
+    di_pool_run(pool, w->rows, DI_MM_PANEL, mm_rows, &job);
+}
+
+void di_cpu_matmul_fast(di_pool *pool, const di_weight *w, const float *x, int64_t n, float *y) {
+    if (n <= 0 || w->rows <= 0) return;
+    mm_job job = {di_mm_active(), w, x, n, y, true};
     di_pool_run(pool, w->rows, DI_MM_PANEL, mm_rows, &job);
 }
 
@@ -318,7 +371,7 @@ static void mmt_cols(void *ctx, int64_t c_begin, int64_t c_end, int tid) {
 
 void di_cpu_matmul_t(di_pool *pool, const di_weight *w, const float *x, int64_t n, float *y) {
     if (n <= 0 || w->cols <= 0) return;
-    mm_job job = {di_mm_active(), w, x, n, y};
+    mm_job job = {di_mm_active(), w, x, n, y, false};
     di_pool_run(pool, w->cols, 64, mmt_cols, &job);
 }
 

@@ -364,6 +364,116 @@ static int direct_any(const di_weight *w, int64_t r, int nr, const float *x, int
 }
 
 /* ---------------------------------------------------------------------------------------- */
+/* Not batch-invariant: the decode kernel with two partial sums per output                    */
+/* ---------------------------------------------------------------------------------------- */
+
+/* Like direct(), but each (token, row) output keeps two accumulators, one for the even and
+ * one for the odd 16-column groups, added at the end. With one or two tokens the invariant
+ * kernel has only 4 or 8 FMA chains, too few to cover the FMA latency when the weights come
+ * from cache; this one has twice as many. The sum order differs from the invariant one (so
+ * it is used only when batch invariance is off). bf16 / f16 / f32 only; returns 0 otherwise. */
+#define FW_BF16(j, o)  bf16x16(_mm256_loadu_si256((const __m256i *)(rp16[j] + k + (o))))
+#define FW_F16(j, o)   _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rp16[j] + k + (o))))
+#define FW_F32(j, o)   _mm512_loadu_ps(rp32[j] + k + (o))
+#define FW_BF16T(j, o) bf16x16(_mm256_maskz_loadu_epi16(tm, rp16[j] + k))
+#define FW_F16T(j, o)  _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(tm, rp16[j] + k))
+#define FW_F32T(j, o)  _mm512_maskz_loadu_ps(tm, rp32[j] + k)
+
+/* Two column groups at k and k + L into a0 and a1. */
+#define FSTEP2(M, WCVT)                                                                            \
+    do {                                                                                           \
+        __m512 x0[2], x1[2];                                                                       \
+        _Pragma("GCC unroll 2") for (int i = 0; i < M; i++) {                                      \
+            x0[i] = _mm512_loadu_ps(x + i * ldx + k);                                              \
+            x1[i] = _mm512_loadu_ps(x + i * ldx + k + L);                                          \
+        }                                                                                          \
+        _Pragma("GCC unroll 4") for (int j = 0; j < DI_MM_NR; j++) {                               \
+            _mm_prefetch(pf[j] + k * esz, _MM_HINT_T0);                                            \
+            const __m512 w0 = WCVT(j, 0), w1 = WCVT(j, L);                                         \
+            _Pragma("GCC unroll 2") for (int i = 0; i < M; i++) {                                  \
+                a0[i][j] = _mm512_fmadd_ps(w0, x0[i], a0[i][j]);                                   \
+                a1[i][j] = _mm512_fmadd_ps(w1, x1[i], a1[i][j]);                                   \
+            }                                                                                      \
+        }                                                                                          \
+    } while (0)
+
+/* One (possibly masked) column group at k into a0. */
+#define FSTEP1(M, WCVT, XLOAD)                                                                     \
+    do {                                                                                           \
+        _Pragma("GCC unroll 4") for (int j = 0; j < DI_MM_NR; j++) {                               \
+            const __m512 wv = WCVT(j, 0);                                                          \
+            _Pragma("GCC unroll 2") for (int i = 0; i < M; i++) a0[i][j] =                         \
+                _mm512_fmadd_ps(wv, XLOAD, a0[i][j]);                                              \
+        }                                                                                          \
+    } while (0)
+
+static inline __attribute__((always_inline)) int direct2(const int M, const di_weight *w, int64_t r,
+                                                         int nr, const float *x, int64_t ldx,
+                                                         float *acc, int64_t as) {
+    if (w->dtype != DI_DTYPE_BF16 && w->dtype != DI_DTYPE_F16 && w->dtype != DI_DTYPE_F32) return 0;
+    const int64_t cols = w->cols;
+    const size_t esz = di_dtype_bytes(w->dtype, 1);
+    const uint16_t *rp16[DI_MM_NR];
+    const float *rp32[DI_MM_NR];
+    const char *pf[DI_MM_NR];
+    for (int j = 0; j < DI_MM_NR; j++) {
+        const char *rp =
+            (const char *)w->data + (size_t)((r + DI_MIN(j, nr - 1)) * w->row_stride) * esz;
+        rp16[j] = (const uint16_t *)rp, rp32[j] = (const float *)rp;
+        pf[j] = (const char *)w->data +
+                (size_t)(DI_MIN(r + DI_MM_NR + j, w->rows - 1) * w->row_stride) * esz;
+    }
+    __m512 a0[2][DI_MM_NR], a1[2][DI_MM_NR];
+    _Pragma("GCC unroll 2") for (int i = 0; i < M; i++) {
+        _Pragma("GCC unroll 4") for (int j = 0; j < DI_MM_NR; j++) a0[i][j] = a1[i][j] =
+            _mm512_setzero_ps();
+    }
+    int64_t k = 0;
+    const __mmask16 tm = tail_mask(cols % L);
+    switch (w->dtype) {
+    case DI_DTYPE_BF16:
+        for (; k + 2 * L <= cols; k += 2 * L)
+            FSTEP2(M, FW_BF16);
+        if (k + L <= cols) {
+            FSTEP1(M, FW_BF16, _mm512_loadu_ps(x + i * ldx + k));
+            k += L;
+        }
+        if (k < cols) FSTEP1(M, FW_BF16T, _mm512_maskz_loadu_ps(tm, x + i * ldx + k));
+        break;
+    case DI_DTYPE_F16:
+        for (; k + 2 * L <= cols; k += 2 * L)
+            FSTEP2(M, FW_F16);
+        if (k + L <= cols) {
+            FSTEP1(M, FW_F16, _mm512_loadu_ps(x + i * ldx + k));
+            k += L;
+        }
+        if (k < cols) FSTEP1(M, FW_F16T, _mm512_maskz_loadu_ps(tm, x + i * ldx + k));
+        break;
+    default:
+        for (; k + 2 * L <= cols; k += 2 * L)
+            FSTEP2(M, FW_F32);
+        if (k + L <= cols) {
+            FSTEP1(M, FW_F32, _mm512_loadu_ps(x + i * ldx + k));
+            k += L;
+        }
+        if (k < cols) FSTEP1(M, FW_F32T, _mm512_maskz_loadu_ps(tm, x + i * ldx + k));
+        break;
+    }
+    _Pragma("GCC unroll 2") for (int i = 0; i < M; i++) {
+        _Pragma("GCC unroll 4") for (int j = 0; j < DI_MM_NR; j++)
+            _mm512_store_ps(acc + i * as + j * L, _mm512_add_ps(a0[i][j], a1[i][j]));
+    }
+    return 1;
+}
+
+static int direct_fast(const di_weight *w, int64_t r, int nr, const float *x, int64_t ldx, int m,
+                       float *acc, int64_t as) {
+    if (m == 1) return direct2(1, w, r, nr, x, ldx, acc, as);
+    if (m == 2) return direct2(2, w, r, nr, x, ldx, acc, as);
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------- */
 /* Bandwidth probe                                                                            */
 /* ---------------------------------------------------------------------------------------- */
 
@@ -388,5 +498,7 @@ const di_mm_kernels di_mm_kernels_avx512 = {
     .convert_raw = convert_raw,
     .micro = {NULL, micro_1, micro_2, micro_3, micro_4, micro_5, micro_6},
     .direct = direct_any,
+    .direct_fast = direct_fast,
+    .direct_fast_mt = 2,
     .read_sum = read_sum,
 };

@@ -84,6 +84,11 @@ typedef struct di_mm_kernels {
     di_mm_convert_fn convert_raw; /* F8_E4M3 only: e4m3 * 2^-8 (exact), no scale */
     di_mm_micro_fn micro[DI_MM_MAXMT + 1];
     di_mm_direct_fn direct; /* may be NULL */
+    /* Optional, NOT batch-invariant (di_cpu_matmul_fast only): a decode kernel with the same
+     * contract as direct for m <= direct_fast_mt tokens but free to sum in another order
+     * (e.g. several partial sums per output); 0 when it cannot do w. May be NULL. */
+    di_mm_direct_fn direct_fast;
+    int direct_fast_mt;
     /* Reads [p, p + bytes) with the level's widest loads, returns a value depending on all
      * of it (so the reads cannot be optimised away). bytes is a multiple of 256. */
     uint64_t (*read_sum)(const void *p, size_t bytes);

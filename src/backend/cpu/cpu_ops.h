@@ -8,7 +8,8 @@
  * Activations are float32; weights are consumed in their stored dtype (see weight.h).
  * Batch invariance: the fast matmul computes each output element with a summation order
  * that depends only on `cols` (never on n, the thread count or the row split), so a row's
- * result is the same whatever batch it is in.
+ * result is the same whatever batch it is in. di_cpu_matmul_fast drops that constraint
+ * (the engine's batch_invariant = false) and picks its kernel by n.
  */
 #ifndef DI_CPU_OPS_H
 #define DI_CPU_OPS_H
@@ -31,6 +32,15 @@ int di_cpu_simd_force(const char *level);
  * x: [n][w->cols] float, y: [n][w->rows] float (row stride = w->rows). */
 void di_cpu_matmul(di_pool *pool, const di_weight *w, const float *x, int64_t n, float *y);
 void di_cpu_matmul_ref(const di_weight *w, const float *x, int64_t n, float *y);
+
+/* The same product without the batch-invariance constraint (engine batch_invariant = false):
+ * free to pick, per n, a faster kernel whose summation order depends on n. Today: for
+ * n <= 8 on bf16 / f16 / f32 weights with AVX-512, a decode kernel with two partial sums per
+ * output (twice the FMA chains) run over token pairs while a 4-row group stays in L1,
+ * instead of the direct (n <= 4) or chunked path. Otherwise, and on the other SIMD levels, it
+ * is di_cpu_matmul. Results agree with di_cpu_matmul to float rounding (normalised error
+ * ~1e-6), not bitwise, and may change with n. */
+void di_cpu_matmul_fast(di_pool *pool, const di_weight *w, const float *x, int64_t n, float *y);
 
 /* Transposed product: y[t][c] = sum_r x[t][r] * W[r][c]   for t < n, c < cols.
  * x: [n][w->rows], y: [n][w->cols]. Used by MLA's absorbed attention (W_UK^T q). */
