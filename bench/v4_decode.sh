@@ -19,9 +19,9 @@
 #     all (t+1)/4 entries plus min(index_topk, (t+1)/4) main entries; HCA its (t+1)/128
 #     entries. The engine keeps state in float32 (4 B per value).
 # Two byte counts are shown: "as stored" (the checkpoint's dtypes) and "as the engine holds
-# it": the engine converts E8M0 scales and 1-D norms to float32 at load (src/model/
-# deepseek_v4_weights.c), so each FP4 expert matrix reads 4 B per 32 columns of scale, not 1.
-# The roofline % uses the engine figure.
+# it": the engine converts the FP8 weights' E8M0 block scales and 1-D norms to float32 at
+# load (src/model/deepseek_v4_weights.c); the FP4 experts' per-32-column E8M0 scales are read
+# as stored by the kernels. The roofline % uses the engine figure.
 #
 # Timings: one `deepinfer generate` per repetition with an N_PROMPT-token prompt of random
 # ids and N_GEN new tokens (--ignore-eos, greedy): timing.prefill_tok_s and decode_tok_s
@@ -172,8 +172,9 @@ for f in files:
             continue
         b = t["data_offsets"][1] - t["data_offsets"][0]
         stored[name] = b
-        # the engine's own copy: E8M0 scales -> f32 (x4); 1-D bf16 norms -> f32 (x2)
-        if t["dtype"] == "F8_E8M0":
+        # the engine's own copy: FP8 blocks' E8M0 scales -> f32 (x4; FP4 experts' per-32
+        # scales are read as stored); 1-D bf16 norms -> f32 (x2)
+        if t["dtype"] == "F8_E8M0" and ".experts." not in name:
             engine[name] = 4 * b
         elif t["dtype"] in ("BF16", "F16") and len(t["shape"]) == 1:
             engine[name] = 2 * b

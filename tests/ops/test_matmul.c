@@ -336,7 +336,7 @@ TEST(fp8_nan_propagates) {
 TEST(batch_and_thread_invariance) {
     di_pool *p1 = di_pool_create(1), *p2 = di_pool_create(2), *p3 = di_pool_create(3);
     static const int64_t shapes[][2] = {{50, 333}, {70, 2048}, {17, 129}};
-    static const int64_t ns[] = {1, 3, 17, 64};
+    static const int64_t ns[] = {1, 3, 5, 6, 8, 17, 64};
     const int64_t N = 70;
     for (size_t lv = 0; lv < DI_ARRAY_LEN(g_levels); lv++) {
         if (di_cpu_simd_force(g_levels[lv]) != 0) continue;

@@ -5,15 +5,16 @@
  * Design stance: the driver (threads, panels, chunks, token blocks) is written once; a SIMD
  * level only supplies converters, micro-kernels and optionally a direct decode kernel
  * (cpu_matmul_impl.h). Threads split the output rows in whole panels (grain 16 rows).
- * Decode (n <= 4) runs the direct kernel over groups of 4 rows: every weight byte is read
- * once, straight into registers, while the next group is prefetched. Larger n runs
+ * Decode (n <= 8) runs the direct kernel over groups of 4 rows, tokens in groups of up to 4
+ * while the rows are in L1: every weight byte comes from memory once, straight into
+ * registers, while the next group is prefetched. Larger n runs
  *     token block (48) -> row panel (16 rows) -> column chunk (128) -> micro-tiles,
  * so a converted chunk (8 KiB of float32) is reused by up to 48 tokens from L1.
  *
  * Invariant: see cpu_matmul_impl.h -- y[t][r]'s bits depend only on cols and the SIMD level.
- * Except in di_cpu_matmul_fast (batch invariance off): for n <= 8 it keeps to the decode
- * kernels, running token groups over each 4-row group while it is in L1, the last 1-2
- * tokens by the level's direct_fast kernel (another summation order), so bits depend on n.
+ * Except in di_cpu_matmul_fast (batch invariance off): for n <= 8 it runs the last 1-2
+ * tokens of a row group by the level's direct_fast kernel (two partial sums per output,
+ * another summation order), so bits depend on n.
  */
 #include "backend/cpu/cpu_matmul_impl.h"
 #include "backend/cpu/cpu_ops.h"
@@ -258,28 +259,37 @@ static void panel_chunked(const mm_job *job, int64_t t0, int64_t tb, int64_t p0,
             job->y[(t0 + ti) * rows + p0 + j] = hsum(res + ti * acc_stride + j * L, (int)L);
 }
 
-/* The most tokens the direct (decode) kernels take; larger batches reuse converted chunks. */
-#define DIRECT_MAX_N 4
+/* The most tokens one call of a direct (decode) kernel takes, and the most tokens the
+ * invariant path runs through it in groups; larger batches reuse converted chunks. */
+#define DIRECT_MAX_N         4
+#define GROUPED_DIRECT_MAX_N 8
 
 /* Rows [r0, r1) of every token, batch-invariant. */
 static void mm_rows_invariant(const mm_job *job, int64_t r0, int64_t r1) {
     const di_mm_kernels *k = job->k;
     const int64_t rows = job->w->rows, L = k->lanes;
-    if (job->n <= DIRECT_MAX_N && k->direct && job->w->cols > 0) {
-        /* Decode: each weight byte is read once, straight into registers. */
+    if (job->n <= GROUPED_DIRECT_MAX_N && k->direct && job->w->cols > 0) {
+        /* Decode: each weight byte is read once, straight into registers. Up to
+         * GROUPED_DIRECT_MAX_N tokens run in groups of DIRECT_MAX_N over each group of rows
+         * while its weights are in L1; the direct kernel sums every token in the chunked
+         * path's order, so the grouping changes no bit. */
         _Alignas(64) float acc[DIRECT_MAX_N * DI_MM_NR * DI_MM_MAXL];
-        const int64_t as = DI_MM_NR * L;
+        const int64_t as = DI_MM_NR * L, cols = job->w->cols;
         for (int64_t g = r0; g < r1; g += DI_MM_NR) {
             const int nr = (int)DI_MIN((int64_t)DI_MM_NR, r1 - g);
-            if (!k->direct(job->w, g, nr, job->x, job->w->cols, (int)job->n, acc, as)) {
-                /* Not for this weight or n (or a NaN byte): same bits by the chunked path. */
-                for (int64_t p0 = g; p0 < r1; p0 += DI_MM_PANEL)
-                    panel_chunked(job, 0, job->n, p0, DI_MIN(DI_MM_PANEL, r1 - p0));
-                return;
+            for (int64_t t0 = 0; t0 < job->n; t0 += DIRECT_MAX_N) {
+                const int m = (int)DI_MIN((int64_t)DIRECT_MAX_N, job->n - t0);
+                if (!k->direct(job->w, g, nr, job->x + t0 * cols, cols, m, acc, as)) {
+                    /* Not for this weight or n (or a NaN byte): same bits by the chunked
+                     * path, which rewrites every token of the remaining rows. */
+                    for (int64_t p0 = g; p0 < r1; p0 += DI_MM_PANEL)
+                        panel_chunked(job, 0, job->n, p0, DI_MIN(DI_MM_PANEL, r1 - p0));
+                    return;
+                }
+                for (int i = 0; i < m; i++)
+                    for (int j = 0; j < nr; j++)
+                        job->y[(t0 + i) * rows + g + j] = hsum(acc + i * as + j * L, (int)L);
             }
-            for (int64_t t = 0; t < job->n; t++)
-                for (int j = 0; j < nr; j++)
-                    job->y[t * rows + g + j] = hsum(acc + t * as + j * L, (int)L);
         }
         return;
     }
