@@ -20,6 +20,7 @@
  * parallel loop over heads with single-threaded kernels inside.
  */
 #include "backend/cpu/cpu_nn.h"
+#include "backend/cpu/cpu_matmul_impl.h"
 #include "backend/cpu/cpu_ops.h"
 
 #include <math.h>
@@ -192,6 +193,13 @@ static void head_products(const di_head_matmul_params *p, int64_t h, bool ref) {
     const int64_t in = p->transposed ? w->rows : w->cols, out = p->transposed ? w->cols : w->rows;
     const float *x = p->x + h * p->x_hstride;
     float *y = p->y + h * p->y_hstride;
+    if (!ref) { /* strided kernels: all tokens in one call, the same bits as per token */
+        if (p->transposed)
+            di_cpu_matmul_t_strided(NULL, w, x, p->x_tstride, p->n_tokens, y, p->y_tstride);
+        else
+            di_cpu_matmul_strided(NULL, w, x, p->x_tstride, p->n_tokens, y, p->y_tstride);
+        return;
+    }
     bool whole = head_rows_contiguous(p, in, out);
     int64_t steps = whole ? 1 : p->n_tokens, n = whole ? p->n_tokens : 1;
     for (int64_t t = 0; t < steps; t++) {

@@ -183,10 +183,11 @@ const di_mm_kernels di_mm_kernels_scalar = {
 typedef struct {
     const di_mm_kernels *k;
     const di_weight *w;
-    const float *x; /* [n][cols] */
+    const float *x; /* [n][cols], rows ldx apart */
     int64_t n;
-    float *y;  /* [n][rows] */
+    float *y;  /* [n][rows], rows ldy apart */
     bool fast; /* di_cpu_matmul_fast: not batch-invariant */
+    int64_t ldx, ldy;
 } mm_job;
 
 /* Sums L lanes by halving: lane i += lane i + L/2, ... A fixed tree, the same for all n. */
@@ -199,18 +200,43 @@ static float hsum(const float *v, int L) {
     return t[0];
 }
 
+/* Chunks of weights prefetched ahead of the one being converted. A bf16 row of 2048 columns
+ * is one 4 KiB page, and the hardware prefetcher does not cross pages, so each of a panel's
+ * 16 short row streams would start cold; prefetching keeps the reads ahead of the compute. */
+#define PF_CHUNKS 2
+
+/* Prefetches w[r0 .. r0 + nr)[c0 .. c0 + kc) (dense dtypes only; a hint, no arithmetic). */
+static void prefetch_chunk(const di_weight *w, int64_t r0, int64_t nr, int64_t c0, int64_t kc) {
+    size_t esz;
+    switch (w->dtype) {
+    case DI_DTYPE_F32: esz = 4; break;
+    case DI_DTYPE_F16:
+    case DI_DTYPE_BF16: esz = 2; break;
+    case DI_DTYPE_F8_E4M3: esz = 1; break;
+    default: return;
+    }
+    const size_t len = (size_t)kc * esz;
+    for (int64_t r = r0; r < r0 + nr; r++) {
+        const char *p = (const char *)w->data + (size_t)(r * w->row_stride + c0) * esz;
+        for (size_t b = 0; b < len; b += 64)
+            __builtin_prefetch(p + b, 0, 2);
+        __builtin_prefetch(p + len - 1, 0, 2);
+    }
+}
+
 /* Rows [p0, p0 + np) (np <= DI_MM_PANEL) for tokens [t0, t0 + tb) (tb <= DI_MM_TB) by the
  * chunked path: convert a chunk of the panel once, run every token over it. In fp8 block
  * order a chunk is cut at scale-block boundaries, each piece ending its block folds in. */
-static void panel_chunked(const mm_job *job, int64_t t0, int64_t tb, int64_t p0, int64_t np) {
+static void panel_chunked(const mm_job *job, int64_t t0, int64_t tb, int64_t p0, int64_t np,
+                          int64_t next_p0, int64_t next_np) {
     const di_mm_kernels *k = job->k;
     const di_weight *w = job->w;
-    const int64_t cols = w->cols, rows = w->rows, L = k->lanes;
+    const int64_t cols = w->cols, L = k->lanes;
     const int64_t acc_stride = DI_MM_PANEL * L; /* floats between one token's accumulators */
     const int64_t np_up = (np + DI_MM_NR - 1) / DI_MM_NR * DI_MM_NR;
     const int blocked = di_mm_block_order(w);
     const int64_t bc = blocked ? w->block_cols : cols;
-    const float *xb = job->x + t0 * cols;
+    const float *xb = job->x + t0 * job->ldx;
     /* Thread-private scratch on the stack (104 KiB): the hot loop never allocates. */
     _Alignas(64) float wbuf[DI_MM_PANEL * DI_MM_KC];
     _Alignas(64) float acc[DI_MM_TB * DI_MM_PANEL * DI_MM_MAXL];
@@ -227,6 +253,13 @@ static void panel_chunked(const mm_job *job, int64_t t0, int64_t tb, int64_t p0,
     for (int64_t c0 = 0; c0 < cols; c0 += DI_MM_KC) {
         const int64_t kc = DI_MIN(DI_MM_KC, cols - c0);
         const di_mm_convert_fn cvt = blocked ? k->convert_raw : k->convert;
+        { /* prefetch PF_CHUNKS ahead: this panel's later chunks, then the next panel's */
+            const int64_t cp = c0 + PF_CHUNKS * DI_MM_KC;
+            if (cp < cols)
+                prefetch_chunk(w, p0, np, cp, DI_MIN(DI_MM_KC, cols - cp));
+            else if (next_np > 0 && cp - cols < cols)
+                prefetch_chunk(w, next_p0, next_np, cp - cols, DI_MIN(DI_MM_KC, 2 * cols - cp));
+        }
         for (int64_t j = 0; j < np; j++)
             cvt(w, p0 + j, c0, kc, wbuf + j * DI_MM_KC);
         /* Rows past the panel's end in the last micro-tile: zeros, results unused. */
@@ -234,7 +267,7 @@ static void panel_chunked(const mm_job *job, int64_t t0, int64_t tb, int64_t p0,
             memset(wbuf + j * DI_MM_KC, 0, sizeof(float) * DI_MM_KC);
         for (int64_t s0 = c0, s1; s0 < c0 + kc; s0 = s1) {
             s1 = DI_MIN((s0 / bc + 1) * bc, c0 + kc);
-            di_mm_tile t = {.ldw = DI_MM_KC, .ldx = cols, .acc_stride = acc_stride, .kc = s1 - s0};
+            di_mm_tile t = {.ldw = DI_MM_KC, .ldx = job->ldx, .acc_stride = acc_stride, .kc = s1 - s0};
             t.init = blocked ? s0 % bc == 0 : c0 == 0;
             t.finish = blocked && (s1 % bc == 0 || s1 == cols);
             t.tot_init = s0 < bc;
@@ -247,7 +280,7 @@ static void panel_chunked(const mm_job *job, int64_t t0, int64_t tb, int64_t p0,
                     t.tot = tot + ti * acc_stride + g * L;
                     t.scale = sc + g;
                     t.wb = wbuf + g * DI_MM_KC + (s0 - c0);
-                    t.x = xb + ti * cols + s0;
+                    t.x = xb + ti * job->ldx + s0;
                     k->micro[m](&t);
                 }
             }
@@ -256,7 +289,7 @@ static void panel_chunked(const mm_job *job, int64_t t0, int64_t tb, int64_t p0,
     const float *res = blocked ? tot : acc;
     for (int64_t ti = 0; ti < tb; ti++)
         for (int64_t j = 0; j < np; j++)
-            job->y[(t0 + ti) * rows + p0 + j] = hsum(res + ti * acc_stride + j * L, (int)L);
+            job->y[(t0 + ti) * job->ldy + p0 + j] = hsum(res + ti * acc_stride + j * L, (int)L);
 }
 
 /* The most tokens one call of a direct (decode) kernel takes, and the most tokens the
@@ -267,35 +300,47 @@ static void panel_chunked(const mm_job *job, int64_t t0, int64_t tb, int64_t p0,
 /* Rows [r0, r1) of every token, batch-invariant. */
 static void mm_rows_invariant(const mm_job *job, int64_t r0, int64_t r1) {
     const di_mm_kernels *k = job->k;
-    const int64_t rows = job->w->rows, L = k->lanes;
+    const int64_t ldy = job->ldy, L = k->lanes;
     if (job->n <= GROUPED_DIRECT_MAX_N && k->direct && job->w->cols > 0) {
         /* Decode: each weight byte is read once, straight into registers. Up to
          * GROUPED_DIRECT_MAX_N tokens run in groups of DIRECT_MAX_N over each group of rows
          * while its weights are in L1; the direct kernel sums every token in the chunked
          * path's order, so the grouping changes no bit. */
         _Alignas(64) float acc[DIRECT_MAX_N * DI_MM_NR * DI_MM_MAXL];
-        const int64_t as = DI_MM_NR * L, cols = job->w->cols;
+        const int64_t as = DI_MM_NR * L, ldx = job->ldx;
         for (int64_t g = r0; g < r1; g += DI_MM_NR) {
             const int nr = (int)DI_MIN((int64_t)DI_MM_NR, r1 - g);
             for (int64_t t0 = 0; t0 < job->n; t0 += DIRECT_MAX_N) {
                 const int m = (int)DI_MIN((int64_t)DIRECT_MAX_N, job->n - t0);
-                if (!k->direct(job->w, g, nr, job->x + t0 * cols, cols, m, acc, as)) {
+                if (!k->direct(job->w, g, nr, job->x + t0 * ldx, ldx, m, acc, as)) {
                     /* Not for this weight or n (or a NaN byte): same bits by the chunked
                      * path, which rewrites every token of the remaining rows. */
                     for (int64_t p0 = g; p0 < r1; p0 += DI_MM_PANEL)
-                        panel_chunked(job, 0, job->n, p0, DI_MIN(DI_MM_PANEL, r1 - p0));
+                        panel_chunked(job, 0, job->n, p0, DI_MIN(DI_MM_PANEL, r1 - p0), 0, 0);
                     return;
                 }
                 for (int i = 0; i < m; i++)
                     for (int j = 0; j < nr; j++)
-                        job->y[(t0 + i) * rows + g + j] = hsum(acc + i * as + j * L, (int)L);
+                        job->y[(t0 + i) * ldy + g + j] = hsum(acc + i * as + j * L, (int)L);
             }
         }
         return;
     }
-    for (int64_t t0 = 0; t0 < job->n; t0 += DI_MM_TB)
-        for (int64_t p0 = r0; p0 < r1; p0 += DI_MM_PANEL)
-            panel_chunked(job, t0, DI_MIN(DI_MM_TB, job->n - t0), p0, DI_MIN(DI_MM_PANEL, r1 - p0));
+    /* Panels outer, token blocks inner: a panel's weights (64 KiB of bf16) come from memory
+     * once and stay in L2 for the later token blocks. The order of the blocks changes no
+     * arithmetic. */
+    for (int64_t c = 0; c < PF_CHUNKS * DI_MM_KC && c < job->w->cols && r0 < r1; c += DI_MM_KC)
+        prefetch_chunk(job->w, r0, DI_MIN(DI_MM_PANEL, r1 - r0), c,
+                       DI_MIN(DI_MM_KC, job->w->cols - c));
+    for (int64_t p0 = r0; p0 < r1; p0 += DI_MM_PANEL) {
+        const int64_t np = DI_MIN(DI_MM_PANEL, r1 - p0), nx = p0 + np;
+        const int64_t nnp = DI_MIN(DI_MM_PANEL, r1 - nx);
+        for (int64_t t0 = 0; t0 < job->n; t0 += DI_MM_TB) {
+            const bool last = t0 + DI_MM_TB >= job->n;
+            panel_chunked(job, t0, DI_MIN(DI_MM_TB, job->n - t0), p0, np, last ? nx : p0,
+                          last ? (nnp > 0 ? nnp : 0) : np);
+        }
+    }
 }
 
 /* Up to this many tokens the fast (non-invariant) mode stays on the decode kernels: for each
@@ -308,24 +353,24 @@ static void mm_rows_invariant(const mm_job *job, int64_t r0, int64_t r1) {
  * recomputes the whole range, overwriting whatever was written). */
 static int mm_rows_fast(const mm_job *job, int64_t r0, int64_t r1) {
     const di_mm_kernels *k = job->k;
-    const int64_t rows = job->w->rows, cols = job->w->cols, L = k->lanes, as = DI_MM_NR * L;
+    const int64_t ldy = job->ldy, ldx = job->ldx, L = k->lanes, as = DI_MM_NR * L;
     _Alignas(64) float acc[DI_MM_MAXMT * DI_MM_NR * DI_MM_MAXL];
     for (int64_t g = r0; g < r1; g += DI_MM_NR) {
         const int nr = (int)DI_MIN((int64_t)DI_MM_NR, r1 - g);
         for (int64_t t0 = 0, m; t0 < job->n; t0 += m) {
             m = job->n - t0;
-            const float *x = job->x + t0 * cols;
+            const float *x = job->x + t0 * ldx;
             int ok;
             if (m <= k->direct_fast_mt) {
-                ok = k->direct_fast(job->w, g, nr, x, cols, (int)m, acc, as);
+                ok = k->direct_fast(job->w, g, nr, x, ldx, (int)m, acc, as);
             } else {
                 m = DI_MIN(m, (int64_t)DIRECT_MAX_N);
-                ok = k->direct && k->direct(job->w, g, nr, x, cols, (int)m, acc, as);
+                ok = k->direct && k->direct(job->w, g, nr, x, ldx, (int)m, acc, as);
             }
             if (!ok) return 0;
             for (int i = 0; i < m; i++)
                 for (int j = 0; j < nr; j++)
-                    job->y[(t0 + i) * rows + g + j] = hsum(acc + i * as + j * L, (int)L);
+                    job->y[(t0 + i) * ldy + g + j] = hsum(acc + i * as + j * L, (int)L);
         }
     }
     return 1;
@@ -341,15 +386,20 @@ static void mm_rows(void *ctx, int64_t r0, int64_t r1, int tid) {
 }
 
 void di_cpu_matmul(di_pool *pool, const di_weight *w, const float *x, int64_t n, float *y) {
+    di_cpu_matmul_strided(pool, w, x, w->cols, n, y, w->rows);
+}
+
+void di_cpu_matmul_strided(di_pool *pool, const di_weight *w, const float *x, int64_t ldx,
+                           int64_t n, float *y, int64_t ldy) {
     if (n <= 0 || w->rows <= 0) return;
-    mm_job job = {di_mm_active(), w, x, n, y, false};
+    mm_job job = {di_mm_active(), w, x, n, y, false, ldx, ldy};
     /* Whole panels per thread; the split never changes a value, only who computes it. */
     di_pool_run(pool, w->rows, DI_MM_PANEL, mm_rows, &job);
 }
 
 void di_cpu_matmul_fast(di_pool *pool, const di_weight *w, const float *x, int64_t n, float *y) {
     if (n <= 0 || w->rows <= 0) return;
-    mm_job job = {di_mm_active(), w, x, n, y, true};
+    mm_job job = {di_mm_active(), w, x, n, y, true, w->cols, w->rows};
     di_pool_run(pool, w->rows, DI_MM_PANEL, mm_rows, &job);
 }
 
@@ -359,19 +409,50 @@ void di_cpu_matmul_fast(di_pool *pool, const di_weight *w, const float *x, int64
 
 /* Each thread owns a range of columns; for every chunk of them it walks all rows in order,
  * y[t][c] = y[t][c] + x[t][r] * w[r][c] (plain mul-then-add, so every level agrees). */
+/* With a level's t_tile: a panel of up to DI_MMT_RB rows x DI_MMT_NC columns is converted
+ * once, then up to DI_MM_MAXMT tokens at a time keep their outputs in registers over its
+ * rows. Same arithmetic as below (rows in order, multiply then add, from +0), so same bits. */
+static void mmt_cols_tiled(const mm_job *job, int64_t c_begin, int64_t c_end) {
+    const di_weight *w = job->w;
+    const int64_t rows = w->rows;
+    _Alignas(64) float wbuf[DI_MMT_RB * DI_MMT_NC];
+    for (int64_t c0 = c_begin; c0 < c_end; c0 += DI_MMT_NC) {
+        const int64_t nc = DI_MIN(DI_MMT_NC, c_end - c0);
+        for (int64_t r0 = 0; r0 < rows; r0 += DI_MMT_RB) {
+            const int64_t rb = DI_MIN(DI_MMT_RB, rows - r0);
+            for (int64_t r = 0; r < rb; r++) {
+                job->k->convert(w, r0 + r, c0, nc, wbuf + r * DI_MMT_NC);
+                for (int64_t c = (nc + job->k->lanes - 1) / job->k->lanes * job->k->lanes;
+                     c < DI_MMT_NC; c++)
+                    wbuf[r * DI_MMT_NC + c] = 0.0f;
+            }
+            for (int64_t t0 = 0; t0 < job->n; t0 += DI_MM_MAXMT) {
+                const int m = (int)DI_MIN((int64_t)DI_MM_MAXMT, job->n - t0);
+                job->k->t_tile(wbuf, DI_MMT_NC, rb, job->x + t0 * job->ldx + r0, job->ldx, m,
+                               job->y + t0 * job->ldy + c0, job->ldy, nc, r0 == 0);
+            }
+        }
+    }
+}
+
 static void mmt_cols(void *ctx, int64_t c_begin, int64_t c_end, int tid) {
     const mm_job *job = ctx;
     const di_weight *w = job->w;
+    (void)tid;
+    if (job->k->t_tile && w->rows > 0) {
+        mmt_cols_tiled(job, c_begin, c_end);
+        return;
+    }
     _Alignas(64) float wbuf[DI_MM_KC + DI_MM_MAXL];
     for (int64_t c0 = c_begin; c0 < c_end; c0 += DI_MM_KC) {
         const int64_t kc = DI_MIN(DI_MM_KC, c_end - c0);
         for (int64_t t = 0; t < job->n; t++)
-            memset(job->y + t * w->cols + c0, 0, sizeof(float) * (size_t)kc);
+            memset(job->y + t * job->ldy + c0, 0, sizeof(float) * (size_t)kc);
         for (int64_t r = 0; r < w->rows; r++) {
             job->k->convert(w, r, c0, kc, wbuf);
             for (int64_t t = 0; t < job->n; t++) {
-                const float xv = job->x[t * w->rows + r];
-                float *yr = job->y + t * w->cols + c0;
+                const float xv = job->x[t * job->ldx + r];
+                float *yr = job->y + t * job->ldy + c0;
                 for (int64_t c = 0; c < kc; c++)
                     yr[c] = yr[c] + xv * wbuf[c];
             }
@@ -380,8 +461,13 @@ static void mmt_cols(void *ctx, int64_t c_begin, int64_t c_end, int tid) {
 }
 
 void di_cpu_matmul_t(di_pool *pool, const di_weight *w, const float *x, int64_t n, float *y) {
+    di_cpu_matmul_t_strided(pool, w, x, w->rows, n, y, w->cols);
+}
+
+void di_cpu_matmul_t_strided(di_pool *pool, const di_weight *w, const float *x, int64_t ldx,
+                             int64_t n, float *y, int64_t ldy) {
     if (n <= 0 || w->cols <= 0) return;
-    mm_job job = {di_mm_active(), w, x, n, y, false};
+    mm_job job = {di_mm_active(), w, x, n, y, false, ldx, ldy};
     di_pool_run(pool, w->cols, 64, mmt_cols, &job);
 }
 

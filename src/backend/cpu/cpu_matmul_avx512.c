@@ -474,6 +474,53 @@ static int direct_fast(const di_weight *w, int64_t r, int nr, const float *x, in
 }
 
 /* ---------------------------------------------------------------------------------------- */
+/* Transposed product tile: m tokens x 64 columns in registers, rows in order, mul then add   */
+/* ---------------------------------------------------------------------------------------- */
+
+static inline __attribute__((always_inline)) void t_tile(const int M, const float *wb, int64_t ldw,
+                                                         int64_t rb, const float *x, int64_t ldx,
+                                                         float *y, int64_t ldy, int64_t nc,
+                                                         int init) {
+    enum { NV = DI_MMT_NC / L };
+    __mmask16 mk[NV];
+    for (int j = 0; j < NV; j++) {
+        const int64_t left = nc - j * L;
+        mk[j] = left >= L ? (__mmask16)0xffff : left <= 0 ? (__mmask16)0 : tail_mask(left);
+    }
+    __m512 a[DI_MM_MAXMT][NV];
+    _Pragma("GCC unroll 8") for (int i = 0; i < M; i++) {
+        _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) a[i][j] =
+            init ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mk[j], y + i * ldy + j * L);
+    }
+    for (int64_t r = 0; r < rb; r++) {
+        __m512 wv[NV];
+        _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) wv[j] =
+            _mm512_load_ps(wb + r * ldw + j * L);
+        _Pragma("GCC unroll 8") for (int i = 0; i < M; i++) {
+            const __m512 xv = _mm512_set1_ps(x[i * ldx + r]);
+            _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) a[i][j] =
+                _mm512_add_ps(a[i][j], _mm512_mul_ps(xv, wv[j]));
+        }
+    }
+    _Pragma("GCC unroll 8") for (int i = 0; i < M; i++) {
+        _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++)
+            _mm512_mask_storeu_ps(y + i * ldy + j * L, mk[j], a[i][j]);
+    }
+}
+
+static void t_tile_any(const float *wb, int64_t ldw, int64_t rb, const float *x, int64_t ldx,
+                       int m, float *y, int64_t ldy, int64_t nc, int init) {
+    switch (m) {
+    case 1: t_tile(1, wb, ldw, rb, x, ldx, y, ldy, nc, init); break;
+    case 2: t_tile(2, wb, ldw, rb, x, ldx, y, ldy, nc, init); break;
+    case 3: t_tile(3, wb, ldw, rb, x, ldx, y, ldy, nc, init); break;
+    case 4: t_tile(4, wb, ldw, rb, x, ldx, y, ldy, nc, init); break;
+    case 5: t_tile(5, wb, ldw, rb, x, ldx, y, ldy, nc, init); break;
+    default: t_tile(6, wb, ldw, rb, x, ldx, y, ldy, nc, init); break;
+    }
+}
+
+/* ---------------------------------------------------------------------------------------- */
 /* Bandwidth probe                                                                            */
 /* ---------------------------------------------------------------------------------------- */
 
@@ -500,5 +547,6 @@ const di_mm_kernels di_mm_kernels_avx512 = {
     .direct = direct_any,
     .direct_fast = direct_fast,
     .direct_fast_mt = 2,
+    .t_tile = t_tile_any,
     .read_sum = read_sum,
 };

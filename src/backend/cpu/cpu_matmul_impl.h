@@ -24,6 +24,7 @@
 #define DI_CPU_MATMUL_IMPL_H
 
 #include "backend/weight.h"
+#include "core/threadpool.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -76,6 +77,16 @@ static inline int di_mm_block_order(const di_weight *w) {
     return w->dtype == DI_DTYPE_F8_E4M3 && w->block_cols > 0 && w->block_cols % DI_MM_MAXL == 0;
 }
 
+/* Optional transposed-product tile (di_cpu_matmul_t): for tokens i < m (<= DI_MM_MAXMT) and
+ * columns c < nc (<= DI_MMT_NC), y[i][c] = init ? +0 : y[i][c], then for r = 0 .. rb - 1 in
+ * order y[i][c] = y[i][c] + x[i][r] * wb[r][c], a multiply then an add (no FMA), as the
+ * generic loop does. wb: rb converted rows, ldw floats apart (64-byte aligned, zero past nc
+ * up to DI_MMT_NC); x rows ldx apart, y rows ldy apart; only columns < nc are written. */
+#define DI_MMT_NC 64
+#define DI_MMT_RB 128
+typedef void (*di_mm_t_tile_fn)(const float *wb, int64_t ldw, int64_t rb, const float *x,
+                                int64_t ldx, int m, float *y, int64_t ldy, int64_t nc, int init);
+
 typedef struct di_mm_kernels {
     const char *name; /* "avx512", "avx2", "neon", "scalar" */
     int lanes;        /* L: accumulator width, fixes the reduction order */
@@ -89,6 +100,7 @@ typedef struct di_mm_kernels {
      * (e.g. several partial sums per output); 0 when it cannot do w. May be NULL. */
     di_mm_direct_fn direct_fast;
     int direct_fast_mt;
+    di_mm_t_tile_fn t_tile; /* may be NULL */
     /* Reads [p, p + bytes) with the level's widest loads, returns a value depending on all
      * of it (so the reads cannot be optimised away). bytes is a multiple of 256. */
     uint64_t (*read_sum)(const void *p, size_t bytes);
@@ -113,5 +125,12 @@ static inline const float *di_mm_scale_row(const di_weight *w, int64_t r) {
 
 /* The kernels the fast entry points use now (DI_SIMD and di_cpu_simd_force apply). */
 const di_mm_kernels *di_mm_active(void);
+
+/* di_cpu_matmul / di_cpu_matmul_t with token rows ldx (x) and ldy (y) floats apart; the
+ * same bits as the packed versions. */
+void di_cpu_matmul_strided(di_pool *pool, const di_weight *w, const float *x, int64_t ldx,
+                           int64_t n, float *y, int64_t ldy);
+void di_cpu_matmul_t_strided(di_pool *pool, const di_weight *w, const float *x, int64_t ldx,
+                             int64_t n, float *y, int64_t ldy);
 
 #endif /* DI_CPU_MATMUL_IMPL_H */
