@@ -7,7 +7,7 @@ Usage: python3 bench/make_v4_flash_slice.py --out DIR [--layers L] [--seed S] [-
 Writes DIR/config.json (upstream style, as tools/make_goldens_v4.py writes it for the
 v4_upstream_fp8 case), one safetensors shard per layer plus one for the global tensors, and
 DIR/model.safetensors.index.json. Everything is the real V4-Flash shape
-(/work/shared/specs/deepseek-v4.md, section 1-2): vocab 129280, hidden 4096, 64 heads x 512
+(../shared/specs/deepseek-v4.md, section 1-2): vocab 129280, hidden 4096, 64 heads x 512
 (rope 64), q_lora 1024, o_groups 8 x o_lora 1024, window 128, compress ratios 4 (CSA) / 128
 (HCA), indexer 64 heads x 128 top-512, 256 routed experts x 2048 (top-6) + 1 shared, 3 hash
 layers, hc_mult 4 -- only the number of layers is cut to L. The first L layers follow the

@@ -11,7 +11,7 @@ The reference is transformers' own rendering:
     special tokens.
 A case whose rendering raises records "error" (the exception text) instead of "expected".
 
-Usage: python3 tools/make_chat_goldens.py [--shared /work/shared] [--out tests/data/chat/goldens.json]
+Usage: python3 tools/make_chat_goldens.py [--shared ../shared] [--out tests/data/chat/goldens.json]
 """
 import argparse
 import json

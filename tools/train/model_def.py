@@ -3,7 +3,7 @@
 Shared by tools/train/train.py (training on the GPU) and tools/train/make_reference.py (float64
 reference on the CPU). The main model is transformers 5.17's DeepseekV4ForCausalLM unchanged; the
 one-layer multi-token-prediction (MTP) module, which transformers does not build, is written here
-from /work/shared/specs/deepseek-v4.md §3 "MTP" and the upstream layout (`mtp.0.*`):
+from ../shared/specs/deepseek-v4.md §3 "MTP" and the upstream layout (`mtp.0.*`):
 
     e   = enorm(embed(tok[t+1]))                      [D]       shared embedding
     h_j = hnorm(X_main[t, j])  for each stream j      [n, D]    X_main = main streams before hc_head

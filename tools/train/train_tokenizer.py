@@ -12,7 +12,7 @@ Outputs:
   <data>/tokens_manifest.json        counts and sha256 of the token files
 
 Design stance: the same *structure* as DeepSeek-V3's tokenizer (data copied from
-/work/shared/tokenizers/deepseek-v3/tokenizer.json): no normaliser; pre-tokenizer = Split on
+../shared/tokenizers/deepseek-v3/tokenizer.json): no normaliser; pre-tokenizer = Split on
 digit runs of 1-3, Split on CJK runs, Split on the GPT-style regex, then ByteLevel without its own
 regex; ByteLevel decoder. BOS: a TemplateProcessing post-processor "<bos> $A" in tokenizer.json and add_bos_token
 true in tokenizer_config.json (tokenizer_class PreTrainedTokenizerFast: transformers 5.17 loads

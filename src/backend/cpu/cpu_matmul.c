@@ -203,7 +203,9 @@ static float hsum(const float *v, int L) {
 /* Chunks of weights prefetched ahead of the one being converted. A bf16 row of 2048 columns
  * is one 4 KiB page, and the hardware prefetcher does not cross pages, so each of a panel's
  * 16 short row streams would start cold; prefetching keeps the reads ahead of the compute. */
+#ifndef PF_CHUNKS
 #define PF_CHUNKS 2
+#endif
 
 /* Prefetches w[r0 .. r0 + nr)[c0 .. c0 + kc) (dense dtypes only; a hint, no arithmetic). */
 static void prefetch_chunk(const di_weight *w, int64_t r0, int64_t nr, int64_t c0, int64_t kc) {
@@ -287,6 +289,11 @@ static void panel_chunked(const mm_job *job, int64_t t0, int64_t tb, int64_t p0,
         }
     }
     const float *res = blocked ? tot : acc;
+    if (k->hsum_n) {
+        for (int64_t ti = 0; ti < tb; ti++)
+            k->hsum_n(res + ti * acc_stride, np, job->y + (t0 + ti) * job->ldy + p0);
+        return;
+    }
     for (int64_t ti = 0; ti < tb; ti++)
         for (int64_t j = 0; j < np; j++)
             job->y[(t0 + ti) * job->ldy + p0 + j] = hsum(res + ti * acc_stride + j * L, (int)L);
@@ -319,9 +326,14 @@ static void mm_rows_invariant(const mm_job *job, int64_t r0, int64_t r1) {
                         panel_chunked(job, 0, job->n, p0, DI_MIN(DI_MM_PANEL, r1 - p0), 0, 0);
                     return;
                 }
-                for (int i = 0; i < m; i++)
+                for (int i = 0; i < m; i++) {
+                    if (k->hsum_n) {
+                        k->hsum_n(acc + i * as, nr, job->y + (t0 + i) * ldy + g);
+                        continue;
+                    }
                     for (int j = 0; j < nr; j++)
                         job->y[(t0 + i) * ldy + g + j] = hsum(acc + i * as + j * L, (int)L);
+                }
             }
         }
         return;

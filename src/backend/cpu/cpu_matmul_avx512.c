@@ -520,6 +520,18 @@ static void t_tile_any(const float *wb, int64_t ldw, int64_t rb, const float *x,
     }
 }
 
+/* The driver's halving tree (lanes l and l + 8, then l and l + 4, then l + 2, then l + 1),
+ * pair for pair, so bitwise equal to hsum() in cpu_matmul.c. */
+static void hsum_n(const float *v, int64_t cnt, float *out) {
+    for (int64_t i = 0; i < cnt; i++) {
+        const __m512 a = _mm512_load_ps(v + i * L);
+        const __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
+        const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+        const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+        out[i] = _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
+    }
+}
+
 /* ---------------------------------------------------------------------------------------- */
 /* Bandwidth probe                                                                            */
 /* ---------------------------------------------------------------------------------------- */
@@ -548,5 +560,6 @@ const di_mm_kernels di_mm_kernels_avx512 = {
     .direct_fast = direct_fast,
     .direct_fast_mt = 2,
     .t_tile = t_tile_any,
+    .hsum_n = hsum_n,
     .read_sum = read_sum,
 };

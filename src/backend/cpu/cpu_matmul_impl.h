@@ -101,6 +101,9 @@ typedef struct di_mm_kernels {
     di_mm_direct_fn direct_fast;
     int direct_fast_mt;
     di_mm_t_tile_fn t_tile; /* may be NULL */
+    /* Optional: out[i] = the halving-tree sum (hsum in cpu_matmul.c: lane l += lane l + L/2,
+     * then L/4, ... 1) of the L lanes at v + i * L, for i < cnt; bitwise the same tree. */
+    void (*hsum_n)(const float *v, int64_t cnt, float *out);
     /* Reads [p, p + bytes) with the level's widest loads, returns a value depending on all
      * of it (so the reads cannot be optimised away). bytes is a multiple of 256. */
     uint64_t (*read_sum)(const void *p, size_t bytes);
