@@ -14,7 +14,10 @@
 #include <sched.h>
 #include <stdatomic.h>
 
-#define DI_POOL_SPIN 20000
+/* About 0.2 ms (10 us before): long enough to stay awake across the serial host work between the
+ * products of a prefill (routing, an expert's SiLU and gathers), whose futex wake-ups
+ * otherwise cost more than they save; an idle engine still parks soon after. */
+#define DI_POOL_SPIN 400000
 
 typedef struct {
     di_pool *pool;

@@ -8,8 +8,11 @@
  * Decode (n <= 8) runs the direct kernel over groups of 4 rows, tokens in groups of up to 4
  * while the rows are in L1: every weight byte comes from memory once, straight into
  * registers, while the next group is prefetched. Larger n runs
- *     token block (48) -> row panel (16 rows) -> column chunk (128) -> micro-tiles,
- * so a converted chunk (8 KiB of float32) is reused by up to 48 tokens from L1.
+ *     row panel (16 rows) -> token block (48) -> column chunk (128) -> micro-tiles,
+ * so a converted chunk (8 KiB of float32) is reused by up to 48 tokens from L1 and a panel's
+ * weights come from memory once (later token blocks find them in L2). The transposed product
+ * keeps m tokens x 64 columns in registers over a converted panel when the level has a
+ * t_tile kernel. Token rows may be strided (di_cpu_matmul_strided), for per-head products.
  *
  * Invariant: see cpu_matmul_impl.h -- y[t][r]'s bits depend only on cols and the SIMD level.
  * Except in di_cpu_matmul_fast (batch invariance off): for n <= 8 it runs the last 1-2
@@ -200,37 +203,10 @@ static float hsum(const float *v, int L) {
     return t[0];
 }
 
-/* Chunks of weights prefetched ahead of the one being converted. A bf16 row of 2048 columns
- * is one 4 KiB page, and the hardware prefetcher does not cross pages, so each of a panel's
- * 16 short row streams would start cold; prefetching keeps the reads ahead of the compute. */
-#ifndef PF_CHUNKS
-#define PF_CHUNKS 2
-#endif
-
-/* Prefetches w[r0 .. r0 + nr)[c0 .. c0 + kc) (dense dtypes only; a hint, no arithmetic). */
-static void prefetch_chunk(const di_weight *w, int64_t r0, int64_t nr, int64_t c0, int64_t kc) {
-    size_t esz;
-    switch (w->dtype) {
-    case DI_DTYPE_F32: esz = 4; break;
-    case DI_DTYPE_F16:
-    case DI_DTYPE_BF16: esz = 2; break;
-    case DI_DTYPE_F8_E4M3: esz = 1; break;
-    default: return;
-    }
-    const size_t len = (size_t)kc * esz;
-    for (int64_t r = r0; r < r0 + nr; r++) {
-        const char *p = (const char *)w->data + (size_t)(r * w->row_stride + c0) * esz;
-        for (size_t b = 0; b < len; b += 64)
-            __builtin_prefetch(p + b, 0, 2);
-        __builtin_prefetch(p + len - 1, 0, 2);
-    }
-}
-
 /* Rows [p0, p0 + np) (np <= DI_MM_PANEL) for tokens [t0, t0 + tb) (tb <= DI_MM_TB) by the
  * chunked path: convert a chunk of the panel once, run every token over it. In fp8 block
  * order a chunk is cut at scale-block boundaries, each piece ending its block folds in. */
-static void panel_chunked(const mm_job *job, int64_t t0, int64_t tb, int64_t p0, int64_t np,
-                          int64_t next_p0, int64_t next_np) {
+static void panel_chunked(const mm_job *job, int64_t t0, int64_t tb, int64_t p0, int64_t np) {
     const di_mm_kernels *k = job->k;
     const di_weight *w = job->w;
     const int64_t cols = w->cols, L = k->lanes;
@@ -255,13 +231,6 @@ static void panel_chunked(const mm_job *job, int64_t t0, int64_t tb, int64_t p0,
     for (int64_t c0 = 0; c0 < cols; c0 += DI_MM_KC) {
         const int64_t kc = DI_MIN(DI_MM_KC, cols - c0);
         const di_mm_convert_fn cvt = blocked ? k->convert_raw : k->convert;
-        { /* prefetch PF_CHUNKS ahead: this panel's later chunks, then the next panel's */
-            const int64_t cp = c0 + PF_CHUNKS * DI_MM_KC;
-            if (cp < cols)
-                prefetch_chunk(w, p0, np, cp, DI_MIN(DI_MM_KC, cols - cp));
-            else if (next_np > 0 && cp - cols < cols)
-                prefetch_chunk(w, next_p0, next_np, cp - cols, DI_MIN(DI_MM_KC, 2 * cols - cp));
-        }
         for (int64_t j = 0; j < np; j++)
             cvt(w, p0 + j, c0, kc, wbuf + j * DI_MM_KC);
         /* Rows past the panel's end in the last micro-tile: zeros, results unused. */
@@ -269,7 +238,8 @@ static void panel_chunked(const mm_job *job, int64_t t0, int64_t tb, int64_t p0,
             memset(wbuf + j * DI_MM_KC, 0, sizeof(float) * DI_MM_KC);
         for (int64_t s0 = c0, s1; s0 < c0 + kc; s0 = s1) {
             s1 = DI_MIN((s0 / bc + 1) * bc, c0 + kc);
-            di_mm_tile t = {.ldw = DI_MM_KC, .ldx = job->ldx, .acc_stride = acc_stride, .kc = s1 - s0};
+            di_mm_tile t = {
+                .ldw = DI_MM_KC, .ldx = job->ldx, .acc_stride = acc_stride, .kc = s1 - s0};
             t.init = blocked ? s0 % bc == 0 : c0 == 0;
             t.finish = blocked && (s1 % bc == 0 || s1 == cols);
             t.tot_init = s0 < bc;
@@ -323,7 +293,7 @@ static void mm_rows_invariant(const mm_job *job, int64_t r0, int64_t r1) {
                     /* Not for this weight or n (or a NaN byte): same bits by the chunked
                      * path, which rewrites every token of the remaining rows. */
                     for (int64_t p0 = g; p0 < r1; p0 += DI_MM_PANEL)
-                        panel_chunked(job, 0, job->n, p0, DI_MIN(DI_MM_PANEL, r1 - p0), 0, 0);
+                        panel_chunked(job, 0, job->n, p0, DI_MIN(DI_MM_PANEL, r1 - p0));
                     return;
                 }
                 for (int i = 0; i < m; i++) {
@@ -341,18 +311,9 @@ static void mm_rows_invariant(const mm_job *job, int64_t r0, int64_t r1) {
     /* Panels outer, token blocks inner: a panel's weights (64 KiB of bf16) come from memory
      * once and stay in L2 for the later token blocks. The order of the blocks changes no
      * arithmetic. */
-    for (int64_t c = 0; c < PF_CHUNKS * DI_MM_KC && c < job->w->cols && r0 < r1; c += DI_MM_KC)
-        prefetch_chunk(job->w, r0, DI_MIN(DI_MM_PANEL, r1 - r0), c,
-                       DI_MIN(DI_MM_KC, job->w->cols - c));
-    for (int64_t p0 = r0; p0 < r1; p0 += DI_MM_PANEL) {
-        const int64_t np = DI_MIN(DI_MM_PANEL, r1 - p0), nx = p0 + np;
-        const int64_t nnp = DI_MIN(DI_MM_PANEL, r1 - nx);
-        for (int64_t t0 = 0; t0 < job->n; t0 += DI_MM_TB) {
-            const bool last = t0 + DI_MM_TB >= job->n;
-            panel_chunked(job, t0, DI_MIN(DI_MM_TB, job->n - t0), p0, np, last ? nx : p0,
-                          last ? (nnp > 0 ? nnp : 0) : np);
-        }
-    }
+    for (int64_t p0 = r0; p0 < r1; p0 += DI_MM_PANEL)
+        for (int64_t t0 = 0; t0 < job->n; t0 += DI_MM_TB)
+            panel_chunked(job, t0, DI_MIN(DI_MM_TB, job->n - t0), p0, DI_MIN(DI_MM_PANEL, r1 - p0));
 }
 
 /* Up to this many tokens the fast (non-invariant) mode stays on the decode kernels: for each
@@ -380,9 +341,14 @@ static int mm_rows_fast(const mm_job *job, int64_t r0, int64_t r1) {
                 ok = k->direct && k->direct(job->w, g, nr, x, ldx, (int)m, acc, as);
             }
             if (!ok) return 0;
-            for (int i = 0; i < m; i++)
+            for (int i = 0; i < m; i++) {
+                if (k->hsum_n) {
+                    k->hsum_n(acc + i * as, nr, job->y + (t0 + i) * ldy + g);
+                    continue;
+                }
                 for (int j = 0; j < nr; j++)
                     job->y[(t0 + i) * ldy + g + j] = hsum(acc + i * as + j * L, (int)L);
+            }
         }
     }
     return 1;
