@@ -585,3 +585,61 @@ di_status di_st_open_dir(const char *dir, di_st_set **out) {
     di_free(ipath);
     return st_finish(set, st, out);
 }
+
+/* ---------------------------------------------------------------------------------------- */
+/* Helpers for the model loaders                                                              */
+/* ---------------------------------------------------------------------------------------- */
+
+const char *di_st_file_name(const di_st_set *set, const di_st_tensor *t) {
+    const char *path = di_st_file_path(set, t->file_index);
+    const char *s = strrchr(path, '/');
+    return s ? s + 1 : path;
+}
+
+static void fmt_shape(char *buf, size_t cap, int32_t ndim, const int64_t *dims) {
+    size_t k = (size_t)snprintf(buf, cap, "[");
+    for (int32_t i = 0; i < ndim && k < cap; i++)
+        k += (size_t)snprintf(buf + k, cap - k, "%s%lld", i ? ", " : "", (long long)dims[i]);
+    if (k < cap) snprintf(buf + k, cap - k, "]");
+}
+
+di_status di_st_check_shape(const di_st_set *set, const di_st_tensor *t, int32_t ndim,
+                            const int64_t *dims) {
+    bool ok = t->ndim == ndim;
+    for (int32_t i = 0; ok && i < ndim; i++)
+        ok = t->shape[i] == dims[i];
+    if (ok) return DI_OK;
+    char have[128], want[128];
+    fmt_shape(have, sizeof have, t->ndim, t->shape);
+    fmt_shape(want, sizeof want, ndim, dims);
+    return di_error(DI_ERR_FORMAT, "%s: tensor \"%s\" has shape %s, expected %s",
+                    di_st_file_name(set, t), t->name, have, want);
+}
+
+di_status di_st_to_float(const di_st_set *set, const di_st_tensor *t, int64_t n, float *out) {
+    const unsigned char *src = t->data;
+    for (int64_t i = 0; i < n; i++) {
+        uint16_t h;
+        switch (t->dtype) {
+        case DI_DTYPE_F32:
+            memcpy(&out[i], src + 4 * i, 4);
+            break;
+        case DI_DTYPE_BF16:
+            memcpy(&h, src + 2 * i, 2);
+            out[i] = di_bf16_to_f32(h);
+            break;
+        case DI_DTYPE_F16:
+            memcpy(&h, src + 2 * i, 2);
+            out[i] = di_f16_to_f32(h);
+            break;
+        case DI_DTYPE_F8_E8M0:
+            out[i] = di_e8m0_to_f32(src[i]);
+            break;
+        default:
+            return di_error(DI_ERR_FORMAT,
+                            "%s: tensor \"%s\" has dtype %s, expected F32, BF16 or F16",
+                            di_st_file_name(set, t), t->name, di_dtype_name(t->dtype));
+        }
+    }
+    return DI_OK;
+}

@@ -46,6 +46,18 @@ const di_st_tensor *di_st_at(const di_st_set *set, int64_t i);
 const char *di_st_file_path(const di_st_set *set, int32_t file_index);
 /* Number of elements of a tensor. */
 int64_t di_st_numel(const di_st_tensor *t);
+/* File name (without folder) of the shard holding t, for error messages. */
+const char *di_st_file_name(const di_st_set *set, const di_st_tensor *t);
+
+/* DI_OK if t has exactly shape dims[ndim]; else DI_ERR_FORMAT naming the shard, the tensor
+ * and both shapes: `model.safetensors: tensor "x" has shape [4, 8], expected [8, 8]`. */
+di_status di_st_check_shape(const di_st_set *set, const di_st_tensor *t, int32_t ndim,
+                            const int64_t *dims);
+
+/* Converts the first n elements of t (F32, BF16, F16 or F8_E8M0) to floats in out[n]; any
+ * other dtype is DI_ERR_FORMAT naming the shard and the tensor. Used for the small tensors a
+ * model keeps in float (norms, biases, scales). */
+di_status di_st_to_float(const di_st_set *set, const di_st_tensor *t, int64_t n, float *out);
 
 /* Parses and validates a header held in memory. `file` is the whole file image
  * (file_len bytes) and `name` is used in error messages. On success returns a set whose

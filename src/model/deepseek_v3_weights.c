@@ -40,7 +40,7 @@ static const char *base_name(const char *path) {
 }
 
 static const char *file_of(const binder *b, const di_st_tensor *t) {
-    return base_name(di_st_file_path(b->st, t->file_index));
+    return di_st_file_name(b->st, t);
 }
 
 static void *own(ds_model *m, void *p) {
@@ -90,54 +90,18 @@ static di_status find(const binder *b, const char *name, bool optional, const di
     return di_error(DI_ERR_NOT_FOUND, "%s: tensor \"%s\" missing from every shard", b->dir, name);
 }
 
-static void fmt_shape(char *buf, size_t cap, int32_t ndim, const int64_t *dims) {
-    size_t k = (size_t)snprintf(buf, cap, "[");
-    for (int32_t i = 0; i < ndim && k < cap; i++)
-        k += (size_t)snprintf(buf + k, cap - k, "%s%lld", i ? ", " : "", (long long)dims[i]);
-    if (k < cap) snprintf(buf + k, cap - k, "]");
-}
-
 static di_status check_shape(const binder *b, const di_st_tensor *t, int32_t ndim,
                              const int64_t *dims) {
-    bool ok = t->ndim == ndim;
-    for (int32_t i = 0; ok && i < ndim; i++)
-        ok = t->shape[i] == dims[i];
-    if (ok) return DI_OK;
-    char have[128], want[128];
-    fmt_shape(have, sizeof have, t->ndim, t->shape);
-    fmt_shape(want, sizeof want, ndim, dims);
-    return di_error(DI_ERR_FORMAT, "%s: tensor \"%s\" has shape %s, expected %s", file_of(b, t),
-                    t->name, have, want);
+    return di_st_check_shape(b->st, t, ndim, dims);
 }
 
 /* Converts a float-like tensor of n elements to a new float array owned by the model. */
 static di_status to_float(binder *b, const di_st_tensor *t, int64_t n, const float **out) {
-    float *f = own(b->m, di_malloc((size_t)n * sizeof(float)));
+    float *f = own(b->m, di_malloc((size_t)DI_MAX(n, 1) * sizeof(float)));
     if (!f) return di_error(DI_ERR_OUT_OF_MEMORY, "%s: out of memory", t->name);
-    const unsigned char *src = t->data;
-    for (int64_t i = 0; i < n; i++) {
-        uint16_t h;
-        switch (t->dtype) {
-        case DI_DTYPE_F32:
-            memcpy(&f[i], src + 4 * i, 4);
-            break;
-        case DI_DTYPE_BF16:
-            memcpy(&h, src + 2 * i, 2);
-            f[i] = di_bf16_to_f32(h);
-            break;
-        case DI_DTYPE_F16:
-            memcpy(&h, src + 2 * i, 2);
-            f[i] = di_f16_to_f32(h);
-            break;
-        default:
-            return di_error(DI_ERR_FORMAT,
-                            "%s: tensor \"%s\" has dtype %s, expected F32, BF16 "
-                            "or F16",
-                            file_of(b, t), t->name, di_dtype_name(t->dtype));
-        }
-    }
-    *out = f;
-    return DI_OK;
+    di_status st = di_st_to_float(b->st, t, n, f);
+    if (st == DI_OK) *out = f;
+    return st;
 }
 
 /* A vector [n] (norm weight, router bias) as a float copy. optional: *out = NULL if absent. */

@@ -54,9 +54,7 @@ void *v4_own(v4_model *m, void *p) {
 }
 
 static const char *file_of(const binder *b, const di_st_tensor *t) {
-    const char *path = di_st_file_path(b->st, t->file_index);
-    const char *s = strrchr(path, '/');
-    return s ? s + 1 : path;
+    return di_st_file_name(b->st, t);
 }
 
 static void note_dtype(binder *b, const char *name) {
@@ -146,24 +144,9 @@ static di_status find(const binder *b, const char *prefix, const char *suffix, b
                     b->dir, prefix, suffix);
 }
 
-static void fmt_shape(char *buf, size_t cap, int32_t ndim, const int64_t *dims) {
-    size_t k = (size_t)snprintf(buf, cap, "[");
-    for (int32_t i = 0; i < ndim && k < cap; i++)
-        k += (size_t)snprintf(buf + k, cap - k, "%s%lld", i ? ", " : "", (long long)dims[i]);
-    if (k < cap) snprintf(buf + k, cap - k, "]");
-}
-
 static di_status check_shape(const binder *b, const di_st_tensor *t, int32_t ndim,
                              const int64_t *dims) {
-    bool ok = t->ndim == ndim;
-    for (int32_t i = 0; ok && i < ndim; i++)
-        ok = t->shape[i] == dims[i];
-    if (ok) return DI_OK;
-    char have[128], want[128];
-    fmt_shape(have, sizeof have, t->ndim, t->shape);
-    fmt_shape(want, sizeof want, ndim, dims);
-    return di_error(DI_ERR_FORMAT, "%s: tensor \"%s\" has shape %s, expected %s", file_of(b, t),
-                    t->name, have, want);
+    return di_st_check_shape(b->st, t, ndim, dims);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -174,32 +157,9 @@ static di_status check_shape(const binder *b, const di_st_tensor *t, int32_t ndi
 static di_status to_float(binder *b, const di_st_tensor *t, int64_t n, const float **out) {
     float *f = v4_own(b->m, di_malloc((size_t)DI_MAX(n, 1) * sizeof(float)));
     if (!f) return di_error(DI_ERR_OUT_OF_MEMORY, "%s: out of memory", t->name);
-    const unsigned char *src = t->data;
-    for (int64_t i = 0; i < n; i++) {
-        uint16_t h;
-        switch (t->dtype) {
-        case DI_DTYPE_F32:
-            memcpy(&f[i], src + 4 * i, 4);
-            break;
-        case DI_DTYPE_BF16:
-            memcpy(&h, src + 2 * i, 2);
-            f[i] = di_bf16_to_f32(h);
-            break;
-        case DI_DTYPE_F16:
-            memcpy(&h, src + 2 * i, 2);
-            f[i] = di_f16_to_f32(h);
-            break;
-        case DI_DTYPE_F8_E8M0:
-            f[i] = di_e8m0_to_f32(src[i]);
-            break;
-        default:
-            return di_error(DI_ERR_FORMAT,
-                            "%s: tensor \"%s\" has dtype %s, expected F32, BF16 or F16",
-                            file_of(b, t), t->name, di_dtype_name(t->dtype));
-        }
-    }
-    *out = f;
-    return DI_OK;
+    di_status st = di_st_to_float(b->st, t, n, f);
+    if (st == DI_OK) *out = f;
+    return st;
 }
 
 /* A float tensor of shape [d0] (d1 == 0) or [d0][d1] copied to floats. */
