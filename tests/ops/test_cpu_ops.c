@@ -11,42 +11,13 @@
 #include "backend/cpu/cpu_ops.h"
 #include "core/core.h"
 #include "test.h"
-
-static uint64_t g_rng = 0x2545f4914f6cdd1dull;
-
-static uint32_t rnd_u32(void) {
-    g_rng ^= g_rng << 13;
-    g_rng ^= g_rng >> 7;
-    g_rng ^= g_rng << 17;
-    return (uint32_t)(g_rng >> 16);
-}
-static int64_t rnd_int(int64_t lo, int64_t hi) {
-    return lo + (int64_t)(rnd_u32() % (uint64_t)(hi - lo + 1));
-}
-static float rnd_f(void) {
-    return (float)rnd_u32() / 4294967296.0f * 2.0f - 1.0f;
-}
-
-static float *rnd_vec(int64_t n, float amp) {
-    float *v = malloc((size_t)(n ? n : 1) * sizeof(float));
-    for (int64_t i = 0; i < n; i++)
-        v[i] = amp * rnd_f();
-    return v;
-}
+#define TEST_RAND_SEED 0x2545f4914f6cdd1dull
+#include "test_rand.h"
 
 static float *copy_vec(const float *x, int64_t n) {
     float *v = malloc((size_t)(n ? n : 1) * sizeof(float));
     memcpy(v, x, (size_t)n * sizeof(float));
     return v;
-}
-
-static double nerr(const float *a, const float *ref, int64_t n) {
-    double mx = 0, err = 0;
-    for (int64_t i = 0; i < n; i++) {
-        mx = fmax(mx, fabs((double)ref[i]));
-        err = fmax(err, fabs((double)a[i] - (double)ref[i]));
-    }
-    return mx > 0 ? err / mx : err;
 }
 
 static di_pool *g_pool1, *g_pool2;

@@ -11,6 +11,8 @@
 #include "backend/cpu/cpu_ops.h"
 #include "core/core.h"
 #include "test.h"
+#define TEST_RAND_SEED 0x9e3779b97f4a7c15ull
+#include "test_rand.h"
 
 static const char *const g_levels[] = {"scalar", "avx2", "avx512", "neon"};
 static const di_dtype g_dtypes[] = {DI_DTYPE_F32, DI_DTYPE_F16, DI_DTYPE_BF16, DI_DTYPE_F8_E4M3};
@@ -18,21 +20,6 @@ static const di_dtype g_dtypes[] = {DI_DTYPE_F32, DI_DTYPE_F16, DI_DTYPE_BF16, D
 /* ---------------------------------------------------------------------------------------- */
 /* Helpers: random numbers and random weights                                                 */
 /* ---------------------------------------------------------------------------------------- */
-
-static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
-
-static uint32_t rnd_u32(void) {
-    g_rng ^= g_rng << 13;
-    g_rng ^= g_rng >> 7;
-    g_rng ^= g_rng << 17;
-    return (uint32_t)(g_rng >> 16);
-}
-static int64_t rnd_int(int64_t lo, int64_t hi) {
-    return lo + (int64_t)(rnd_u32() % (uint64_t)(hi - lo + 1));
-}
-static float rnd_f(void) {
-    return (float)rnd_u32() / 4294967296.0f * 2.0f - 1.0f;
-}
 
 /* A stored tensor [srows][scols] and a view [rows][cols] of it at (r0, 0). */
 typedef struct {
@@ -89,7 +76,7 @@ static void free_weight(test_weight *t) {
     free(t->scale);
 }
 
-static float *rnd_vec(int64_t n) {
+static float *rnd_unit_vec(int64_t n) {
     float *v = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
     for (int64_t i = 0; i < n; i++)
         v[i] = rnd_f();
@@ -210,7 +197,7 @@ TEST(matmul_vs_ref_all_levels) {
                 }
                 test_weight t = make_weight(g_dtypes[d], rows, cols, it % 3 ? 0 : rnd_int(1, 9),
                                             it % 2 ? 0 : rnd_int(1, 40), it);
-                float *x = rnd_vec(n * cols), *y = rnd_vec(n * rows), *yr = rnd_vec(n * rows);
+                float *x = rnd_unit_vec(n * cols), *y = rnd_unit_vec(n * rows), *yr = rnd_unit_vec(n * rows);
                 di_cpu_matmul(pool, &t.w, x, n, y);
                 di_cpu_matmul_ref(&t.w, x, n, yr);
                 double e = norm_err(y, yr, n * rows);
@@ -218,7 +205,7 @@ TEST(matmul_vs_ref_all_levels) {
                           g_levels[lv], di_dtype_name(g_dtypes[d]), (long long)rows,
                           (long long)cols, (long long)n, e);
                 /* transposed: x is [n][rows], y is [n][cols] */
-                float *xt = rnd_vec(n * rows), *yt = rnd_vec(n * cols), *ytr = rnd_vec(n * cols);
+                float *xt = rnd_unit_vec(n * rows), *yt = rnd_unit_vec(n * cols), *ytr = rnd_unit_vec(n * cols);
                 di_cpu_matmul_t(pool, &t.w, xt, n, yt);
                 di_cpu_matmul_t_ref(&t.w, xt, n, ytr);
                 e = norm_err(yt, ytr, n * cols);
@@ -258,8 +245,8 @@ TEST(matmul_fast_vs_ref_all_levels) {
                 }
                 test_weight t = make_weight(g_dtypes[d], rows, cols, it % 3 ? 0 : rnd_int(1, 9),
                                             it % 2 ? 0 : rnd_int(1, 40), it);
-                float *x = rnd_vec(n * cols), *y = rnd_vec(n * rows), *yr = rnd_vec(n * rows),
-                      *yi = rnd_vec(n * rows);
+                float *x = rnd_unit_vec(n * cols), *y = rnd_unit_vec(n * rows), *yr = rnd_unit_vec(n * rows),
+                      *yi = rnd_unit_vec(n * rows);
                 di_cpu_matmul_fast(pool, &t.w, x, n, y);
                 di_cpu_matmul_ref(&t.w, x, n, yr);
                 di_cpu_matmul(pool, &t.w, x, n, yi);
@@ -320,7 +307,7 @@ TEST(fp8_nan_propagates) {
         test_weight t = make_weight(DI_DTYPE_F8_E4M3, 4, 40, 0, 0, 0);
         ((uint8_t *)t.data)[1 * 40 + 17] = 0x7f;
         ((uint8_t *)t.data)[3 * 40 + 33] = 0xff;
-        float *x = rnd_vec(40), y[4];
+        float *x = rnd_unit_vec(40), y[4];
         di_cpu_matmul(NULL, &t.w, x, 1, y);
         CHECK(!isnan(y[0]) && isnan(y[1]) && !isnan(y[2]) && isnan(y[3]));
         free(x);
@@ -344,7 +331,7 @@ TEST(batch_and_thread_invariance) {
             for (size_t s = 0; s < DI_ARRAY_LEN(shapes); s++) {
                 const int64_t rows = shapes[s][0], cols = shapes[s][1];
                 test_weight t = make_weight(g_dtypes[d], rows, cols, 3, 0, (int)s);
-                float *x = rnd_vec(N * cols), *full = rnd_vec(N * rows), *part = rnd_vec(N * rows);
+                float *x = rnd_unit_vec(N * cols), *full = rnd_unit_vec(N * rows), *part = rnd_unit_vec(N * rows);
                 di_cpu_matmul(p2, &t.w, x, N, full);
                 int bad = 0;
                 /* Row t alone and at different positions inside batches of n. */
@@ -364,7 +351,7 @@ TEST(batch_and_thread_invariance) {
                     bad += memcmp(part + tt * (rows - 5), full + tt * rows + 5,
                                   sizeof(float) * (size_t)(rows - 5)) != 0;
                 /* matmul_t: thread counts and batch positions. */
-                float *xt = rnd_vec(N * rows), *ft = rnd_vec(N * cols), *pt = rnd_vec(N * cols);
+                float *xt = rnd_unit_vec(N * rows), *ft = rnd_unit_vec(N * cols), *pt = rnd_unit_vec(N * cols);
                 di_cpu_matmul_t(p2, &t.w, xt, N, ft);
                 di_cpu_matmul_t(p1, &t.w, xt + 7 * rows, 3, pt);
                 bad += memcmp(pt, ft + 7 * cols, sizeof(float) * (size_t)(3 * cols)) != 0;
