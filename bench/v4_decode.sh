@@ -103,35 +103,7 @@ rm -rf "$RAW"
 mkdir -p "$RAW"
 
 # ---- (a) measured read bandwidth (as cpu_decode.sh) -------------------------------------------
-measure_bandwidth() {
-    local args
-    if [ -n "${BENCH_MATMUL_ARGS:-}" ]; then
-        read -r -a args <<< "$BENCH_MATMUL_ARGS"
-    elif grep -q -a -- "--bandwidth-only" "$BENCH_MATMUL"; then
-        args=(--bandwidth-only "$THREADS")
-    else
-        args=("$THREADS")
-    fi
-    note "$BENCH_MATMUL ${args[*]} (until it prints the read bandwidth)"
-    python3 - "$RAW/bench_matmul.txt" "$BENCH_MATMUL" "${args[@]}" << 'PY'
-import re, shutil, subprocess, sys
-log = open(sys.argv[1], "w")
-cmd = sys.argv[2:]
-if shutil.which("stdbuf"):
-    cmd = ["stdbuf", "-oL"] + cmd
-p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-for line in p.stdout:
-    log.write(line)
-    m = re.search(r"([0-9]+(?:\.[0-9]+)?)\s*GB/s", line)
-    if m:
-        p.terminate()
-        p.wait()
-        print(m.group(1))
-        sys.exit(0)
-p.wait()
-sys.exit("no '<number> GB/s' in the output of %s (exit %s), see %s" % (sys.argv[2], p.returncode, sys.argv[1]))
-PY
-}
+source "$(dirname "${BASH_SOURCE[0]}")/lib_bandwidth.sh"
 
 BW_SOURCE="BANDWIDTH_GBS"
 if [ -z "$BANDWIDTH_GBS" ]; then
