@@ -6,7 +6,7 @@
 #
 # usage: bash tests/cli/test_cli.sh <path-to-deepinfer> [<shared-dir>]   (from the repo root)
 #
-# Checks that need the golden model count as skipped when tests/data/v2_lite is absent; the
+# Checks that need the committed golden model fail when tests/data/v2_lite is absent; the
 # rest (argument errors found before any model is loaded) always run. The last line is
 # "N passed, N failed[, N skipped]"; the exit status is non-zero if anything failed.
 
@@ -87,11 +87,7 @@ for cmd in info logits generate; do
 done
 
 # Without --model the bundled model is used; DEEPINFER_MODEL overrides where it is found.
-if [ -f models/deepseek-v4-tiny/config.json ]; then
-    expect_ok "info: the bundled model without --model" info --format json
-else
-    skip "info: the bundled model without --model"
-fi
+expect_ok "info: the bundled model without --model" info --format json
 DEEPINFER_MODEL=/nonexistent/model expect_error "info: DEEPINFER_MODEL without a model" "DEEPINFER_MODEL" info --format json
 DEEPINFER_MODEL=/nonexistent/model expect_error "logits: DEEPINFER_MODEL without a model" "DEEPINFER_MODEL" logits --ids "1 2" --out "$TMP/x.bin"
 expect_error "generate: nonexistent model dir" "$TMP/no-such-model" \
@@ -116,7 +112,7 @@ expect_error "info: bad --format" "xml" info --model "$CASE" --format xml
 if [ ! -f "$CASE/ref.json" ] || [ ! -f "$CASE/config.json" ]; then
     for t in "info --format json" "info text" logits "logits --ids-file" "generate --format json" \
         "generate text" "generate: id out of range" "logits: unwritable --out"; do
-        skip "$t ($CASE absent)"
+        fail "$t" "$CASE is committed but absent"
     done
 else
     PROMPT=$(python3 -c 'import json,sys; print(" ".join(map(str, json.load(open(sys.argv[1]))["prompt_ids"])))' "$CASE/ref.json")

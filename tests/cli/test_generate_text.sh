@@ -23,8 +23,9 @@ check() { # check NAME EXPECTED ACTUAL
     fi
 }
 if [ ! -f "$MODEL/config.json" ] || [ ! -f "$TOKJSON" ]; then
-    echo "0 passed, 0 failed, 1 skipped"
-    exit 0
+    echo "FAIL committed test data absent: $MODEL or $TOKJSON"
+    echo "0 passed, 1 failed"
+    exit 1
 fi
 field() { python3 -c "import json,sys; v=json.load(sys.stdin)['$1']; print(' '.join(map(str,v)) if isinstance(v,list) else v, end='')"; }
 

@@ -151,12 +151,19 @@ static bool have_case(const char *name) {
     return access(p, R_OK) == 0;
 }
 
+/* The golden cases are committed: a missing one is a failure, not a skip. */
+static bool require_case(const char *name) {
+    bool ok = have_case(name);
+    CHECK_MSG(ok, "tests/data/%s missing", name);
+    return ok;
+}
+
 /* ---------------------------------------------------------------------------------------- */
 /* Cases                                                                                      */
 /* ---------------------------------------------------------------------------------------- */
 
 TEST(intact_copy_loads) {
-    if (!have_case("v2_lite")) SKIP("tests/data/v2_lite missing");
+    if (!require_case("v2_lite")) return;
     char dir[256];
     CHECK(copy_case("v2_lite", dir, sizeof dir));
     di_model *m = NULL;
@@ -166,7 +173,7 @@ TEST(intact_copy_loads) {
 }
 
 TEST(missing_safetensors) {
-    if (!have_case("v2_lite")) SKIP("tests/data/v2_lite missing");
+    if (!require_case("v2_lite")) return;
     char dir[256], p[512];
     CHECK(copy_case("v2_lite", dir, sizeof dir));
     snprintf(p, sizeof p, "%s/model.safetensors", dir);
@@ -176,7 +183,7 @@ TEST(missing_safetensors) {
 }
 
 TEST(missing_tensor) {
-    if (!have_case("v2_lite")) SKIP("tests/data/v2_lite missing");
+    if (!require_case("v2_lite")) return;
     char dir[256], p[512];
     const char *t = "model.layers.1.self_attn.kv_b_proj.weight";
     CHECK(copy_case("v2_lite", dir, sizeof dir));
@@ -188,7 +195,7 @@ TEST(missing_tensor) {
 }
 
 TEST(wrong_shape) {
-    if (!have_case("v2_lite")) SKIP("tests/data/v2_lite missing");
+    if (!require_case("v2_lite")) return;
     char dir[256], p[512];
     const char *t = "model.layers.0.self_attn.kv_b_proj.weight";
     CHECK(copy_case("v2_lite", dir, sizeof dir));
@@ -202,7 +209,7 @@ TEST(wrong_shape) {
 }
 
 TEST(missing_fp8_scale) {
-    if (!have_case("v3_fp8")) SKIP("tests/data/v3_fp8 missing");
+    if (!require_case("v3_fp8")) return;
     char dir[256], p[512];
     const char *t = "model.layers.1.mlp.experts.3.up_proj.weight_scale_inv";
     CHECK(copy_case("v3_fp8", dir, sizeof dir));
@@ -213,7 +220,7 @@ TEST(missing_fp8_scale) {
 }
 
 TEST(config_missing_field) {
-    if (!have_case("v2_lite")) SKIP("tests/data/v2_lite missing");
+    if (!require_case("v2_lite")) return;
     char dir[256];
     CHECK(copy_case("v2_lite", dir, sizeof dir));
     CHECK(edit_config(dir, "kv_lora_rank", NULL));
@@ -222,7 +229,7 @@ TEST(config_missing_field) {
 }
 
 TEST(unsupported_architecture) {
-    if (!have_case("v2_lite")) SKIP("tests/data/v2_lite missing");
+    if (!require_case("v2_lite")) return;
     char dir[256];
     CHECK(copy_case("v2_lite", dir, sizeof dir));
     CHECK(edit_config(dir, NULL, "LlamaForCausalLM"));
