@@ -22,6 +22,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include "io/config.h"
+#include "io/config_json.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -31,11 +32,6 @@
 /* Sizes above this are certainly corrupt, and keeping them small means products of two
  * sizes (vocab x hidden) cannot overflow int64 in the code that uses them. */
 #define CFG_MAX_SIZE ((int64_t)1 << 32)
-
-typedef struct cfg_reader {
-    const json_t *root;
-    const char *path;
-} cfg_reader;
 
 /* What an absent field means, per family (transformers' class defaults). */
 typedef struct cfg_defaults {
@@ -60,70 +56,8 @@ static const cfg_defaults g_defaults_v32 = {
 /* Typed field access                                                                         */
 /* ---------------------------------------------------------------------------------------- */
 
-/* A field is absent if the key is missing or its value is null (Python's None). */
-static const json_t *cfg_get(const json_t *obj, const char *key) {
-    const json_t *v = json_object_get(obj, key);
-    return json_is_null(v) ? NULL : v;
-}
-
-/* Reads an integer field of obj; `where` prefixes nested names ("rope_scaling."). */
-static di_status cfg_int(const cfg_reader *r, const json_t *obj, const char *where, const char *key,
-                         int64_t dflt, bool required, int64_t *out) {
-    const json_t *v = cfg_get(obj, key);
-    if (!v) {
-        if (required)
-            return di_error(DI_ERR_CONFIG, "%s: field \"%s%s\" missing", r->path, where, key);
-        *out = dflt;
-        return DI_OK;
-    }
-    if (!json_is_integer(v))
-        return di_error(DI_ERR_CONFIG, "%s: field \"%s%s\" must be an integer", r->path, where,
-                        key);
-    *out = (int64_t)json_integer_value(v);
-    return DI_OK;
-}
-
-static di_status cfg_real(const cfg_reader *r, const json_t *obj, const char *where,
-                          const char *key, double dflt, double *out) {
-    const json_t *v = cfg_get(obj, key);
-    if (!v) {
-        *out = dflt;
-        return DI_OK;
-    }
-    if (!json_is_number(v))
-        return di_error(DI_ERR_CONFIG, "%s: field \"%s%s\" must be a number", r->path, where, key);
-    *out = json_number_value(v);
-    return DI_OK;
-}
-
-static di_status cfg_bool(const cfg_reader *r, const json_t *obj, const char *where,
-                          const char *key, bool dflt, bool *out) {
-    const json_t *v = cfg_get(obj, key);
-    if (!v) {
-        *out = dflt;
-        return DI_OK;
-    }
-    if (!json_is_boolean(v))
-        return di_error(DI_ERR_CONFIG, "%s: field \"%s%s\" must be true or false", r->path, where,
-                        key);
-    *out = json_is_true(v);
-    return DI_OK;
-}
-
-/* Reads an optional string field; *out is NULL when absent. */
-static di_status cfg_str(const cfg_reader *r, const json_t *obj, const char *where, const char *key,
-                         const char **out) {
-    const json_t *v = cfg_get(obj, key);
-    *out = NULL;
-    if (!v) return DI_OK;
-    if (!json_is_string(v))
-        return di_error(DI_ERR_CONFIG, "%s: field \"%s%s\" must be a string", r->path, where, key);
-    *out = json_string_value(v);
-    return DI_OK;
-}
-
 /* Copies s into a fixed buffer; names longer than the buffer are not ours anyway. */
-static di_status cfg_copy(const cfg_reader *r, const char *key, const char *s, char *dst,
+static di_status cfg_copy(const di_cfg_reader *r, const char *key, const char *s, char *dst,
                           size_t cap) {
     if (strlen(s) >= cap)
         return di_error(DI_ERR_CONFIG, "%s: field \"%s\" is too long (\"%.40s...\")", r->path, key,
@@ -132,14 +66,6 @@ static di_status cfg_copy(const cfg_reader *r, const char *key, const char *s, c
     return DI_OK;
 }
 
-/* Checks lo <= *v <= hi for an integer field, naming it otherwise. */
-static di_status cfg_range(const cfg_reader *r, const char *key, int64_t v, int64_t lo,
-                           int64_t hi) {
-    if (v < lo || v > hi)
-        return di_error(DI_ERR_CONFIG, "%s: field \"%s\" = %lld is out of range [%lld, %lld]",
-                        r->path, key, (long long)v, (long long)lo, (long long)hi);
-    return DI_OK;
-}
 
 /* ---------------------------------------------------------------------------------------- */
 /* Family                                                                                     */
@@ -167,15 +93,15 @@ static bool cfg_lookup(const char *name, bool by_arch, di_family *out) {
     return false;
 }
 
-static di_status cfg_family(const cfg_reader *r, di_hparams *hp) {
-    const json_t *archs = cfg_get(r->root, "architectures");
+static di_status cfg_family(const di_cfg_reader *r, di_hparams *hp) {
+    const json_t *archs = di_cfg_get(r->root, "architectures");
     const char *arch = "", *mt = "";
     if (archs && (!json_is_array(archs) ||
                   (json_array_size(archs) > 0 && !json_is_string(json_array_get(archs, 0)))))
         return di_error(DI_ERR_CONFIG, "%s: field \"architectures\" must be a list of strings",
                         r->path);
     if (archs && json_array_size(archs) > 0) arch = json_string_value(json_array_get(archs, 0));
-    di_status st = cfg_str(r, r->root, "", "model_type", &mt);
+    di_status st = di_cfg_str(r, r->root, "", "model_type", &mt);
     if (st != DI_OK) return st;
     if (!mt) mt = "";
     if (!arch[0] && !mt[0])
@@ -195,27 +121,27 @@ static di_status cfg_family(const cfg_reader *r, di_hparams *hp) {
 /* Sections                                                                                   */
 /* ---------------------------------------------------------------------------------------- */
 
-static di_status cfg_sizes(const cfg_reader *r, const cfg_defaults *d, di_hparams *hp) {
+static di_status cfg_sizes(const di_cfg_reader *r, const cfg_defaults *d, di_hparams *hp) {
     const json_t *o = r->root;
-    di_status st = cfg_int(r, o, "", "vocab_size", 0, true, &hp->vocab_size);
-    if (!st) st = cfg_int(r, o, "", "hidden_size", 0, true, &hp->hidden_size);
-    if (!st) st = cfg_int(r, o, "", "intermediate_size", 0, true, &hp->intermediate_size);
-    if (!st) st = cfg_int(r, o, "", "num_hidden_layers", 0, true, &hp->num_hidden_layers);
-    if (!st) st = cfg_int(r, o, "", "num_attention_heads", 0, true, &hp->num_attention_heads);
+    di_status st = di_cfg_int(r, o, "", "vocab_size", 0, true, &hp->vocab_size);
+    if (!st) st = di_cfg_int(r, o, "", "hidden_size", 0, true, &hp->hidden_size);
+    if (!st) st = di_cfg_int(r, o, "", "intermediate_size", 0, true, &hp->intermediate_size);
+    if (!st) st = di_cfg_int(r, o, "", "num_hidden_layers", 0, true, &hp->num_hidden_layers);
+    if (!st) st = di_cfg_int(r, o, "", "num_attention_heads", 0, true, &hp->num_attention_heads);
     if (!st)
-        st = cfg_int(r, o, "", "max_position_embeddings", d->max_position_embeddings, false,
+        st = di_cfg_int(r, o, "", "max_position_embeddings", d->max_position_embeddings, false,
                      &hp->max_position_embeddings);
-    if (!st) st = cfg_real(r, o, "", "rms_norm_eps", 1e-6, &hp->rms_norm_eps);
-    if (!st) st = cfg_bool(r, o, "", "tie_word_embeddings", false, &hp->tie_word_embeddings);
+    if (!st) st = di_cfg_real(r, o, "", "rms_norm_eps", 1e-6, &hp->rms_norm_eps);
+    if (!st) st = di_cfg_bool(r, o, "", "tie_word_embeddings", false, &hp->tie_word_embeddings);
     /* transformers 5 renamed num_nextn_predict_layers; accept its spelling as a fallback. */
-    if (!st && !cfg_get(o, "num_nextn_predict_layers"))
-        st = cfg_int(r, o, "", "num_mtp_layers", 0, false, &hp->num_nextn_predict_layers);
+    if (!st && !di_cfg_get(o, "num_nextn_predict_layers"))
+        st = di_cfg_int(r, o, "", "num_mtp_layers", 0, false, &hp->num_nextn_predict_layers);
     else if (!st)
-        st = cfg_int(r, o, "", "num_nextn_predict_layers", 0, false, &hp->num_nextn_predict_layers);
+        st = di_cfg_int(r, o, "", "num_nextn_predict_layers", 0, false, &hp->num_nextn_predict_layers);
     return st;
 }
 
-static di_status cfg_mla(const cfg_reader *r, di_hparams *hp) {
+static di_status cfg_mla(const di_cfg_reader *r, di_hparams *hp) {
     const json_t *o = r->root;
     /* q_lora_rank: null (V2-Lite) means no q compression; transformers' default is 1536. */
     const json_t *q = json_object_get(o, "q_lora_rank");
@@ -223,18 +149,18 @@ static di_status cfg_mla(const cfg_reader *r, di_hparams *hp) {
     if (q && json_is_null(q))
         hp->q_lora_rank = 0;
     else
-        st = cfg_int(r, o, "", "q_lora_rank", 1536, false, &hp->q_lora_rank);
-    if (!st) st = cfg_int(r, o, "", "kv_lora_rank", 0, true, &hp->kv_lora_rank);
-    if (!st) st = cfg_int(r, o, "", "qk_nope_head_dim", 0, true, &hp->qk_nope_head_dim);
-    if (!st) st = cfg_int(r, o, "", "qk_rope_head_dim", 0, true, &hp->qk_rope_head_dim);
-    if (!st) st = cfg_int(r, o, "", "v_head_dim", 0, true, &hp->v_head_dim);
-    if (!st) st = cfg_bool(r, o, "", "rope_interleave", true, &hp->rope_interleave);
+        st = di_cfg_int(r, o, "", "q_lora_rank", 1536, false, &hp->q_lora_rank);
+    if (!st) st = di_cfg_int(r, o, "", "kv_lora_rank", 0, true, &hp->kv_lora_rank);
+    if (!st) st = di_cfg_int(r, o, "", "qk_nope_head_dim", 0, true, &hp->qk_nope_head_dim);
+    if (!st) st = di_cfg_int(r, o, "", "qk_rope_head_dim", 0, true, &hp->qk_rope_head_dim);
+    if (!st) st = di_cfg_int(r, o, "", "v_head_dim", 0, true, &hp->v_head_dim);
+    if (!st) st = di_cfg_bool(r, o, "", "rope_interleave", true, &hp->rope_interleave);
     return st;
 }
 
-static di_status cfg_enum_scoring(const cfg_reader *r, di_hparams *hp) {
+static di_status cfg_enum_scoring(const di_cfg_reader *r, di_hparams *hp) {
     const char *s;
-    di_status st = cfg_str(r, r->root, "", "scoring_func", &s);
+    di_status st = di_cfg_str(r, r->root, "", "scoring_func", &s);
     if (st || !s) return st;
     if (strcmp(s, "softmax") == 0)
         hp->scoring_func = DI_SCORE_SOFTMAX;
@@ -248,9 +174,9 @@ static di_status cfg_enum_scoring(const cfg_reader *r, di_hparams *hp) {
     return DI_OK;
 }
 
-static di_status cfg_enum_topk(const cfg_reader *r, di_hparams *hp) {
+static di_status cfg_enum_topk(const di_cfg_reader *r, di_hparams *hp) {
     const char *s;
-    di_status st = cfg_str(r, r->root, "", "topk_method", &s);
+    di_status st = di_cfg_str(r, r->root, "", "topk_method", &s);
     if (st || !s) return st;
     if (strcmp(s, "greedy") == 0)
         hp->topk_method = DI_TOPK_GREEDY;
@@ -264,24 +190,24 @@ static di_status cfg_enum_topk(const cfg_reader *r, di_hparams *hp) {
     return DI_OK;
 }
 
-static di_status cfg_moe(const cfg_reader *r, const cfg_defaults *d, di_hparams *hp) {
+static di_status cfg_moe(const di_cfg_reader *r, const cfg_defaults *d, di_hparams *hp) {
     const json_t *o = r->root;
-    di_status st = cfg_int(r, o, "", "n_routed_experts", 0, false, &hp->n_routed_experts);
+    di_status st = di_cfg_int(r, o, "", "n_routed_experts", 0, false, &hp->n_routed_experts);
     bool moe = st == DI_OK && hp->n_routed_experts > 0;
-    if (!st) st = cfg_int(r, o, "", "moe_intermediate_size", 0, moe, &hp->moe_intermediate_size);
-    if (!st) st = cfg_int(r, o, "", "num_experts_per_tok", 0, moe, &hp->num_experts_per_tok);
+    if (!st) st = di_cfg_int(r, o, "", "moe_intermediate_size", 0, moe, &hp->moe_intermediate_size);
+    if (!st) st = di_cfg_int(r, o, "", "num_experts_per_tok", 0, moe, &hp->num_experts_per_tok);
     if (!st)
-        st = cfg_int(r, o, "", "n_shared_experts", moe ? d->n_shared_experts : 0, false,
+        st = di_cfg_int(r, o, "", "n_shared_experts", moe ? d->n_shared_experts : 0, false,
                      &hp->n_shared_experts);
     if (!st)
-        st = cfg_int(r, o, "", "first_k_dense_replace", d->first_k_dense_replace, false,
+        st = di_cfg_int(r, o, "", "first_k_dense_replace", d->first_k_dense_replace, false,
                      &hp->first_k_dense_replace);
-    if (!st) st = cfg_int(r, o, "", "moe_layer_freq", 1, false, &hp->moe_layer_freq);
-    if (!st) st = cfg_int(r, o, "", "n_group", d->n_group, false, &hp->n_group);
-    if (!st) st = cfg_int(r, o, "", "topk_group", d->topk_group, false, &hp->topk_group);
-    if (!st) st = cfg_bool(r, o, "", "norm_topk_prob", d->norm_topk_prob, &hp->norm_topk_prob);
+    if (!st) st = di_cfg_int(r, o, "", "moe_layer_freq", 1, false, &hp->moe_layer_freq);
+    if (!st) st = di_cfg_int(r, o, "", "n_group", d->n_group, false, &hp->n_group);
+    if (!st) st = di_cfg_int(r, o, "", "topk_group", d->topk_group, false, &hp->topk_group);
+    if (!st) st = di_cfg_bool(r, o, "", "norm_topk_prob", d->norm_topk_prob, &hp->norm_topk_prob);
     if (!st)
-        st = cfg_real(r, o, "", "routed_scaling_factor", d->routed_scaling_factor,
+        st = di_cfg_real(r, o, "", "routed_scaling_factor", d->routed_scaling_factor,
                       &hp->routed_scaling_factor);
     hp->scoring_func = d->scoring;
     hp->topk_method = d->topk;
@@ -290,25 +216,11 @@ static di_status cfg_moe(const cfg_reader *r, const cfg_defaults *d, di_hparams 
     return st;
 }
 
-/* bos/eos: an int, a list (the first one counts) or null / absent (-1). */
-static di_status cfg_token(const cfg_reader *r, const char *key, int32_t *out) {
-    const json_t *v = cfg_get(r->root, key);
-    if (json_is_array(v)) v = json_array_size(v) ? json_array_get(v, 0) : NULL;
-    *out = -1;
-    if (!v || json_is_null(v)) return DI_OK;
-    if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX)
-        return di_error(DI_ERR_CONFIG,
-                        "%s: field \"%s\" must be a token id, a list of them or "
-                        "null",
-                        r->path, key);
-    *out = (int32_t)json_integer_value(v);
-    return DI_OK;
-}
 
-static di_status cfg_dtype(const cfg_reader *r, di_hparams *hp) {
+static di_status cfg_dtype(const di_cfg_reader *r, di_hparams *hp) {
     const char *s = NULL;
-    const char *key = cfg_get(r->root, "dtype") ? "dtype" : "torch_dtype";
-    di_status st = cfg_str(r, r->root, "", key, &s);
+    const char *key = di_cfg_get(r->root, "dtype") ? "dtype" : "torch_dtype";
+    di_status st = di_cfg_str(r, r->root, "", key, &s);
     if (st || !s) return st;
     return cfg_copy(r, key, s, hp->dtype, sizeof hp->dtype);
 }
@@ -318,13 +230,13 @@ static di_status cfg_dtype(const cfg_reader *r, di_hparams *hp) {
 /* ---------------------------------------------------------------------------------------- */
 
 /* Picks the rope object and the prefix used to name its fields in messages. */
-static di_status cfg_rope_object(const cfg_reader *r, const json_t **obj, const char **where) {
+static di_status cfg_rope_object(const di_cfg_reader *r, const json_t **obj, const char **where) {
     static const char *keys[] = {"rope_scaling", "rope_parameters"};
     static const char *wheres[] = {"rope_scaling.", "rope_parameters."};
     *obj = NULL;
     *where = "";
     for (int i = 0; i < 2; i++) {
-        const json_t *v = cfg_get(r->root, keys[i]);
+        const json_t *v = di_cfg_get(r->root, keys[i]);
         if (!v) continue;
         if (!json_is_object(v))
             return di_error(DI_ERR_CONFIG, "%s: field \"%s\" must be an object or null", r->path,
@@ -337,11 +249,11 @@ static di_status cfg_rope_object(const cfg_reader *r, const json_t **obj, const 
     return DI_OK;
 }
 
-static di_status cfg_rope_type(const cfg_reader *r, const json_t *o, const char *where,
+static di_status cfg_rope_type(const di_cfg_reader *r, const json_t *o, const char *where,
                                di_rope_params *rp) {
     const char *type = NULL;
-    di_status st = cfg_str(r, o, where, "rope_type", &type);
-    if (!st && !type) st = cfg_str(r, o, where, "type", &type);
+    di_status st = di_cfg_str(r, o, where, "rope_type", &type);
+    if (!st && !type) st = di_cfg_str(r, o, where, "type", &type);
     if (st) return st;
     if (!type || strcmp(type, "default") == 0)
         rp->scaling = DI_ROPE_NONE;
@@ -358,24 +270,24 @@ static di_status cfg_rope_type(const cfg_reader *r, const json_t *o, const char 
 }
 
 /* The scaling parameters of yarn / linear; factor is required as in transformers. */
-static di_status cfg_rope_scaling(const cfg_reader *r, const json_t *o, const char *where,
+static di_status cfg_rope_scaling(const di_cfg_reader *r, const json_t *o, const char *where,
                                   int64_t max_pos, di_rope_params *rp) {
     if (!json_object_get(o, "factor"))
         return di_error(DI_ERR_CONFIG, "%s: field \"%sfactor\" missing", r->path, where);
-    di_status st = cfg_int(r, o, where, "original_max_position_embeddings", max_pos, false,
+    di_status st = di_cfg_int(r, o, where, "original_max_position_embeddings", max_pos, false,
                            &rp->original_max_position_embeddings);
     if (st) return st;
-    st = cfg_range(r, "original_max_position_embeddings", rp->original_max_position_embeddings, 1,
+    st = di_cfg_range(r, "original_max_position_embeddings", rp->original_max_position_embeddings, 1,
                    CFG_MAX_SIZE);
     /* An explicit null factor is the context extension, max / original (transformers' yarn). */
     double ratio = (double)max_pos / (double)rp->original_max_position_embeddings;
-    if (!st) st = cfg_real(r, o, where, "factor", ratio, &rp->factor);
-    if (!st) st = cfg_real(r, o, where, "beta_fast", 32.0, &rp->beta_fast);
-    if (!st) st = cfg_real(r, o, where, "beta_slow", 1.0, &rp->beta_slow);
-    if (!st) st = cfg_real(r, o, where, "mscale", 0.0, &rp->mscale);
-    if (!st) st = cfg_real(r, o, where, "mscale_all_dim", 0.0, &rp->mscale_all_dim);
-    if (!st) st = cfg_real(r, o, where, "attention_factor", 0.0, &rp->attention_factor);
-    if (!st) st = cfg_bool(r, o, where, "truncate", true, &rp->truncate);
+    if (!st) st = di_cfg_real(r, o, where, "factor", ratio, &rp->factor);
+    if (!st) st = di_cfg_real(r, o, where, "beta_fast", 32.0, &rp->beta_fast);
+    if (!st) st = di_cfg_real(r, o, where, "beta_slow", 1.0, &rp->beta_slow);
+    if (!st) st = di_cfg_real(r, o, where, "mscale", 0.0, &rp->mscale);
+    if (!st) st = di_cfg_real(r, o, where, "mscale_all_dim", 0.0, &rp->mscale_all_dim);
+    if (!st) st = di_cfg_real(r, o, where, "attention_factor", 0.0, &rp->attention_factor);
+    if (!st) st = di_cfg_bool(r, o, where, "truncate", true, &rp->truncate);
     if (st) return st;
     /* transformers reads them as `x or default`, so an explicit 0 also means the default. */
     if (rp->beta_fast == 0) rp->beta_fast = 32.0;
@@ -387,15 +299,15 @@ static di_status cfg_rope_scaling(const cfg_reader *r, const json_t *o, const ch
     return DI_OK;
 }
 
-static di_status cfg_rope(const cfg_reader *r, di_hparams *hp) {
+static di_status cfg_rope(const di_cfg_reader *r, di_hparams *hp) {
     di_rope_params *rp = &hp->rope;
     *rp = (di_rope_params){.theta = 10000.0, .scaling = DI_ROPE_NONE, .truncate = true};
     const json_t *o;
     const char *where;
     di_status st = cfg_rope_object(r, &o, &where);
-    if (!st) st = cfg_real(r, r->root, "", "rope_theta", 10000.0, &rp->theta);
+    if (!st) st = di_cfg_real(r, r->root, "", "rope_theta", 10000.0, &rp->theta);
     if (st || !o) return st;
-    if (cfg_get(o, "rope_theta")) st = cfg_real(r, o, where, "rope_theta", 0, &rp->theta);
+    if (di_cfg_get(o, "rope_theta")) st = di_cfg_real(r, o, where, "rope_theta", 0, &rp->theta);
     if (!st) st = cfg_rope_type(r, o, where, rp);
     if (st || rp->scaling == DI_ROPE_NONE) return st;
     return cfg_rope_scaling(r, o, where, hp->max_position_embeddings, rp);
@@ -405,11 +317,11 @@ static di_status cfg_rope(const cfg_reader *r, di_hparams *hp) {
 /* Quantization                                                                               */
 /* ---------------------------------------------------------------------------------------- */
 
-static di_status cfg_fp8(const cfg_reader *r, const json_t *q, di_hparams *hp) {
+static di_status cfg_fp8(const di_cfg_reader *r, const json_t *q, di_hparams *hp) {
     const char *w = "quantization_config.";
     const char *fmt = NULL, *act = NULL;
-    di_status st = cfg_str(r, q, w, "fmt", &fmt);
-    if (!st) st = cfg_str(r, q, w, "activation_scheme", &act);
+    di_status st = di_cfg_str(r, q, w, "fmt", &fmt);
+    if (!st) st = di_cfg_str(r, q, w, "activation_scheme", &act);
     if (st) return st;
     if (fmt && strcmp(fmt, "e4m3") != 0)
         return di_error(DI_ERR_UNSUPPORTED,
@@ -423,7 +335,7 @@ static di_status cfg_fp8(const cfg_reader *r, const json_t *q, di_hparams *hp) {
                         r->path, w, act);
     hp->fp8 = true;
     hp->fp8_block[0] = hp->fp8_block[1] = 128; /* transformers' FP8 default */
-    const json_t *b = cfg_get(q, "weight_block_size");
+    const json_t *b = di_cfg_get(q, "weight_block_size");
     if (!b) return DI_OK;
     if (!json_is_array(b) || json_array_size(b) != 2 || !json_is_integer(json_array_get(b, 0)) ||
         !json_is_integer(json_array_get(b, 1)))
@@ -431,20 +343,20 @@ static di_status cfg_fp8(const cfg_reader *r, const json_t *q, di_hparams *hp) {
                         r->path, w);
     hp->fp8_block[0] = (int64_t)json_integer_value(json_array_get(b, 0));
     hp->fp8_block[1] = (int64_t)json_integer_value(json_array_get(b, 1));
-    st = cfg_range(r, "quantization_config.weight_block_size[0]", hp->fp8_block[0], 1, 1 << 20);
+    st = di_cfg_range(r, "quantization_config.weight_block_size[0]", hp->fp8_block[0], 1, 1 << 20);
     if (!st)
-        st = cfg_range(r, "quantization_config.weight_block_size[1]", hp->fp8_block[1], 1, 1 << 20);
+        st = di_cfg_range(r, "quantization_config.weight_block_size[1]", hp->fp8_block[1], 1, 1 << 20);
     return st;
 }
 
-static di_status cfg_quant(const cfg_reader *r, di_hparams *hp) {
-    const json_t *q = cfg_get(r->root, "quantization_config");
+static di_status cfg_quant(const di_cfg_reader *r, di_hparams *hp) {
+    const json_t *q = di_cfg_get(r->root, "quantization_config");
     if (!q) return DI_OK;
     if (!json_is_object(q))
         return di_error(DI_ERR_CONFIG, "%s: field \"quantization_config\" must be an object",
                         r->path);
     const char *method = NULL;
-    di_status st = cfg_str(r, q, "quantization_config.", "quant_method", &method);
+    di_status st = di_cfg_str(r, q, "quantization_config.", "quant_method", &method);
     if (st) return st;
     if (!method)
         return di_error(DI_ERR_CONFIG, "%s: field \"quantization_config.quant_method\" missing",
@@ -461,7 +373,7 @@ static di_status cfg_quant(const cfg_reader *r, di_hparams *hp) {
 /* Validation                                                                                 */
 /* ---------------------------------------------------------------------------------------- */
 
-static di_status cfg_check_sizes(const cfg_reader *r, const di_hparams *hp) {
+static di_status cfg_check_sizes(const di_cfg_reader *r, const di_hparams *hp) {
     const struct {
         const char *key;
         int64_t v, lo;
@@ -486,7 +398,7 @@ static di_status cfg_check_sizes(const cfg_reader *r, const di_hparams *hp) {
         {"first_k_dense_replace", hp->first_k_dense_replace, 0},
     };
     for (size_t i = 0; i < DI_ARRAY_LEN(f); i++) {
-        di_status st = cfg_range(r, f[i].key, f[i].v, f[i].lo, CFG_MAX_SIZE);
+        di_status st = di_cfg_range(r, f[i].key, f[i].v, f[i].lo, CFG_MAX_SIZE);
         if (st) return st;
     }
     if (hp->qk_rope_head_dim % 2 != 0)
@@ -495,13 +407,13 @@ static di_status cfg_check_sizes(const cfg_reader *r, const di_hparams *hp) {
     return DI_OK;
 }
 
-static di_status cfg_check_moe(const cfg_reader *r, const di_hparams *hp) {
+static di_status cfg_check_moe(const di_cfg_reader *r, const di_hparams *hp) {
     if (hp->n_routed_experts == 0) return DI_OK;
     di_status st =
-        cfg_range(r, "moe_intermediate_size", hp->moe_intermediate_size, 1, CFG_MAX_SIZE);
+        di_cfg_range(r, "moe_intermediate_size", hp->moe_intermediate_size, 1, CFG_MAX_SIZE);
     if (!st)
-        st = cfg_range(r, "num_experts_per_tok", hp->num_experts_per_tok, 1, hp->n_routed_experts);
-    if (!st) st = cfg_range(r, "topk_group", hp->topk_group, 1, hp->n_group);
+        st = di_cfg_range(r, "num_experts_per_tok", hp->num_experts_per_tok, 1, hp->n_routed_experts);
+    if (!st) st = di_cfg_range(r, "topk_group", hp->topk_group, 1, hp->n_group);
     if (st) return st;
     if (hp->n_routed_experts % hp->n_group != 0)
         return di_error(DI_ERR_CONFIG,
@@ -524,14 +436,14 @@ static di_status cfg_check_moe(const cfg_reader *r, const di_hparams *hp) {
     return DI_OK;
 }
 
-static di_status cfg_check(const cfg_reader *r, di_hparams *hp, bool fkdr_given) {
+static di_status cfg_check(const di_cfg_reader *r, di_hparams *hp, bool fkdr_given) {
     di_status st = cfg_check_sizes(r, hp);
     if (st) return st;
     /* A default larger than a tiny model's depth just means "all dense", as in transformers;
      * an explicit one is a mistake. */
     if (hp->first_k_dense_replace > hp->num_hidden_layers) {
         if (fkdr_given)
-            return cfg_range(r, "first_k_dense_replace", hp->first_k_dense_replace, 0,
+            return di_cfg_range(r, "first_k_dense_replace", hp->first_k_dense_replace, 0,
                              hp->num_hidden_layers);
         hp->first_k_dense_replace = hp->num_hidden_layers;
     }
@@ -553,7 +465,7 @@ static di_status cfg_check(const cfg_reader *r, di_hparams *hp, bool fkdr_given)
 /* Entry points                                                                               */
 /* ---------------------------------------------------------------------------------------- */
 
-static di_status cfg_parse_root(const cfg_reader *r, di_hparams *hp) {
+static di_status cfg_parse_root(const di_cfg_reader *r, di_hparams *hp) {
     di_status st = cfg_family(r, hp);
     if (st) return st;
     if (hp->family == DI_FAMILY_DEEPSEEK_V4 || di_config_v4_fields_present(r->root))
@@ -564,12 +476,12 @@ static di_status cfg_parse_root(const cfg_reader *r, di_hparams *hp) {
     st = cfg_sizes(r, d, hp);
     if (!st) st = cfg_mla(r, hp);
     if (!st) st = cfg_moe(r, d, hp);
-    if (!st) st = cfg_token(r, "bos_token_id", &hp->bos_token_id);
-    if (!st) st = cfg_token(r, "eos_token_id", &hp->eos_token_id);
+    if (!st) st = di_cfg_token(r, "bos_token_id", &hp->bos_token_id);
+    if (!st) st = di_cfg_token(r, "eos_token_id", &hp->eos_token_id);
     if (!st) st = cfg_dtype(r, hp);
     if (!st) st = cfg_rope(r, hp);
     if (!st) st = cfg_quant(r, hp);
-    if (!st) st = cfg_check(r, hp, cfg_get(r->root, "first_k_dense_replace") != NULL);
+    if (!st) st = cfg_check(r, hp, di_cfg_get(r->root, "first_k_dense_replace") != NULL);
     return st;
 }
 
@@ -583,7 +495,7 @@ di_status di_config_parse(const char *json, size_t len, const char *path, di_hpa
                         err.text, err.line, err.column);
     di_status st = DI_OK;
     if (!json_is_object(root)) st = di_error(DI_ERR_CONFIG, "%s: not a JSON object", path);
-    cfg_reader r = {root, path};
+    di_cfg_reader r = {root, path};
     di_hparams hp;
     memset(&hp, 0, sizeof hp);
     if (!st) st = cfg_parse_root(&r, &hp);

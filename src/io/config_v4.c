@@ -17,6 +17,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include "io/config.h"
+#include "io/config_json.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -33,79 +34,6 @@ const char *di_v4_layer_kind_name(di_v4_layer_kind k) {
 }
 
 /* ---------------------------------------------------------------------------------------- */
-/* Typed access (absent = missing key or null, as in config.c)                                */
-/* ---------------------------------------------------------------------------------------- */
-
-typedef struct v4_reader {
-    const json_t *root;
-    const char *path;
-} v4_reader;
-
-static const json_t *get(const json_t *o, const char *key) {
-    const json_t *v = json_object_get(o, key);
-    return json_is_null(v) ? NULL : v;
-}
-
-static di_status get_int(const v4_reader *r, const json_t *o, const char *where, const char *key,
-                         int64_t dflt, bool required, int64_t *out) {
-    const json_t *v = get(o, key);
-    if (!v) {
-        if (required)
-            return di_error(DI_ERR_CONFIG, "%s: field \"%s%s\" missing", r->path, where, key);
-        *out = dflt;
-        return DI_OK;
-    }
-    if (!json_is_integer(v))
-        return di_error(DI_ERR_CONFIG, "%s: field \"%s%s\" must be an integer", r->path, where,
-                        key);
-    *out = (int64_t)json_integer_value(v);
-    return DI_OK;
-}
-
-static di_status get_real(const v4_reader *r, const json_t *o, const char *where, const char *key,
-                          double dflt, double *out) {
-    const json_t *v = get(o, key);
-    if (!v) {
-        *out = dflt;
-        return DI_OK;
-    }
-    if (!json_is_number(v))
-        return di_error(DI_ERR_CONFIG, "%s: field \"%s%s\" must be a number", r->path, where, key);
-    *out = json_number_value(v);
-    return DI_OK;
-}
-
-static di_status get_bool(const v4_reader *r, const char *key, bool dflt, bool *out) {
-    const json_t *v = get(r->root, key);
-    if (!v) {
-        *out = dflt;
-        return DI_OK;
-    }
-    if (!json_is_boolean(v))
-        return di_error(DI_ERR_CONFIG, "%s: field \"%s\" must be true or false", r->path, key);
-    *out = json_is_true(v);
-    return DI_OK;
-}
-
-static di_status get_str(const v4_reader *r, const json_t *o, const char *where, const char *key,
-                         const char **out) {
-    const json_t *v = get(o, key);
-    *out = NULL;
-    if (!v) return DI_OK;
-    if (!json_is_string(v))
-        return di_error(DI_ERR_CONFIG, "%s: field \"%s%s\" must be a string", r->path, where, key);
-    *out = json_string_value(v);
-    return DI_OK;
-}
-
-static di_status range(const v4_reader *r, const char *key, int64_t v, int64_t lo, int64_t hi) {
-    if (v < lo || v > hi)
-        return di_error(DI_ERR_CONFIG, "%s: field \"%s\" = %lld is out of range [%lld, %lld]",
-                        r->path, key, (long long)v, (long long)lo, (long long)hi);
-    return DI_OK;
-}
-
-/* ---------------------------------------------------------------------------------------- */
 /* Shared fields                                                                              */
 /* ---------------------------------------------------------------------------------------- */
 
@@ -117,7 +45,7 @@ static const char *g_v4_only[] = {
 
 static const char *v4_only_field(const json_t *root) {
     for (size_t i = 0; i < DI_ARRAY_LEN(g_v4_only); i++)
-        if (get(root, g_v4_only[i])) return g_v4_only[i];
+        if (di_cfg_get(root, g_v4_only[i])) return g_v4_only[i];
     return NULL;
 }
 
@@ -126,12 +54,12 @@ bool di_config_v4_fields_present(const json_t *root) {
 }
 
 /* V2/V3 MLA / dense-MLP fields have no meaning in V4: their presence means a mixed-up file. */
-static di_status reject_v3_fields(const v4_reader *r) {
+static di_status reject_v3_fields(const di_cfg_reader *r) {
     static const char *v3[] = {
         "kv_lora_rank",   "qk_nope_head_dim", "v_head_dim", "first_k_dense_replace",
         "moe_layer_freq", "n_group",          "topk_group"};
     for (size_t i = 0; i < DI_ARRAY_LEN(v3); i++)
-        if (get(r->root, v3[i]))
+        if (di_cfg_get(r->root, v3[i]))
             return di_error(DI_ERR_CONFIG,
                             "%s: DeepSeek-V4 config has the V2/V3 field \"%s\" (V3 and V4 fields "
                             "mixed)",
@@ -139,39 +67,27 @@ static di_status reject_v3_fields(const v4_reader *r) {
     return DI_OK;
 }
 
-static di_status token_id(const v4_reader *r, const char *key, int32_t *out) {
-    const json_t *v = get(r->root, key);
-    if (json_is_array(v)) v = json_array_size(v) ? json_array_get(v, 0) : NULL;
-    *out = -1;
-    if (!v || json_is_null(v)) return DI_OK;
-    if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX)
-        return di_error(DI_ERR_CONFIG, "%s: field \"%s\" must be a token id, a list or null",
-                        r->path, key);
-    *out = (int32_t)json_integer_value(v);
-    return DI_OK;
-}
-
-static di_status shared_fields(const v4_reader *r, di_hparams *hp) {
+static di_status shared_fields(const di_cfg_reader *r, di_hparams *hp) {
     const json_t *o = r->root;
-    di_status st = get_int(r, o, "", "vocab_size", 0, true, &hp->vocab_size);
-    if (!st) st = get_int(r, o, "", "hidden_size", 0, true, &hp->hidden_size);
-    if (!st) st = get_int(r, o, "", "num_hidden_layers", 0, true, &hp->num_hidden_layers);
-    if (!st) st = get_int(r, o, "", "num_attention_heads", 0, true, &hp->num_attention_heads);
+    di_status st = di_cfg_int(r, o, "", "vocab_size", 0, true, &hp->vocab_size);
+    if (!st) st = di_cfg_int(r, o, "", "hidden_size", 0, true, &hp->hidden_size);
+    if (!st) st = di_cfg_int(r, o, "", "num_hidden_layers", 0, true, &hp->num_hidden_layers);
+    if (!st) st = di_cfg_int(r, o, "", "num_attention_heads", 0, true, &hp->num_attention_heads);
     if (!st)
-        st = get_int(r, o, "", "max_position_embeddings", 1048576, false,
+        st = di_cfg_int(r, o, "", "max_position_embeddings", 1048576, false,
                      &hp->max_position_embeddings);
-    if (!st) st = get_real(r, o, "", "rms_norm_eps", 1e-6, &hp->rms_norm_eps);
-    if (!st) st = get_bool(r, "tie_word_embeddings", false, &hp->tie_word_embeddings);
+    if (!st) st = di_cfg_real(r, o, "", "rms_norm_eps", 1e-6, &hp->rms_norm_eps);
+    if (!st) st = di_cfg_bool(r, r->root, "", "tie_word_embeddings", false, &hp->tie_word_embeddings);
     if (!st)
-        st = get_int(r, o, "", "num_nextn_predict_layers", 0, false, &hp->num_nextn_predict_layers);
-    if (!st) st = get_int(r, o, "", "n_routed_experts", 0, true, &hp->n_routed_experts);
-    if (!st) st = get_int(r, o, "", "moe_intermediate_size", 0, true, &hp->moe_intermediate_size);
-    if (!st) st = get_int(r, o, "", "num_experts_per_tok", 0, true, &hp->num_experts_per_tok);
+        st = di_cfg_int(r, o, "", "num_nextn_predict_layers", 0, false, &hp->num_nextn_predict_layers);
+    if (!st) st = di_cfg_int(r, o, "", "n_routed_experts", 0, true, &hp->n_routed_experts);
+    if (!st) st = di_cfg_int(r, o, "", "moe_intermediate_size", 0, true, &hp->moe_intermediate_size);
+    if (!st) st = di_cfg_int(r, o, "", "num_experts_per_tok", 0, true, &hp->num_experts_per_tok);
     /* transformers always builds exactly one shared expert of moe_intermediate_size. */
-    if (!st) st = get_int(r, o, "", "n_shared_experts", 1, false, &hp->n_shared_experts);
-    if (!st) st = get_real(r, o, "", "routed_scaling_factor", 1.5, &hp->routed_scaling_factor);
-    if (!st) st = token_id(r, "bos_token_id", &hp->bos_token_id);
-    if (!st) st = token_id(r, "eos_token_id", &hp->eos_token_id);
+    if (!st) st = di_cfg_int(r, o, "", "n_shared_experts", 1, false, &hp->n_shared_experts);
+    if (!st) st = di_cfg_real(r, o, "", "routed_scaling_factor", 1.5, &hp->routed_scaling_factor);
+    if (!st) st = di_cfg_token(r, "bos_token_id", &hp->bos_token_id);
+    if (!st) st = di_cfg_token(r, "eos_token_id", &hp->eos_token_id);
     if (st) return st;
     hp->intermediate_size = hp->moe_intermediate_size; /* no dense MLP in V4 */
     hp->n_group = hp->topk_group = 1;
@@ -181,7 +97,7 @@ static di_status shared_fields(const v4_reader *r, di_hparams *hp) {
     hp->norm_topk_prob = true;
     hp->topk_method = DI_TOPK_GREEDY; /* plain top-k of score + bias */
     const char *s;
-    if ((st = get_str(r, o, "", "scoring_func", &s))) return st;
+    if ((st = di_cfg_str(r, o, "", "scoring_func", &s))) return st;
     if (!s || strcmp(s, "sqrtsoftplus") == 0)
         hp->scoring_func = DI_SCORE_SQRTSOFTPLUS;
     else if (strcmp(s, "sigmoid") == 0)
@@ -191,23 +107,23 @@ static di_status shared_fields(const v4_reader *r, di_hparams *hp) {
     else
         return di_error(DI_ERR_UNSUPPORTED, "%s: field \"scoring_func\": \"%s\" is not supported",
                         r->path, s);
-    const char *key = get(o, "dtype") ? "dtype" : "torch_dtype";
-    if ((st = get_str(r, o, "", key, &s))) return st;
+    const char *key = di_cfg_get(o, "dtype") ? "dtype" : "torch_dtype";
+    if ((st = di_cfg_str(r, o, "", key, &s))) return st;
     if (s) snprintf(hp->dtype, sizeof hp->dtype, "%s", s);
 
     /* FP8 (upstream): e4m3 with E8M0 block scales; the block size is informative only. */
-    const json_t *q = get(o, "quantization_config");
+    const json_t *q = di_cfg_get(o, "quantization_config");
     if (q) {
         const char *method = NULL, *fmt = NULL;
         if (!json_is_object(q))
             return di_error(DI_ERR_CONFIG, "%s: field \"quantization_config\" must be an object",
                             r->path);
-        if ((st = get_str(r, q, "quantization_config.", "quant_method", &method))) return st;
+        if ((st = di_cfg_str(r, q, "quantization_config.", "quant_method", &method))) return st;
         if (!method || strcmp(method, "fp8") != 0)
             return di_error(DI_ERR_UNSUPPORTED,
                             "%s: quantization_config.quant_method \"%s\" is not supported", r->path,
                             method ? method : "(missing)");
-        if ((st = get_str(r, q, "quantization_config.", "fmt", &fmt))) return st;
+        if ((st = di_cfg_str(r, q, "quantization_config.", "fmt", &fmt))) return st;
         if (fmt && strcmp(fmt, "e4m3") != 0)
             return di_error(DI_ERR_UNSUPPORTED,
                             "%s: field \"quantization_config.fmt\": \"%s\" is not supported",
@@ -222,31 +138,31 @@ static di_status shared_fields(const v4_reader *r, di_hparams *hp) {
 /* Layer schedules                                                                            */
 /* ---------------------------------------------------------------------------------------- */
 
-static di_status compress_rates(const v4_reader *r, int64_t *csa, int64_t *hca) {
+static di_status compress_rates(const di_cfg_reader *r, int64_t *csa, int64_t *hca) {
     *csa = 4;
     *hca = 128;
-    const json_t *o = get(r->root, "compress_rates");
+    const json_t *o = di_cfg_get(r->root, "compress_rates");
     di_status st = DI_OK;
     if (o) {
         if (!json_is_object(o))
             return di_error(DI_ERR_CONFIG, "%s: field \"compress_rates\" must be an object",
                             r->path);
-        st = get_int(r, o, "compress_rates.", g_kind_names[DI_V4_CSA], *csa, false, csa);
-        if (!st) st = get_int(r, o, "compress_rates.", g_kind_names[DI_V4_HCA], *hca, false, hca);
+        st = di_cfg_int(r, o, "compress_rates.", g_kind_names[DI_V4_CSA], *csa, false, csa);
+        if (!st) st = di_cfg_int(r, o, "compress_rates.", g_kind_names[DI_V4_HCA], *hca, false, hca);
     }
-    if (!st) st = get_int(r, r->root, "", "compress_rate_csa", *csa, false, csa);
-    if (!st) st = get_int(r, r->root, "", "compress_rate_hca", *hca, false, hca);
-    if (!st) st = range(r, "compress_rates.compressed_sparse_attention", *csa, 1, 1 << 20);
-    if (!st) st = range(r, "compress_rates.heavily_compressed_attention", *hca, 1, 1 << 20);
+    if (!st) st = di_cfg_int(r, r->root, "", "compress_rate_csa", *csa, false, csa);
+    if (!st) st = di_cfg_int(r, r->root, "", "compress_rate_hca", *hca, false, hca);
+    if (!st) st = di_cfg_range(r, "compress_rates.compressed_sparse_attention", *csa, 1, 1 << 20);
+    if (!st) st = di_cfg_range(r, "compress_rates.heavily_compressed_attention", *hca, 1, 1 << 20);
     return st;
 }
 
-static di_status layer_schedule(const v4_reader *r, int64_t L, int64_t n_mtp, di_v4_hparams *v) {
+static di_status layer_schedule(const di_cfg_reader *r, int64_t L, int64_t n_mtp, di_v4_hparams *v) {
     int64_t csa, hca;
     di_status st = compress_rates(r, &csa, &hca);
     if (st) return st;
-    const json_t *types = get(r->root, "layer_types");
-    const json_t *ratios = get(r->root, "compress_ratios");
+    const json_t *types = di_cfg_get(r->root, "layer_types");
+    const json_t *ratios = di_cfg_get(r->root, "compress_ratios");
     if (types) {
         if (!json_is_array(types) || (int64_t)json_array_size(types) != L)
             return di_error(DI_ERR_CONFIG,
@@ -309,7 +225,7 @@ static di_status layer_schedule(const v4_reader *r, int64_t L, int64_t n_mtp, di
         }
     }
 
-    const json_t *mlp = get(r->root, "mlp_layer_types");
+    const json_t *mlp = di_cfg_get(r->root, "mlp_layer_types");
     int64_t n_hash = 0;
     if (mlp) {
         if (!json_is_array(mlp) || (int64_t)json_array_size(mlp) != L)
@@ -331,8 +247,8 @@ static di_status layer_schedule(const v4_reader *r, int64_t L, int64_t n_mtp, di
         }
         return DI_OK;
     }
-    if ((st = get_int(r, r->root, "", "num_hash_layers", 3, false, &n_hash))) return st;
-    if ((st = range(r, "num_hash_layers", n_hash, 0, V4_MAX_SIZE))) return st;
+    if ((st = di_cfg_int(r, r->root, "", "num_hash_layers", 3, false, &n_hash))) return st;
+    if ((st = di_cfg_range(r, "num_hash_layers", n_hash, 0, V4_MAX_SIZE))) return st;
     for (int64_t i = 0; i < L; i++)
         v->hash_moe[i] = i < n_hash;
     return DI_OK;
@@ -343,12 +259,12 @@ static di_status layer_schedule(const v4_reader *r, int64_t L, int64_t n_mtp, di
 /* ---------------------------------------------------------------------------------------- */
 
 /* Reads one rope object (type default / yarn) into *rp; theta from the object if given. */
-static di_status rope_object(const v4_reader *r, const json_t *o, const char *where,
+static di_status rope_object(const di_cfg_reader *r, const json_t *o, const char *where,
                              int64_t max_pos, di_v4_rope *rp) {
     const char *type = NULL;
-    di_status st = get_str(r, o, where, "rope_type", &type);
-    if (!st && !type) st = get_str(r, o, where, "type", &type);
-    if (!st) st = get_real(r, o, where, "rope_theta", rp->theta, &rp->theta);
+    di_status st = di_cfg_str(r, o, where, "rope_type", &type);
+    if (!st && !type) st = di_cfg_str(r, o, where, "type", &type);
+    if (!st) st = di_cfg_real(r, o, where, "rope_theta", rp->theta, &rp->theta);
     if (st) return st;
     if (!type || strcmp(type, "default") == 0) {
         rp->yarn = false;
@@ -360,15 +276,15 @@ static di_status rope_object(const v4_reader *r, const json_t *o, const char *wh
                         "DeepSeek-V4 (default or yarn)",
                         r->path, type, where);
     rp->yarn = true;
-    st = get_int(r, o, where, "original_max_position_embeddings", max_pos, false,
+    st = di_cfg_int(r, o, where, "original_max_position_embeddings", max_pos, false,
                  &rp->original_max_position_embeddings);
     if (!st)
-        st = range(r, "original_max_position_embeddings", rp->original_max_position_embeddings, 1,
+        st = di_cfg_range(r, "original_max_position_embeddings", rp->original_max_position_embeddings, 1,
                    V4_MAX_SIZE);
     double ratio = (double)max_pos / (double)rp->original_max_position_embeddings;
-    if (!st) st = get_real(r, o, where, "factor", ratio, &rp->factor);
-    if (!st) st = get_real(r, o, where, "beta_fast", 32.0, &rp->beta_fast);
-    if (!st) st = get_real(r, o, where, "beta_slow", 1.0, &rp->beta_slow);
+    if (!st) st = di_cfg_real(r, o, where, "factor", ratio, &rp->factor);
+    if (!st) st = di_cfg_real(r, o, where, "beta_fast", 32.0, &rp->beta_fast);
+    if (!st) st = di_cfg_real(r, o, where, "beta_slow", 1.0, &rp->beta_slow);
     if (st) return st;
     if (rp->beta_fast == 0) rp->beta_fast = 32.0;
     if (rp->beta_slow == 0) rp->beta_slow = 1.0;
@@ -378,18 +294,18 @@ static di_status rope_object(const v4_reader *r, const json_t *o, const char *wh
     return DI_OK;
 }
 
-static di_status rope(const v4_reader *r, int64_t max_pos, di_v4_hparams *v) {
-    di_status st = get_real(r, r->root, "", "rope_theta", 10000.0, &v->rope_main.theta);
+static di_status rope(const di_cfg_reader *r, int64_t max_pos, di_v4_hparams *v) {
+    di_status st = di_cfg_real(r, r->root, "", "rope_theta", 10000.0, &v->rope_main.theta);
     if (!st)
-        st = get_real(r, r->root, "", "compress_rope_theta", 160000.0, &v->rope_compress.theta);
+        st = di_cfg_real(r, r->root, "", "compress_rope_theta", 160000.0, &v->rope_compress.theta);
     if (st) return st;
-    const json_t *rp = get(r->root, "rope_parameters");
-    const json_t *rs = get(r->root, "rope_scaling");
+    const json_t *rp = di_cfg_get(r->root, "rope_parameters");
+    const json_t *rs = di_cfg_get(r->root, "rope_scaling");
     if (rp && !json_is_object(rp))
         return di_error(DI_ERR_CONFIG, "%s: field \"rope_parameters\" must be an object", r->path);
     if (rs && !json_is_object(rs))
         return di_error(DI_ERR_CONFIG, "%s: field \"rope_scaling\" must be an object", r->path);
-    const json_t *main = rp ? get(rp, "main") : NULL, *comp = rp ? get(rp, "compress") : NULL;
+    const json_t *main = rp ? di_cfg_get(rp, "main") : NULL, *comp = rp ? di_cfg_get(rp, "compress") : NULL;
     if (main || comp) { /* transformers' nested form */
         if ((main && !json_is_object(main)) || (comp && !json_is_object(comp)))
             return di_error(DI_ERR_CONFIG,
@@ -418,22 +334,22 @@ static di_status rope(const v4_reader *r, int64_t max_pos, di_v4_hparams *v) {
 /* Entry point                                                                                */
 /* ---------------------------------------------------------------------------------------- */
 
-static di_status v4_sizes(const v4_reader *r, const di_hparams *hp, di_v4_hparams *v) {
+static di_status v4_sizes(const di_cfg_reader *r, const di_hparams *hp, di_v4_hparams *v) {
     const json_t *o = r->root;
     int64_t kvh = 1;
-    di_status st = get_int(r, o, "", "head_dim", 0, true, &v->head_dim);
-    if (!st) st = get_int(r, o, "", "q_lora_rank", 0, true, &v->q_lora_rank);
-    if (!st) st = get_int(r, o, "", "o_lora_rank", 0, true, &v->o_lora_rank);
-    if (!st) st = get_int(r, o, "", "o_groups", 0, true, &v->o_groups);
-    if (!st) st = get_int(r, o, "", "sliding_window", 128, false, &v->sliding_window);
-    if (!st) st = get_int(r, o, "", "index_n_heads", 64, false, &v->index_n_heads);
-    if (!st) st = get_int(r, o, "", "index_head_dim", 128, false, &v->index_head_dim);
-    if (!st) st = get_int(r, o, "", "index_topk", 512, false, &v->index_topk);
-    if (!st) st = get_int(r, o, "", "hc_mult", 4, false, &v->hc_mult);
-    if (!st) st = get_int(r, o, "", "hc_sinkhorn_iters", 20, false, &v->hc_sinkhorn_iters);
-    if (!st) st = get_real(r, o, "", "hc_eps", 1e-6, &v->hc_eps);
-    if (!st) st = get_real(r, o, "", "swiglu_limit", 10.0, &v->swiglu_limit);
-    if (!st) st = get_int(r, o, "", "num_key_value_heads", 1, false, &kvh);
+    di_status st = di_cfg_int(r, o, "", "head_dim", 0, true, &v->head_dim);
+    if (!st) st = di_cfg_int(r, o, "", "q_lora_rank", 0, true, &v->q_lora_rank);
+    if (!st) st = di_cfg_int(r, o, "", "o_lora_rank", 0, true, &v->o_lora_rank);
+    if (!st) st = di_cfg_int(r, o, "", "o_groups", 0, true, &v->o_groups);
+    if (!st) st = di_cfg_int(r, o, "", "sliding_window", 128, false, &v->sliding_window);
+    if (!st) st = di_cfg_int(r, o, "", "index_n_heads", 64, false, &v->index_n_heads);
+    if (!st) st = di_cfg_int(r, o, "", "index_head_dim", 128, false, &v->index_head_dim);
+    if (!st) st = di_cfg_int(r, o, "", "index_topk", 512, false, &v->index_topk);
+    if (!st) st = di_cfg_int(r, o, "", "hc_mult", 4, false, &v->hc_mult);
+    if (!st) st = di_cfg_int(r, o, "", "hc_sinkhorn_iters", 20, false, &v->hc_sinkhorn_iters);
+    if (!st) st = di_cfg_real(r, o, "", "hc_eps", 1e-6, &v->hc_eps);
+    if (!st) st = di_cfg_real(r, o, "", "swiglu_limit", 10.0, &v->swiglu_limit);
+    if (!st) st = di_cfg_int(r, o, "", "num_key_value_heads", 1, false, &kvh);
     if (st) return st;
     if (kvh != 1)
         return di_error(DI_ERR_CONFIG,
@@ -445,8 +361,8 @@ static di_status v4_sizes(const v4_reader *r, const di_hparams *hp, di_v4_hparam
      * are given they must agree. */
     double prf = 0.0;
     int64_t rd_given = -1;
-    if ((st = get_real(r, o, "", "partial_rotary_factor", 0.0, &prf))) return st;
-    if ((st = get_int(r, o, "", "qk_rope_head_dim", -1, false, &rd_given))) return st;
+    if ((st = di_cfg_real(r, o, "", "partial_rotary_factor", 0.0, &prf))) return st;
+    if ((st = di_cfg_int(r, o, "", "qk_rope_head_dim", -1, false, &rd_given))) return st;
     if (prf > 0)
         v->rope_dim = (int64_t)((double)v->head_dim * prf);
     else
@@ -484,7 +400,7 @@ static di_status v4_sizes(const v4_reader *r, const di_hparams *hp, di_v4_hparam
         {"hc_sinkhorn_iters", v->hc_sinkhorn_iters, 1, 1 << 16},
     };
     for (size_t i = 0; i < DI_ARRAY_LEN(f); i++)
-        if ((st = range(r, f[i].key, f[i].val, f[i].lo, f[i].hi))) return st;
+        if ((st = di_cfg_range(r, f[i].key, f[i].val, f[i].lo, f[i].hi))) return st;
     if (v->rope_dim % 2 != 0)
         return di_error(DI_ERR_CONFIG, "%s: field \"qk_rope_head_dim\" = %lld must be even",
                         r->path, (long long)v->rope_dim);
@@ -506,7 +422,7 @@ static di_status v4_sizes(const v4_reader *r, const di_hparams *hp, di_v4_hparam
 }
 
 di_status di_config_v4_parse(const json_t *root, const char *path, di_hparams *hp) {
-    v4_reader r = {root, path};
+    di_cfg_reader r = {root, path};
     if (hp->family != DI_FAMILY_DEEPSEEK_V4)
         return di_error(DI_ERR_CONFIG,
                         "%s: %s config has the DeepSeek-V4 field \"%s\" (V3 and V4 fields mixed)",
