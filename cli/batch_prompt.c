@@ -2,6 +2,7 @@
  * batch_prompt.c -- prompts of `deepinfer batch` requests to token ids (see batch_prompt.h).
  */
 #include "batch_prompt.h"
+#include "ids.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -78,22 +79,14 @@ static bool encode(batch_prompts *bp, const char *text, bool add_special, int32_
     if (!bp->tok)
         return fail(err, "invalid_prompt", "text prompts need a tokenizer, and none loaded: %s",
                     bp->tok_error);
-    size_t len = strlen(text);
-    int64_t need = di_tokenizer_encode(bp->tok, text, len, add_special, NULL, 0);
-    if (need == DI_TOK_ERROR)
+    cli_ids out;
+    di_status st = cli_ids_encode(bp->tok, text, strlen(text), add_special, &out);
+    if (st == DI_ERR_OUT_OF_MEMORY) return fail(err, "internal_error", "out of memory");
+    if (st != DI_OK)
         return fail(err, "invalid_prompt", "cannot tokenize the prompt: %s",
                     last_error(DI_ERR_INVALID_ARG));
-    int64_t cap = need < 0 ? -need : need;
-    *ids = malloc((size_t)(cap > 0 ? cap : 1) * sizeof(int32_t));
-    if (!*ids) return fail(err, "internal_error", "out of memory");
-    int64_t got = di_tokenizer_encode(bp->tok, text, len, add_special, *ids, cap);
-    if (got < 0) {
-        free(*ids);
-        *ids = NULL;
-        return fail(err, "invalid_prompt", "cannot tokenize the prompt: %s",
-                    last_error(DI_ERR_INVALID_ARG));
-    }
-    *n = got;
+    *ids = out.v;
+    *n = out.n;
     return true;
 }
 

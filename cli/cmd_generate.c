@@ -392,16 +392,10 @@ static int tokenize_prompt(const char *cmd, const gen_options *o, di_tokenizer *
     }
     const char *text = rendered ? rendered : o->prompt;
     bool add_special = !o->chat; /* the chat template writes BOS itself */
-    int64_t n = di_tokenizer_encode(*tok, text, strlen(text), add_special, NULL, 0);
-    if (n < 0 && n != DI_TOK_ERROR) {
-        out->v = malloc((size_t)(-n) * sizeof(int32_t));
-        n = out->v ? di_tokenizer_encode(*tok, text, strlen(text), add_special, out->v, -n)
-                   : DI_TOK_ERROR;
-    }
+    st = cli_ids_encode(*tok, text, strlen(text), add_special, out);
     di_free(rendered);
-    if (n == DI_TOK_ERROR) return cli_lib_error(cmd, DI_ERR_INVALID_ARG);
-    out->n = n;
-    if (n == 0) return cli_error(CLI_EXIT_USAGE, cmd, "--prompt: the prompt has no tokens");
+    if (st != DI_OK) return cli_lib_error(cmd, st);
+    if (out->n == 0) return cli_error(CLI_EXIT_USAGE, cmd, "--prompt: the prompt has no tokens");
     return CLI_CONTINUE;
 }
 

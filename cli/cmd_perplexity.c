@@ -80,16 +80,10 @@ static int tokenize_file(const char *cmd, const ppl_options *o, cli_ids *out) {
         free(text);
         return cli_lib_error(cmd, st);
     }
-    int64_t n = di_tokenizer_encode(tok, text, len, true, NULL, 0);
-    if (n < 0 && n != DI_TOK_ERROR) {
-        out->v = malloc((size_t)(-n) * sizeof(int32_t));
-        n = out->v ? di_tokenizer_encode(tok, text, len, true, out->v, -n) : DI_TOK_ERROR;
-    }
+    st = cli_ids_encode(tok, text, len, true, out);
     free(text);
     di_tokenizer_free(tok);
-    if (n == DI_TOK_ERROR) return cli_lib_error(cmd, DI_ERR_INVALID_ARG);
-    out->n = n;
-    return CLI_CONTINUE;
+    return st != DI_OK ? cli_lib_error(cmd, st) : CLI_CONTINUE;
 }
 
 /* Scores ids chunk by chunk; writes the count of scored tokens and their total NLL. */

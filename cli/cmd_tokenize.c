@@ -14,6 +14,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "args.h"
 #include "commands.h"
+#include "ids.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -50,21 +51,18 @@ static int load_tok(const char *cmd, const char *file, const char *dir, di_token
 /* Encodes text and appends the ids, separated by sep, to o. */
 static int encode_into(const char *cmd, const di_tokenizer *t, const char *text, size_t len,
                        bool special, const char *sep, outbuf *o) {
-    int64_t n = di_tokenizer_encode(t, text, len, special, NULL, 0);
-    if (n == DI_TOK_ERROR) return cli_error(1, cmd, "encoding failed: %s", di_last_error());
-    n = -n;
-    int32_t *ids = malloc((size_t)(n ? n : 1) * sizeof *ids);
-    if (!ids || di_tokenizer_encode(t, text, len, special, ids, n) != n) {
-        free(ids);
-        return cli_error(1, cmd, "encoding failed: %s", di_last_error());
-    }
+    cli_ids ids;
+    di_status st = cli_ids_encode(t, text, len, special, &ids);
+    if (st != DI_OK)
+        return cli_error(1, cmd, "encoding failed: %s",
+                         st == DI_ERR_OUT_OF_MEMORY ? "out of memory" : di_last_error());
     char num[16];
     bool ok = true;
-    for (int64_t i = 0; i < n && ok; i++) {
-        int k = snprintf(num, sizeof num, "%s%d", i ? sep : "", ids[i]);
+    for (int64_t i = 0; i < ids.n && ok; i++) {
+        int k = snprintf(num, sizeof num, "%s%d", i ? sep : "", ids.v[i]);
         ok = out_add(o, num, (size_t)k);
     }
-    free(ids);
+    cli_ids_free(&ids);
     return ok ? CLI_CONTINUE : cli_error(1, cmd, "out of memory");
 }
 

@@ -165,3 +165,20 @@ int cli_ids_from_options(const char *cmd, const char *ids_text, const char *ids_
         return cli_error(CLI_EXIT_USAGE, cmd, "--ids-file %s: %s", ids_file, err);
     return CLI_CONTINUE;
 }
+
+di_status cli_ids_encode(const di_tokenizer *tok, const char *text, size_t len, bool add_special,
+                         cli_ids *out) {
+    *out = (cli_ids){0};
+    int64_t need = di_tokenizer_encode(tok, text, len, add_special, NULL, 0);
+    if (need == DI_TOK_ERROR) return DI_ERR_INVALID_ARG;
+    int64_t cap = need < 0 ? -need : need;
+    out->v = malloc((size_t)(cap > 0 ? cap : 1) * sizeof(int32_t));
+    if (!out->v) return DI_ERR_OUT_OF_MEMORY;
+    int64_t got = di_tokenizer_encode(tok, text, len, add_special, out->v, cap);
+    if (got < 0) {
+        cli_ids_free(out);
+        return DI_ERR_INVALID_ARG;
+    }
+    out->n = got;
+    return DI_OK;
+}

@@ -8,6 +8,8 @@
 #ifndef DI_CLI_IDS_H
 #define DI_CLI_IDS_H
 
+#include "deepinfer.h"
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -28,6 +30,11 @@ bool cli_ids_read_file(const char *path, cli_ids *out, char *err, size_t err_siz
 bool cli_ids_check_range(const cli_ids *ids, int64_t vocab_size, char *err, size_t err_size);
 
 void cli_ids_free(cli_ids *ids);
+
+/* Tokenizes len bytes of text into out (a new array). Returns DI_OK, DI_ERR_OUT_OF_MEMORY, or
+ * DI_ERR_INVALID_ARG when the tokenizer fails (di_last_error() says why). */
+di_status cli_ids_encode(const di_tokenizer *tok, const char *text, size_t len, bool add_special,
+                         cli_ids *out);
 
 /* For the commands: takes the ids from --ids TEXT or --ids-file PATH (exactly one of them
  * must be given). Returns CLI_CONTINUE or an exit code after printing the error. */
