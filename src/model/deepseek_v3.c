@@ -13,8 +13,8 @@
  *   - Softmax scale qk_head_dim^-0.5, times mscale(factor, mscale_all_dim)^2 when the rope
  *     type is not "default" and mscale_all_dim is set (the same rule in V2 and V3).
  *   - MoE layers are those with il >= first_k_dense_replace (and il % moe_layer_freq == 0);
- *     router logits in float from the gate weight; di_router_select picks experts. V2's
- *     transformers router never renormalises, so norm_topk_prob is forced off for V2.
+ *     router logits in float from the gate weight; di_router_select picks experts (the
+ *     per-family rules, e.g. V2 never renormalising, live in di_router_params_from_hparams).
  *
  * Attention runs in absorbed form (see cpu_attention.c): the cache holds only the normed
  * latent c_kv and the rotated k_rope of each token; per head, q_nope is mapped into the
@@ -564,7 +564,6 @@ static di_status ds_load(const di_hparams *hp, const di_st_set *st, const char *
     m->max_inter =
         DI_MAX(hp->intermediate_size, hp->moe_intermediate_size * DI_MAX(hp->n_shared_experts, 1));
     m->router = di_router_params_from_hparams(hp);
-    if (hp->family == DI_FAMILY_DEEPSEEK_V2) m->router.norm_topk_prob = false;
     ds_rope_setup(m);
     *out = m;
     return DI_OK;

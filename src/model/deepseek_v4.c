@@ -268,15 +268,9 @@ static void moe(const v4_model *m, const v4_block *L, v4_ctx *c, const di_backen
     const int64_t D = hp->hidden_size, E = hp->n_routed_experts, K = hp->num_experts_per_tok;
     void *bc = be->ctx;
     v4_matmul(be, &L->gate, c->xn, n, c->rlogits);
-    di_router_params rp = {.n_experts = E,
-                           .top_k = K,
-                           .n_group = 1,
-                           .topk_group = 1,
-                           .score = hp->scoring_func,
-                           .method = DI_TOPK_GREEDY,
-                           .norm_topk_prob = true,
-                           .routed_scaling_factor = (float)hp->routed_scaling_factor,
-                           .bias = L->gate_bias};
+    /* V4's rules (plain top-k of score + bias, always renormalised) are in the hparams. */
+    di_router_params rp = di_router_params_from_hparams(hp);
+    rp.bias = L->gate_bias;
     for (int64_t t = 0; t < n; t++) {
         if (L->hash)
             route_hash(m, L, c->rlogits + t * E, tok[t], c->sel_id + t * K, c->sel_w + t * K);
