@@ -534,15 +534,17 @@ static int serve(const char *cmd, const batch_options *o, const batch_input *in,
     int rc = cli_load_model(cmd, o->model_dir, o->threads, &model, &info);
     if (rc != CLI_CONTINUE) return rc;
     di_engine_params ep = engine_params(o);
-    di_status st = di_engine_create(model, &ep, &r->engine);
-    if (st != DI_OK) {
-        rc = cli_lib_error(cmd, st);
-        di_model_free(model);
-        return rc;
-    }
     int64_t max_len = ep.max_model_len > 0 ? ep.max_model_len
                                            : (info.max_context < 4096 ? info.max_context : 4096);
     batch_prompts_init(&r->prompts, o->model_dir, o->tokenizer, info.vocab_size, max_len);
+    if (r->prompts.tok) ep.tokenizer = r->prompts.tok; /* one tokenizer for both */
+    di_status st = di_engine_create(model, &ep, &r->engine);
+    if (st != DI_OK) {
+        rc = cli_lib_error(cmd, st);
+        batch_prompts_free(&r->prompts);
+        di_model_free(model);
+        return rc;
+    }
     snprintf(r->model_name, sizeof r->model_name, "%s", base_name(o->model_dir));
     batch_utf8_sanitize(r->model_name);
     r->rctx = (batch_result_ctx){
@@ -565,8 +567,8 @@ static int serve(const char *cmd, const batch_options *o, const batch_input *in,
     free(r->slots);
     free(r->serials);
     free(r->outputs);
+    di_engine_free(r->engine); /* before the tokenizer it borrows */
     batch_prompts_free(&r->prompts);
-    di_engine_free(r->engine);
     di_model_free(model);
     return rc;
 }

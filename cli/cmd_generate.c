@@ -283,7 +283,7 @@ static bool take_prompt_logprobs(const di_engine_output *out, gen_result *r) {
 
 /* Runs the request through an engine; returns CLI_CONTINUE or an exit code. */
 static int generate(const char *cmd, di_model *model, const cli_ids *prompt, const gen_options *o,
-                    gen_result *r) {
+                    const di_tokenizer *tok, gen_result *r) {
     r->n_samples = o->n;
     r->s = calloc((size_t)o->n, sizeof *r->s);
     bool ok = r->s != NULL;
@@ -309,7 +309,10 @@ static int generate(const char *cmd, di_model *model, const cli_ids *prompt, con
     /* the whole prompt in one step, as a single-sequence prefill would run it */
     ep.max_batch_tokens = ep.max_prefill_tokens = GEN_MAX(prompt->n + o->n, 64);
     /* text (and stop strings) through the engine's tokenizer when there is one */
-    if (o->prompt || o->n_stop > 0) ep.tokenizer_path = o->tokenizer ? o->tokenizer : o->model_dir;
+    if (tok)
+        ep.tokenizer = tok; /* the one that tokenized the prompt: loaded once */
+    else if (o->n_stop > 0)
+        ep.tokenizer_path = o->tokenizer ? o->tokenizer : o->model_dir;
     di_engine *e = NULL;
     di_status st = di_engine_create(model, &ep, &e);
     if (st) return cli_lib_error(cmd, st);
@@ -529,17 +532,19 @@ static void result_free(gen_result *r) {
 /* Command                                                                                    */
 /* ---------------------------------------------------------------------------------------- */
 
-static int run(const char *cmd, const gen_options *o, const cli_ids *prompt, bool text_prompt) {
+/* tok: the tokenizer of a text prompt, or NULL for a prompt of ids. */
+static int run(const char *cmd, const gen_options *o, const cli_ids *prompt,
+               const di_tokenizer *tok) {
     di_model *model;
     di_model_info info;
     int rc = cli_load_model(cmd, o->model_dir, o->threads, &model, &info);
     if (rc != CLI_CONTINUE) return rc;
     gen_result r = {0};
     rc = check_request(cmd, prompt, o, &info);
-    if (rc == CLI_CONTINUE) rc = generate(cmd, model, prompt, o, &r);
+    if (rc == CLI_CONTINUE) rc = generate(cmd, model, prompt, o, tok, &r);
     if (rc == CLI_CONTINUE)
         rc = o->json ? print_json(cmd, &r, prompt->n)
-                     : print_text(&r, prompt->n, text_prompt && r.has_text);
+                     : print_text(&r, prompt->n, tok && r.has_text);
     result_free(&r);
     di_model_free(model);
     return rc;
@@ -556,7 +561,7 @@ int cmd_generate(int argc, char **argv) {
         rc = tokenize_prompt(cmd, &o, &tok, &prompt);
     else
         rc = cli_ids_from_options(cmd, o.ids_text, o.ids_file, &prompt);
-    if (rc == CLI_CONTINUE) rc = run(cmd, &o, &prompt, o.prompt != NULL);
+    if (rc == CLI_CONTINUE) rc = run(cmd, &o, &prompt, tok);
     cli_ids_free(&prompt);
     di_tokenizer_free(tok);
     return rc;

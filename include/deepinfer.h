@@ -174,6 +174,8 @@ DI_API di_status di_context_eval(di_context *ctx, const int32_t *ids, int64_t n_
  * the start of each step). Every other engine call must come from one thread at a time. */
 typedef struct di_engine di_engine;
 
+typedef struct di_tokenizer di_tokenizer; /* see "Tokenizer" below */
+
 typedef struct di_engine_params {
     int32_t n_threads;          /* compute threads; <= 0: the model's */
     int64_t max_batch_tokens;   /* tokens per step, all sequences (default 2048) */
@@ -204,6 +206,9 @@ typedef struct di_engine_params {
      * NULL: the model folder's, loaded lazily on the first need. Without one, text prompts
      * and stop strings fail at di_engine_add_request and outputs carry no text. */
     const char *tokenizer_path;
+    /* An already loaded tokenizer to use instead (borrowed: it must outlive the engine);
+     * takes precedence over tokenizer_path. Lets a caller that tokenizes too load it once. */
+    const di_tokenizer *tokenizer;
 } di_engine_params;
 
 DI_API di_engine_params di_engine_default_params(void);

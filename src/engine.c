@@ -45,7 +45,8 @@ di_engine_params di_engine_default_params(void) {
                           .batch_invariant = true,
                           .overlap = false,
                           .disaggregate = false,
-                          .tokenizer_path = NULL};
+                          .tokenizer_path = NULL,
+                          .tokenizer = NULL};
     return p;
 }
 
@@ -432,7 +433,11 @@ di_status di_engine_create(di_model *model, const di_engine_params *params, di_e
             st = di_error(DI_ERR_OUT_OF_MEMORY, "engine: out of memory for logits");
     }
     if (!st) st = eng_map_init(&e->map);
-    if (!st && e->tokenizer_path) { /* an explicit tokenizer must load: fail early */
+    if (!st && p.tokenizer) { /* borrowed from the caller */
+        e->tok = (di_tokenizer *)p.tokenizer;
+        e->tok_borrowed = true;
+        e->tok_tried = true;
+    } else if (!st && e->tokenizer_path) { /* an explicit tokenizer must load: fail early */
         st = di_tokenizer_load(e->tokenizer_path, &e->tok);
         e->tok_tried = true;
     }
@@ -484,7 +489,7 @@ void di_engine_free(di_engine *e) {
     di_free(e->rel_new);
     di_free(e->fin_ids);
     di_free(e->aborts);
-    if (e->tok) di_tokenizer_free(e->tok);
+    if (e->tok && !e->tok_borrowed) di_tokenizer_free(e->tok);
     di_free(e->tokenizer_path);
     pthread_cond_destroy(&e->cv);
     pthread_mutex_destroy(&e->tlock);

@@ -112,7 +112,8 @@ struct di_engine {
     di_model *model; /* borrowed */
     di_engine_params p;
     char *tokenizer_path; /* owned copy, or NULL */
-    di_tokenizer *tok;    /* lazily loaded, owned */
+    di_tokenizer *tok;    /* lazily loaded and owned, or the caller's (tok_borrowed) */
+    bool tok_borrowed;
     bool tok_tried;
     int64_t vocab, max_model_len;
     int32_t eos;
