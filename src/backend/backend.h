@@ -219,6 +219,45 @@ typedef struct di_backend_ops {
     /* out[i] = silu(min(gate[i], L)) * clamp(up[i], -L, L); limit <= 0: no clamp. */
     void (*v4_swiglu)(void *ctx, const float *gate, const float *up, int64_t n, float limit,
                       float *out);
+
+    /* ---- Memory and data movement (appended) ----
+     * Buffers an op can address are "backend memory": aligned host memory for the CPU
+     * backend, device memory for CUDA. The model allocates every activation buffer and cache
+     * through buf_alloc at state creation, fills small host-built inputs (ids, positions,
+     * rope tables, block tables, routing entries) with one upload per chunk and reads results
+     * back with download. host_memory tells whether backend memory is host-addressable (then
+     * upload / download are plain copies and a caller may skip them). */
+    bool host_memory;
+    /* Zero-filled buffer of `bytes`, or NULL with di_last_error set. Not for use inside a
+     * forward (planning only). */
+    void *(*buf_alloc)(void *ctx, size_t bytes);
+    void (*buf_free)(void *ctx, void *p);
+    /* Copies between host memory and backend memory, ordered after every op enqueued before
+     * them; they return when the copy is done (the host buffer may be reused at once). */
+    di_status (*upload)(void *ctx, void *dst, const void *src_host, size_t bytes);
+    di_status (*download)(void *ctx, void *dst_host, const void *src, size_t bytes);
+    /* Zeroes `bytes` of backend memory (enqueued like an op). */
+    void (*fill_zero)(void *ctx, void *p, size_t bytes);
+    /* Waits for every op enqueued so far; returns the first error any reported since. */
+    di_status (*sync)(void *ctx);
+    /* Weights in backend memory: a copy of w (host memory, any view) whose data / scale the
+     * backend owns (free with weight_free). NULL for a backend that uses host weights in
+     * place (the CPU one): then the model keeps its mapped views. */
+    di_status (*weight_upload)(void *ctx, const di_weight *w, di_weight *out);
+    void (*weight_free)(void *ctx, di_weight *w);
+
+    /* dst row (dst_rows ? dst_rows[i] : i) = src row (src_rows ? src_rows[i] : i) for i < n,
+     * `cols` floats each, rows at the given strides (floats). A gather, a scatter or both;
+     * the index lists are backend memory. Destination rows must be distinct. */
+    void (*copy_rows)(void *ctx, float *dst, int64_t dst_stride, const int32_t *dst_rows,
+                      const float *src, int64_t src_stride, const int32_t *src_rows, int64_t n,
+                      int64_t cols);
+    /* MoE combine: out[t] = sum over slots k < K, in slot order, of w[t K + k] x
+     * rows[rows_of[t K + k]] (each row `dim` floats), starting from 0, for t < n: the
+     * arithmetic of zeroing out[t] and then one axpy per slot, so a token's sum depends only
+     * on its own slots (batch invariance). w and rows_of are backend memory. */
+    void (*moe_combine)(void *ctx, const float *rows, const int32_t *rows_of, const float *w,
+                        int64_t n, int64_t K, int64_t dim, float *out);
 } di_backend_ops;
 
 typedef struct di_backend {

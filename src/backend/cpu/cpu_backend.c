@@ -82,6 +82,61 @@ static void cpu_copy2d(void *ctx, float *dst, int64_t dst_stride, const float *s
         memcpy(dst + r * dst_stride, src + r * src_stride, (size_t)cols * sizeof(float));
 }
 
+/* Memory: backend memory is aligned host memory, so the copies are memcpy and there is
+ * nothing to wait for. */
+static void *cpu_buf_alloc(void *ctx, size_t bytes) {
+    (void)ctx;
+    void *p = di_aligned_alloc(bytes ? bytes : 1);
+    if (!p) {
+        di_error(DI_ERR_OUT_OF_MEMORY, "cpu backend: cannot allocate %zu bytes", bytes);
+        return NULL;
+    }
+    memset(p, 0, bytes);
+    return p;
+}
+
+static void cpu_buf_free(void *ctx, void *p) {
+    (void)ctx;
+    di_aligned_free(p);
+}
+
+static di_status cpu_copy(void *ctx, void *dst, const void *src, size_t bytes) {
+    (void)ctx;
+    if (bytes) memcpy(dst, src, bytes);
+    return DI_OK;
+}
+
+static void cpu_fill_zero(void *ctx, void *p, size_t bytes) {
+    (void)ctx;
+    if (bytes) memset(p, 0, bytes);
+}
+
+static di_status cpu_sync(void *ctx) {
+    (void)ctx;
+    return DI_OK;
+}
+
+static void cpu_copy_rows(void *ctx, float *dst, int64_t dst_stride, const int32_t *dst_rows,
+                          const float *src, int64_t src_stride, const int32_t *src_rows,
+                          int64_t n, int64_t cols) {
+    (void)ctx;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t d = dst_rows ? dst_rows[i] : i, s = src_rows ? src_rows[i] : i;
+        memcpy(dst + d * dst_stride, src + s * src_stride, (size_t)cols * sizeof(float));
+    }
+}
+
+/* Zero, then one axpy per slot in slot order: the same bits as the model's former loop. */
+static void cpu_moe_combine(void *ctx, const float *rows, const int32_t *rows_of, const float *w,
+                            int64_t n, int64_t K, int64_t dim, float *out) {
+    di_pool *pool = ((cpu_backend *)ctx)->pool;
+    memset(out, 0, (size_t)(n * dim) * sizeof(float));
+    for (int64_t t = 0; t < n; t++)
+        for (int64_t k = 0; k < K; k++)
+            di_cpu_axpy(pool, w[t * K + k], rows + (int64_t)rows_of[t * K + k] * dim, dim,
+                        out + t * dim);
+}
+
 /* DeepSeek-V4 ops (cpu_v4_ops.c). */
 static void cpu_matmul_fp4(void *ctx, const di_weight *w, const float *x, int64_t n, float *y) {
     if (w->dtype != DI_DTYPE_F4_E2M1) {
@@ -144,6 +199,17 @@ static const di_backend_ops g_cpu_ops = {
     .v4_pool = cpu_v4_pool,
     .v4_index_scores = cpu_v4_index_scores,
     .v4_swiglu = cpu_v4_swiglu,
+    .host_memory = true,
+    .buf_alloc = cpu_buf_alloc,
+    .buf_free = cpu_buf_free,
+    .upload = cpu_copy,
+    .download = cpu_copy,
+    .fill_zero = cpu_fill_zero,
+    .sync = cpu_sync,
+    .weight_upload = NULL, /* weights are used in place (the checkpoint mapping) */
+    .weight_free = NULL,
+    .copy_rows = cpu_copy_rows,
+    .moe_combine = cpu_moe_combine,
 };
 
 di_status di_backend_cpu_init(di_backend *out, di_pool *pool, int64_t max_ctx) {

@@ -109,6 +109,38 @@ static __device__ __forceinline__ void block_copy(float *dst, const float *src, 
     }
 }
 
+/* Physical cache row of logical key j (backend.h's di_mla_attn_row). */
+static __device__ __forceinline__ int64_t att_row(const di_mla_attn_params &p, int64_t j) {
+    if (!p.block_table) return j;
+    return (int64_t)p.block_table[j / p.block_size] * p.block_size + j % p.block_size;
+}
+
+/* Loads the tile of keys [j0, j0 + nv) into shared memory. A tile inside one block of a
+ * paged cache (always, when block_size is a multiple of ATT_BJ) is one contiguous copy;
+ * otherwise each element finds its row. Either way the same values arrive. */
+static __device__ __forceinline__ void load_tile(const di_mla_attn_params &p, const att_smem &s,
+                                                 int64_t j0, int nv) {
+    const int64_t R = p.kv_lora_rank, dr = p.rope_dim;
+    if (!p.block_table || j0 % p.block_size + nv <= p.block_size) {
+        const int64_t r0 = att_row(p, j0);
+        block_copy(s.ckv, p.c_kv + r0 * R, (int64_t)nv * R);
+        block_copy(s.kr, p.k_rope + r0 * dr, (int64_t)nv * dr);
+        return;
+    }
+    for (int64_t i = threadIdx.x; i < (int64_t)nv * R; i += ATT_THREADS)
+        s.ckv[i] = __ldg(p.c_kv + att_row(p, j0 + i / R) * R + i % R);
+    for (int64_t i = threadIdx.x; i < (int64_t)nv * dr; i += ATT_THREADS)
+        s.kr[i] = __ldg(p.k_rope + att_row(p, j0 + i / dr) * dr + i % dr);
+}
+
+/* Head strides of q_lat and out (backend.h: 0 means n_tokens * R). */
+static __device__ __forceinline__ int64_t att_q_hs(const di_mla_attn_params &p) {
+    return p.q_lat_hstride ? p.q_lat_hstride : p.n_tokens * p.kv_lora_rank;
+}
+static __device__ __forceinline__ int64_t att_out_hs(const di_mla_attn_params &p) {
+    return p.out_hstride ? p.out_hstride : p.n_tokens * p.kv_lora_rank;
+}
+
 /* One chunk, keys [jb, je), for the block's query and heads (queries already in s.q/s.qr):
  * leaves the chunk's (m, l) in s.m_c / s.l_c and its accumulators in acc (thread x's
  * accumulator k is head ATT_HEAD(k), latent column ATT_COL(k)). */
@@ -126,8 +158,7 @@ static __device__ __forceinline__ void attn_chunk(const di_mla_attn_params &p, c
     for (int64_t j0 = jb; j0 < je; j0 += ATT_BJ) {
         const int nv = (int)min((int64_t)ATT_BJ, je - j0);
         __syncthreads(); /* the previous tile's readers are done */
-        block_copy(s.ckv, p.c_kv + j0 * R, (int64_t)nv * R);
-        block_copy(s.kr, p.k_rope + j0 * dr, (int64_t)nv * dr);
+        load_tile(p, s, j0, nv);
         __syncthreads();
 
         /* Scores: warp w takes keys w, w + 8, ...; lanes split the dot products (element
@@ -241,7 +272,7 @@ __global__ void __launch_bounds__(ATT_THREADS, 2) /* 2 blocks of ~93 KiB per SM 
 
     for (int i = tid; i < ATT_HG * R; i += ATT_THREADS) {
         const int64_t h = h0 + i / R;
-        s.q[i] = h < p.n_heads ? p.q_lat[(h * p.n_tokens + t) * R + i % R] : 0.0f;
+        s.q[i] = h < p.n_heads ? p.q_lat[h * att_q_hs(p) + t * R + i % R] : 0.0f;
     }
     for (int i = tid; i < ATT_HG * dr; i += ATT_THREADS) {
         const int64_t h = h0 + i / dr;
@@ -287,7 +318,7 @@ __global__ void __launch_bounds__(ATT_THREADS, 2) /* 2 blocks of ~93 KiB per SM 
     for (int k = 0; k < ATT_MAXE; k++) {
         const int64_t h = h0 + ATT_HEAD(k);
         if (ATT_COL(k) < R && h < p.n_heads)
-            p.out[(h * p.n_tokens + t) * R + ATT_COL(k)] = finalize(run[k], s.l_run[ATT_HEAD(k)]);
+            p.out[h * att_out_hs(p) + t * R + ATT_COL(k)] = finalize(run[k], s.l_run[ATT_HEAD(k)]);
     }
 }
 
@@ -304,7 +335,7 @@ __global__ void mla_combine_kernel(const di_mla_attn_params p, const float *part
             merge_coeffs(m, l, sl[0], sl[1], &a, &b, &m, &l);
             acc = merge_acc(acc, sl[2 + i], a, b);
         }
-        p.out[(h * p.n_tokens + t) * R + i] = finalize(acc, l);
+        p.out[h * att_out_hs(p) + t * R + i] = finalize(acc, l);
     }
 }
 

@@ -192,6 +192,74 @@ static void cuda_copy2d(void *ctx, float *dst, int64_t dst_stride, const float *
                                (size_t)rows, cudaMemcpyDeviceToDevice, be->stream));
 }
 
+static void cuda_copy_rows(void *ctx, float *dst, int64_t dst_stride, const int32_t *dst_rows,
+                           const float *src, int64_t src_stride, const int32_t *src_rows,
+                           int64_t n, int64_t cols) {
+    cuda_backend *be = (cuda_backend *)ctx;
+    note(be, di_cuda_launch_copy_rows(dst, dst_stride, dst_rows, src, src_stride, src_rows, n,
+                                      cols, be->stream));
+}
+
+static void cuda_moe_combine(void *ctx, const float *rows, const int32_t *rows_of, const float *w,
+                             int64_t n, int64_t K, int64_t dim, float *out) {
+    cuda_backend *be = (cuda_backend *)ctx;
+    note(be, di_cuda_launch_moe_combine(rows, rows_of, w, n, K, dim, out, be->stream));
+}
+
+/* Memory slots: the C helpers below, called with a di_backend made from the context. */
+static di_backend wrap(void *ctx);
+
+static void *cuda_buf_alloc(void *ctx, size_t bytes) {
+    cuda_backend *be = (cuda_backend *)ctx;
+    di_backend b = wrap(ctx);
+    void *p = di_cuda_malloc(&b, bytes);
+    if (!p) return NULL;
+    cudaError_t err = cudaMemsetAsync(p, 0, bytes ? bytes : 1, be->stream);
+    if (err == cudaSuccess) err = cudaStreamSynchronize(be->stream);
+    if (err != cudaSuccess) {
+        cudaFree(p);
+        di_error(DI_ERR_INTERNAL, "cuda backend: zero-fill of %zu bytes: %s", bytes,
+                 cudaGetErrorString(err));
+        return NULL;
+    }
+    return p;
+}
+
+static void cuda_buf_free(void *ctx, void *p) {
+    di_backend b = wrap(ctx);
+    di_cuda_free(&b, p);
+}
+
+static di_status cuda_upload_op(void *ctx, void *dst, const void *src, size_t bytes) {
+    di_backend b = wrap(ctx);
+    return di_cuda_upload(&b, dst, src, bytes);
+}
+
+static di_status cuda_download_op(void *ctx, void *dst, const void *src, size_t bytes) {
+    di_backend b = wrap(ctx);
+    return di_cuda_download(&b, dst, src, bytes);
+}
+
+static void cuda_fill_zero(void *ctx, void *p, size_t bytes) {
+    cuda_backend *be = (cuda_backend *)ctx;
+    if (bytes) note(be, cudaMemsetAsync(p, 0, bytes, be->stream));
+}
+
+static di_status cuda_sync_op(void *ctx) {
+    di_backend b = wrap(ctx);
+    return di_backend_cuda_sync(&b);
+}
+
+static di_status cuda_weight_upload_op(void *ctx, const di_weight *w, di_weight *out) {
+    di_backend b = wrap(ctx);
+    return di_cuda_weight_upload(&b, w, out);
+}
+
+static void cuda_weight_free_op(void *ctx, di_weight *w) {
+    di_backend b = wrap(ctx);
+    di_cuda_weight_free(&b, w);
+}
+
 static void cuda_free_ctx(void *ctx) {
     cuda_backend *be = (cuda_backend *)ctx;
     if (!be) return;
@@ -219,10 +287,28 @@ static di_backend_ops make_ops(void) {
     o.axpy = cuda_axpy;
     o.copy2d = cuda_copy2d;
     o.free = cuda_free_ctx;
+    o.host_memory = false;
+    o.buf_alloc = cuda_buf_alloc;
+    o.buf_free = cuda_buf_free;
+    o.upload = cuda_upload_op;
+    o.download = cuda_download_op;
+    o.fill_zero = cuda_fill_zero;
+    o.sync = cuda_sync_op;
+    o.weight_upload = cuda_weight_upload_op;
+    o.weight_free = cuda_weight_free_op;
+    o.copy_rows = cuda_copy_rows;
+    o.moe_combine = cuda_moe_combine;
     return o;
 }
 
 static const di_backend_ops g_cuda_ops = make_ops();
+
+static di_backend wrap(void *ctx) {
+    di_backend b;
+    b.ops = &g_cuda_ops;
+    b.ctx = ctx;
+    return b;
+}
 
 /* ---------------------------------------------------------------------------------------- */
 /* Creation                                                                                   */

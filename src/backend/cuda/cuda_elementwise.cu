@@ -1,6 +1,6 @@
 /*
  * cuda_elementwise.cu -- the CUDA backend's cheap ops: embedding gather, RMSNorm, RoPE,
- * SwiGLU and axpy.
+ * SwiGLU, axpy, row gather / scatter and the MoE combine.
  *
  * Design stance: these are memory-bound and small next to the matmuls, so the kernels are
  * plain (one thread per element, one block per row for RMSNorm). Each element is computed
@@ -157,5 +157,51 @@ __global__ void axpy_kernel(float a, const float *x, int64_t n, float *y) {
 cudaError_t di_cuda_launch_axpy(float a, const float *x, int64_t n, float *y, cudaStream_t stream) {
     if (n <= 0) return cudaSuccess;
     axpy_kernel<<<blocks_for(n), EW_THREADS, 0, stream>>>(a, x, n, y);
+    return cudaGetLastError();
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Row gather / scatter and the MoE combine                                                   */
+/* ---------------------------------------------------------------------------------------- */
+
+/* blockIdx.x = i: copies one row, blockIdx.y strides over its columns. */
+__global__ void copy_rows_kernel(float *dst, int64_t dst_stride, const int32_t *dst_rows,
+                                 const float *src, int64_t src_stride, const int32_t *src_rows,
+                                 int64_t cols) {
+    const int64_t i = blockIdx.x, c = (int64_t)blockIdx.y * EW_THREADS + threadIdx.x;
+    if (c >= cols) return;
+    const int64_t d = dst_rows ? dst_rows[i] : i, s = src_rows ? src_rows[i] : i;
+    dst[d * dst_stride + c] = src[s * src_stride + c];
+}
+
+cudaError_t di_cuda_launch_copy_rows(float *dst, int64_t dst_stride, const int32_t *dst_rows,
+                                     const float *src, int64_t src_stride,
+                                     const int32_t *src_rows, int64_t n, int64_t cols,
+                                     cudaStream_t stream) {
+    if (n <= 0 || cols <= 0) return cudaSuccess;
+    dim3 grid((unsigned)n, blocks_for(cols));
+    copy_rows_kernel<<<grid, EW_THREADS, 0, stream>>>(dst, dst_stride, dst_rows, src, src_stride,
+                                                      src_rows, cols);
+    return cudaGetLastError();
+}
+
+/* blockIdx.x = t, blockIdx.y strides over the columns: out = 0, then one axpy step per slot
+ * in slot order (axpy_kernel's rounding), so a token's bits depend only on its slots. */
+__global__ void moe_combine_kernel(const float *rows, const int32_t *rows_of, const float *w,
+                                   int64_t K, int64_t dim, float *out) {
+    const int64_t t = blockIdx.x, c = (int64_t)blockIdx.y * EW_THREADS + threadIdx.x;
+    if (c >= dim) return;
+    float acc = 0.0f;
+    for (int64_t k = 0; k < K; k++)
+        acc = __fadd_rn(acc, __fmul_rn(w[t * K + k], rows[(int64_t)rows_of[t * K + k] * dim + c]));
+    out[t * dim + c] = acc;
+}
+
+cudaError_t di_cuda_launch_moe_combine(const float *rows, const int32_t *rows_of, const float *w,
+                                       int64_t n, int64_t K, int64_t dim, float *out,
+                                       cudaStream_t stream) {
+    if (n <= 0 || dim <= 0) return cudaSuccess;
+    dim3 grid((unsigned)n, blocks_for(dim));
+    moe_combine_kernel<<<grid, EW_THREADS, 0, stream>>>(rows, rows_of, w, K, dim, out);
     return cudaGetLastError();
 }
