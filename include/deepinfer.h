@@ -91,6 +91,12 @@ typedef struct di_model di_model;
 typedef struct di_model_params {
     int32_t n_threads; /* compute threads; <= 0 means all online cores */
     bool verbose;      /* log loading progress at INFO level */
+    /* Where the model runs: NULL or "cpu" (default), "cuda" (device 0) or "cuda:N". A CUDA
+     * model keeps one device copy of its weights; its contexts and engines run on that
+     * device (each with its own stream) and return logits in host memory as on the CPU.
+     * Without a CUDA device (or in a build without CUDA) loading fails with
+     * DI_ERR_UNSUPPORTED ("no CUDA device"). DeepSeek-V4 runs on the CPU only so far. */
+    const char *device;
 } di_model_params;
 
 DI_API di_model_params di_model_default_params(void);

@@ -2,7 +2,8 @@
  * api.c -- the public model and context API of include/deepinfer.h.
  *
  * A di_model is: the folder's parsed config, the memory-mapped safetensors set, the
- * architecture's bound weights (views into the mapping) and a thread pool. It is immutable
+ * architecture's bound weights (views into the mapping, or their device copies when the
+ * model was loaded for CUDA), its memory backend and a thread pool. It is immutable
  * after di_model_load and may back several contexts (used one thread at a time each; contexts
  * that share the model's pool must not run concurrently).
  *
@@ -12,6 +13,7 @@
  * context as it was.
  */
 #include "backend/backend.h"
+#include "backend/cuda/cuda_backend.h"
 #include "core/core.h"
 
 #define DI_CONTEXT_DEFAULT_TOKENS 4096
@@ -22,6 +24,7 @@
 #include "api_internal.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 struct di_context {
@@ -37,8 +40,32 @@ struct di_context {
 /* ---------------------------------------------------------------------------------------- */
 
 di_model_params di_model_default_params(void) {
-    di_model_params p = {.n_threads = 0, .verbose = false};
+    di_model_params p = {.n_threads = 0, .verbose = false, .device = NULL};
     return p;
+}
+
+di_status di_device_parse(const char *device, int *cuda_device) {
+    *cuda_device = -1;
+    if (!device || !device[0] || strcmp(device, "cpu") == 0) return DI_OK;
+    if (strcmp(device, "cuda") == 0) {
+        *cuda_device = 0;
+        return DI_OK;
+    }
+    if (strncmp(device, "cuda:", 5) == 0 && device[5] >= '0' && device[5] <= '9') {
+        char *end = NULL;
+        long v = strtol(device + 5, &end, 10);
+        if (*end == '\0' && v >= 0 && v < 1024) {
+            *cuda_device = (int)v;
+            return DI_OK;
+        }
+    }
+    return di_error(DI_ERR_INVALID_ARG, "device \"%s\": expected cpu, cuda or cuda:N", device);
+}
+
+di_status di_model_backend_init(const di_model *m, di_pool *pool, int64_t max_ctx,
+                                di_backend *out) {
+    if (m->cuda_device >= 0) return di_backend_cuda_init(out, m->cuda_device, max_ctx);
+    return di_backend_cpu_init(out, pool, max_ctx);
 }
 
 di_status di_model_load(const char *dir, const di_model_params *params, di_model **out) {
@@ -52,6 +79,8 @@ di_status di_model_load(const char *dir, const di_model_params *params, di_model
     di_status st = DI_OK;
     m->dir = di_strdup(dir);
     if (!m->dir) st = di_error(DI_ERR_OUT_OF_MEMORY, "di_model_load: out of memory");
+    m->cuda_device = -1;
+    if (!st) st = di_device_parse(p.device, &m->cuda_device);
     if (!st) st = di_config_load_dir(dir, &m->hp);
     if (!st) {
         char *cfg = di_path_join(dir, "config.json");
@@ -60,19 +89,21 @@ di_status di_model_load(const char *dir, const di_model_params *params, di_model
         if (!m->arch) st = DI_ERR_UNSUPPORTED;
     }
     if (!st) st = di_st_open_dir(dir, &m->st);
-    if (!st) st = m->arch->load(&m->hp, m->st, dir, &m->weights);
     if (!st) {
         m->pool = di_pool_create(p.n_threads);
         if (!m->pool) st = DI_ERR_INTERNAL;
     }
+    /* The memory backend only allocates and uploads: no attention scratch (max_ctx 1). */
+    if (!st) st = di_model_backend_init(m, m->pool, 1, &m->be);
+    if (!st) st = m->arch->load(&m->hp, m->st, dir, &m->be, &m->weights);
     if (st) {
         di_model_free(m);
         return st;
     }
     if (p.verbose)
-        di_log(DI_LOG_INFO, "%s: loaded %s (%lld layers) in %.2f s with %d threads", dir,
+        di_log(DI_LOG_INFO, "%s: loaded %s (%lld layers) in %.2f s with %d threads on %s", dir,
                m->hp.architecture, (long long)m->hp.num_hidden_layers, di_time_now() - t0,
-               di_pool_size(m->pool));
+               di_pool_size(m->pool), m->be.ops->name);
     *out = m;
     return DI_OK;
 }
@@ -80,6 +111,7 @@ di_status di_model_load(const char *dir, const di_model_params *params, di_model
 void di_model_free(di_model *m) {
     if (!m) return;
     if (m->weights) m->arch->free(m->weights);
+    di_backend_free(&m->be);
     di_pool_free(m->pool);
     di_st_close(m->st);
     di_free(m->dir);
@@ -148,7 +180,7 @@ di_status di_context_create(di_model *model, const di_context_params *params, di
         if (!c->own_pool) st = DI_ERR_INTERNAL;
         pool = c->own_pool;
     }
-    if (!st) st = di_backend_cpu_init(&c->be, pool, max_tokens);
+    if (!st) st = di_model_backend_init(model, pool, max_tokens, &c->be);
     if (!st) st = model->arch->state_create(model->weights, max_tokens, &c->state);
     if (st) {
         di_context_free(c);
@@ -201,6 +233,10 @@ di_status di_context_eval(di_context *c, const int32_t *ids, int64_t n_ids, floa
                          .logits = logits,
                          .n_logits = logits ? n_logits : 0};
     c->model->arch->forward(c->model->weights, c->state, &c->be, &a);
+    /* Ops cannot fail one by one; a device reports their first error here. The positions
+     * are not committed then. */
+    di_status st = c->be.ops->sync(c->be.ctx);
+    if (st) return di_error_prefix(st, "di_context_eval");
     c->n_past += n_ids;
     return DI_OK;
 }

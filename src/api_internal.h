@@ -7,6 +7,7 @@
 #ifndef DI_API_INTERNAL_H
 #define DI_API_INTERNAL_H
 
+#include "backend/backend.h"
 #include "core/threadpool.h"
 #include "io/config.h"
 #include "io/safetensors.h"
@@ -19,6 +20,17 @@ struct di_model {
     di_pool *pool;              /* owned */
     const di_arch_vtable *arch; /* static */
     void *weights;              /* owned through arch->free */
+    int cuda_device;            /* -1: the CPU backend; else the CUDA device index */
+    di_backend be;              /* owned: the memory backend the weights live on (model.h) */
 };
+
+/* Parses a device name: NULL, "" or "cpu" gives -1, "cuda" 0, "cuda:N" N. Errors name the
+ * string and the accepted forms. */
+di_status di_device_parse(const char *device, int *cuda_device);
+
+/* A compute backend of the model's kind for a context or engine: the CPU backend over pool,
+ * or a CUDA backend (its own stream) on the model's device. max_ctx: the longest sequence. */
+di_status di_model_backend_init(const di_model *m, di_pool *pool, int64_t max_ctx,
+                                di_backend *out);
 
 #endif /* DI_API_INTERNAL_H */

@@ -73,6 +73,11 @@ static void run_forward(di_engine *e, const eng_batch *b) {
     double t0 = di_time_now();
     di_batch_args a = {.seqs = b->seqs, .n_seqs = b->sb->n_seqs, .logits = e->logits};
     e->model->arch->forward_batch(e->model->weights, e->state, &e->be, &a);
+    /* A device reports its ops' first error at the sync; the runner has no error path for a
+     * failed step yet, so it is logged (the logits of that step are not trustworthy). */
+    if (e->be.ops->sync(e->be.ctx))
+        di_log(DI_LOG_ERROR, "engine: forward on %s failed: %s", e->be.ops->name,
+               di_last_error());
     e->work_time = di_time_now() - t0;
 }
 
@@ -409,7 +414,7 @@ di_status di_engine_create(di_model *model, const di_engine_params *params, di_e
         if (!e->own_pool) st = DI_ERR_INTERNAL;
         pool = e->own_pool;
     }
-    if (!st) st = di_backend_cpu_init(&e->be, pool, e->max_model_len);
+    if (!st) st = di_model_backend_init(model, pool, e->max_model_len, &e->be);
     if (!st) di_backend_cpu_set_batch_invariant(&e->be, p.batch_invariant);
     if (!st) {
         di_batch_config bc = {.n_blocks = n_blocks,

@@ -7,8 +7,10 @@
  *
  * Design stance: capacity is fixed when the cache is created (paging comes later); rows are
  * float32, contiguous per layer, so a layer's rows [0, n) are one plain array the attention
- * op can stream. The cache does not track the sequence length itself: the owner (the model
- * context) does, and commits it only after a forward pass succeeded.
+ * op can stream. The rows live in backend memory (host for the CPU backend, device memory for
+ * CUDA), allocated through the backend the cache was created with. The cache does not track
+ * the sequence length itself: the owner (the model context) does, and commits it only after a
+ * forward pass succeeded.
  *
  * Invariant: rows [0, n_past) of every layer hold the sequence's tokens at positions
  * 0..n_past-1; rows beyond are scratch that the next forward pass overwrites.
@@ -16,6 +18,7 @@
 #ifndef DI_MLA_CACHE_H
 #define DI_MLA_CACHE_H
 
+#include "backend/backend.h"
 #include "core/core.h"
 
 #include <stdint.h>
@@ -25,13 +28,15 @@ typedef struct di_mla_cache {
     int64_t capacity;     /* tokens per layer */
     int64_t kv_lora_rank; /* R */
     int64_t rope_dim;     /* qk_rope_head_dim */
-    float *c_kv;          /* [n_layers][capacity][R], owned */
-    float *k_rope;        /* [n_layers][capacity][rope_dim], owned */
+    float *c_kv;          /* [n_layers][capacity][R], owned (backend memory) */
+    float *k_rope;        /* [n_layers][capacity][rope_dim], owned (backend memory) */
+    const di_backend *be; /* borrowed: allocated the rows, frees them */
 } di_mla_cache;
 
-/* Allocates the cache (zeroed). On failure *c is left empty and the error names the size. */
-di_status di_mla_cache_init(di_mla_cache *c, int64_t n_layers, int64_t capacity,
-                            int64_t kv_lora_rank, int64_t rope_dim);
+/* Allocates the cache (zeroed) through be (which must outlive it). On failure *c is left
+ * empty and the error names the size. */
+di_status di_mla_cache_init(di_mla_cache *c, const di_backend *be, int64_t n_layers,
+                            int64_t capacity, int64_t kv_lora_rank, int64_t rope_dim);
 void di_mla_cache_free(di_mla_cache *c);
 
 /* Bytes one token occupies across all layers. */

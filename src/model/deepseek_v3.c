@@ -118,15 +118,13 @@ void ds_rope_setup(ds_model *m) {
     m->rope_interleaved = hp->family == DI_FAMILY_DEEPSEEK_V2 ? true : hp->rope_interleave;
 }
 
-/* cos/sin [n][half] for the positions pos[0 .. n), as float32 like transformers. */
-static void rope_tables(const ds_model *m, const int64_t *pos, int64_t n, float *cs, float *sn) {
+/* cos/sin [half] of position pos, as float32 like transformers. */
+static void rope_row(const ds_model *m, int64_t pos, float *cs, float *sn) {
     const int64_t half = m->hp->qk_rope_head_dim / 2;
-    for (int64_t t = 0; t < n; t++) {
-        for (int64_t i = 0; i < half; i++) {
-            float ang = (float)pos[t] * m->inv_freq[i];
-            cs[t * half + i] = (float)cos((double)ang) * m->rope_attn_factor;
-            sn[t * half + i] = (float)sin((double)ang) * m->rope_attn_factor;
-        }
+    for (int64_t i = 0; i < half; i++) {
+        float ang = (float)pos * m->inv_freq[i];
+        cs[i] = (float)cos((double)ang) * m->rope_attn_factor;
+        sn[i] = (float)sin((double)ang) * m->rope_attn_factor;
     }
 }
 
@@ -140,40 +138,58 @@ typedef struct ds_seg {
     int64_t off;  /* index in seq->ids of the segment's first token */
     int64_t n;    /* tokens */
     int64_t row0; /* first chunk row */
+    const int32_t *table; /* the sequence's block table in backend memory (chunk inputs) */
 } ds_seg;
 
 /* One state serves both paths: a context is a batch of one sequence whose block table is
  * {0} with block_size = capacity, so the single-sequence and the engine's paged path run the
- * same code and give bitwise equal results. */
+ * same code and give bitwise equal results.
+ *
+ * Memory: the pool and every activation buffer are backend memory (allocated through the
+ * model's memory backend); the host keeps only what it builds or reads: the chunk's inputs
+ * before their upload, the router logits after their download, routing and grouping. */
 typedef struct ds_state {
+    const di_backend *mem;     /* the model's memory backend: allocated the buffers below */
     di_mla_cache cache;        /* the row pool: [n_layers][capacity] rows */
     int64_t block_size;        /* rows per block of the pool */
     int32_t ctx_table[1];      /* {0}: the context path's block table */
     int64_t max_tokens, chunk; /* chunk = C below */
-    void *arena;               /* owns every buffer below */
-    int32_t *ids;              /* [C] token ids of the chunk */
-    int64_t *pos;              /* [C] positions of the chunk's rows */
-    ds_seg *segs;              /* [C] sequences in the chunk */
-    float *x;                  /* [C][H] residual stream */
-    float *xn;                 /* [C][H] normed input of a block */
-    float *qa;                 /* [C][q_lora_rank] */
-    float *q;                  /* [C][nh][dn + dr] */
-    float *kva;                /* [C][R + dr] kv_a_proj_with_mqa output */
-    float *q_lat;              /* [nh][C][R] absorbed queries */
-    float *o_lat;              /* [nh][C][R] attention output in latent space */
-    float *attn;               /* [C][nh * dv] o_proj input */
-    float *hbuf;               /* [C][H] block output before the residual add */
-    float *gate, *up;          /* [C][max_inter] */
-    float *cos, *sin;          /* [C][dr / 2] */
-    float *rlogits;            /* [C][E] router logits */
-    float *sel_w;              /* [C][K] expert weights */
-    float *rscratch;           /* [3 E] router scratch */
-    float *xe;                 /* [C][H] one expert's gathered inputs */
-    float *eo;                 /* [C][K][H] routed outputs per (token, slot) */
-    float *moe_out;            /* [C][H] */
-    int32_t *sel_id;           /* [C][K] selected experts */
-    int64_t *cnt;              /* [E + 1] tokens per expert, then offsets */
-    int32_t *ent;              /* [C * K] (token * K + slot) grouped by expert */
+    int64_t max_blocks;        /* block-table entries of the longest sequence */
+    /* backend memory, one allocation (dev) */
+    void *dev;
+    float *x;        /* [C][H] residual stream */
+    float *xn;       /* [C][H] normed input of a block */
+    float *qa;       /* [C][q_lora_rank] */
+    float *q;        /* [C][nh][dn + dr] */
+    float *kva;      /* [C][R + dr] kv_a_proj_with_mqa output */
+    float *q_lat;    /* [nh][C][R] absorbed queries */
+    float *o_lat;    /* [nh][C][R] attention output in latent space */
+    float *attn;     /* [C][nh * dv] o_proj input */
+    float *hbuf;     /* [C][H] block output before the residual add */
+    float *gate, *up; /* [C][max_inter] */
+    float *rlogits;  /* [C][E] router logits */
+    float *xe;       /* [C K][H] routed inputs, grouped by expert */
+    float *eo;       /* [C K][H] routed outputs, grouped by expert */
+    float *moe_out;  /* [C][H] */
+    float *logits;   /* [C][V] when the backend memory is not host memory, else NULL */
+    int32_t *in;     /* chunk inputs (in_words 4-byte words, layout in pack_inputs) */
+    int32_t *moe_in; /* [3 C K] routing entries (layout in moe) */
+    /* host memory, one allocation (host) */
+    void *host;
+    int32_t *in_h, *moe_in_h; /* staging of `in` and `moe_in` */
+    int64_t in_words;
+    float *rlogits_h;  /* [C][E] */
+    float *sel_w;      /* [C][K] expert weights */
+    float *rscratch;   /* [3 E] router scratch */
+    int32_t *sel_id;   /* [C][K] selected experts */
+    int64_t *cnt;      /* [E + 1] tokens per expert, then offsets */
+    int32_t *ent;      /* [C * K] (token * K + slot) grouped by expert */
+    ds_seg *segs;      /* [C] sequences in the chunk */
+    /* views into `in` for the current chunk (set by pack_inputs) */
+    const int32_t *ids;
+    const float *cos, *sin;          /* [n][dr / 2] */
+    const int32_t *wsrc, *wdst;      /* [nw] chunk rows -> pool rows of the new tokens */
+    int64_t nw;
 } ds_state;
 
 static void *carve(char **p, size_t bytes) {
@@ -182,88 +198,117 @@ static void *carve(char **p, size_t bytes) {
     return r;
 }
 
+static size_t total_of(const size_t *sizes, size_t n) {
+    size_t total = 0;
+    for (size_t i = 0; i < n; i++)
+        total += (sizes[i] + 63) & ~(size_t)63;
+    return total;
+}
+
+static void ds_state_free(void *state) {
+    ds_state *s = state;
+    if (!s) return;
+    di_mla_cache_free(&s->cache);
+    if (s->dev) s->mem->ops->buf_free(s->mem->ctx, s->dev);
+    di_aligned_free(s->host);
+    di_free(s);
+}
+
 /* rows: rows of the pool per layer; chunk: rows per forward chunk. */
 static di_status state_create(const void *weights, int64_t rows, int64_t block_size,
                               int64_t max_tokens, int64_t chunk, void **out) {
     const ds_model *m = weights;
     const di_hparams *hp = m->hp;
+    const di_backend *mem = m->be;
     const int64_t H = hp->hidden_size, nh = hp->num_attention_heads, R = hp->kv_lora_rank;
     const int64_t dn = hp->qk_nope_head_dim, dr = hp->qk_rope_head_dim, dv = hp->v_head_dim;
     const int64_t E = DI_MAX(hp->n_routed_experts, 1), K = DI_MAX(hp->num_experts_per_tok, 1);
+    const int64_t V = hp->vocab_size;
     ds_state *s = di_calloc(1, sizeof *s);
     if (!s) return di_error(DI_ERR_OUT_OF_MEMORY, "context: out of memory");
+    s->mem = mem;
     s->max_tokens = max_tokens;
     s->block_size = block_size;
+    s->max_blocks = (max_tokens + block_size - 1) / block_size;
     const int64_t C = s->chunk = chunk;
-    di_status st = di_mla_cache_init(&s->cache, hp->num_hidden_layers, rows, R, dr);
+    /* ids, cos, sin, write rows (src, dst), then one block table per segment */
+    s->in_words = C * (1 + dr + 2) + C * s->max_blocks;
+    di_status st = di_mla_cache_init(&s->cache, mem, hp->num_hidden_layers, rows, R, dr);
     if (st) {
         di_free(s);
         return st;
     }
-    const size_t f = sizeof(float);
-    size_t sizes[] = {C * H * f,
-                      C * H * f,
-                      C * DI_MAX(hp->q_lora_rank, 1) * f,
-                      C * nh * (dn + dr) * f,
-                      C * (R + dr) * f,
-                      nh * C * R * f,
-                      nh * C * R * f,
-                      C * nh * dv * f,
-                      C * H * f,
-                      C * m->max_inter * f,
-                      C * m->max_inter * f,
-                      C * (dr / 2) * f,
-                      C * (dr / 2) * f,
-                      C * E * f,
-                      C * K * f,
-                      3 * E * f,
-                      C * H * f,
-                      C * K * H * f,
-                      C * H * f,
-                      C * K * sizeof(int32_t),
-                      (E + 1) * sizeof(int64_t),
-                      C * K * sizeof(int32_t),
-                      C * sizeof(int32_t),
-                      C * sizeof(int64_t),
-                      C * sizeof(ds_seg)};
-    size_t total = 0;
-    for (size_t i = 0; i < DI_ARRAY_LEN(sizes); i++)
-        total += (sizes[i] + 63) & ~(size_t)63;
-    s->arena = di_aligned_alloc(total);
-    if (!s->arena) {
-        di_mla_cache_free(&s->cache);
-        di_free(s);
-        return di_error(DI_ERR_OUT_OF_MEMORY, "context: cannot allocate %zu bytes of buffers",
-                        total);
+    const size_t f = sizeof(float), w4 = sizeof(int32_t);
+    const size_t dsizes[] = {C * H * f,
+                             C * H * f,
+                             C * DI_MAX(hp->q_lora_rank, 1) * f,
+                             C * nh * (dn + dr) * f,
+                             C * (R + dr) * f,
+                             nh * C * R * f,
+                             nh * C * R * f,
+                             C * nh * dv * f,
+                             C * H * f,
+                             C * m->max_inter * f,
+                             C * m->max_inter * f,
+                             C * E * f,
+                             C * K * H * f,
+                             C * K * H * f,
+                             C * H * f,
+                             mem->ops->host_memory ? 0 : C * V * f,
+                             s->in_words * w4,
+                             3 * C * K * w4};
+    const size_t hsizes[] = {s->in_words * w4,
+                             3 * C * K * w4,
+                             C * E * f,
+                             C * K * f,
+                             3 * E * f,
+                             C * K * w4,
+                             (E + 1) * sizeof(int64_t),
+                             C * K * w4,
+                             C * sizeof(ds_seg)};
+    const size_t dtotal = total_of(dsizes, DI_ARRAY_LEN(dsizes));
+    const size_t htotal = total_of(hsizes, DI_ARRAY_LEN(hsizes));
+    s->dev = mem->ops->buf_alloc(mem->ctx, dtotal);
+    s->host = di_aligned_alloc(htotal);
+    if (!s->dev || !s->host) {
+        ds_state_free(s);
+        return di_error(DI_ERR_OUT_OF_MEMORY,
+                        "context: cannot allocate %zu bytes of buffers on %s and %zu on the "
+                        "host",
+                        dtotal, mem->ops->name, htotal);
     }
-    memset(s->arena, 0, total);
-    char *p = s->arena;
+    memset(s->host, 0, htotal);
+    char *p = s->dev;
     size_t k = 0;
-    s->x = carve(&p, sizes[k++]);
-    s->xn = carve(&p, sizes[k++]);
-    s->qa = carve(&p, sizes[k++]);
-    s->q = carve(&p, sizes[k++]);
-    s->kva = carve(&p, sizes[k++]);
-    s->q_lat = carve(&p, sizes[k++]);
-    s->o_lat = carve(&p, sizes[k++]);
-    s->attn = carve(&p, sizes[k++]);
-    s->hbuf = carve(&p, sizes[k++]);
-    s->gate = carve(&p, sizes[k++]);
-    s->up = carve(&p, sizes[k++]);
-    s->cos = carve(&p, sizes[k++]);
-    s->sin = carve(&p, sizes[k++]);
-    s->rlogits = carve(&p, sizes[k++]);
-    s->sel_w = carve(&p, sizes[k++]);
-    s->rscratch = carve(&p, sizes[k++]);
-    s->xe = carve(&p, sizes[k++]);
-    s->eo = carve(&p, sizes[k++]);
-    s->moe_out = carve(&p, sizes[k++]);
-    s->sel_id = carve(&p, sizes[k++]);
-    s->cnt = carve(&p, sizes[k++]);
-    s->ent = carve(&p, sizes[k++]);
-    s->ids = carve(&p, sizes[k++]);
-    s->pos = carve(&p, sizes[k++]);
-    s->segs = carve(&p, sizes[k++]);
+    s->x = carve(&p, dsizes[k++]);
+    s->xn = carve(&p, dsizes[k++]);
+    s->qa = carve(&p, dsizes[k++]);
+    s->q = carve(&p, dsizes[k++]);
+    s->kva = carve(&p, dsizes[k++]);
+    s->q_lat = carve(&p, dsizes[k++]);
+    s->o_lat = carve(&p, dsizes[k++]);
+    s->attn = carve(&p, dsizes[k++]);
+    s->hbuf = carve(&p, dsizes[k++]);
+    s->gate = carve(&p, dsizes[k++]);
+    s->up = carve(&p, dsizes[k++]);
+    s->rlogits = carve(&p, dsizes[k++]);
+    s->xe = carve(&p, dsizes[k++]);
+    s->eo = carve(&p, dsizes[k++]);
+    s->moe_out = carve(&p, dsizes[k++]);
+    s->logits = mem->ops->host_memory ? (k++, NULL) : carve(&p, dsizes[k++]);
+    s->in = carve(&p, dsizes[k++]);
+    s->moe_in = carve(&p, dsizes[k++]);
+    p = s->host;
+    k = 0;
+    s->in_h = carve(&p, hsizes[k++]);
+    s->moe_in_h = carve(&p, hsizes[k++]);
+    s->rlogits_h = carve(&p, hsizes[k++]);
+    s->sel_w = carve(&p, hsizes[k++]);
+    s->rscratch = carve(&p, hsizes[k++]);
+    s->sel_id = carve(&p, hsizes[k++]);
+    s->cnt = carve(&p, hsizes[k++]);
+    s->ent = carve(&p, hsizes[k++]);
+    s->segs = carve(&p, hsizes[k++]);
     *out = s;
     return DI_OK;
 }
@@ -278,14 +323,6 @@ static di_status ds_batch_state_create(const void *weights, const di_batch_confi
     int64_t rows = cfg->n_blocks * cfg->block_size;
     return state_create(weights, rows, cfg->block_size, cfg->max_model_len,
                         DI_MAX(DI_MIN(cfg->max_batch_tokens, DS_MAX_BATCH_CHUNK), 1), out);
-}
-
-static void ds_state_free(void *state) {
-    ds_state *s = state;
-    if (!s) return;
-    di_mla_cache_free(&s->cache);
-    di_aligned_free(s->arena);
-    di_free(s);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -303,6 +340,7 @@ static void attention(const ds_model *m, const ds_layer *L, int64_t il, ds_state
     const int64_t dn = hp->qk_nope_head_dim, dr = hp->qk_rope_head_dim, qk = dn + dr;
     const int64_t bs = s->block_size;
     void *c = be->ctx;
+    (void)il;
 
     /* Queries: [n][nh][dn + dr]. */
     if (hp->q_lora_rank > 0) {
@@ -333,18 +371,11 @@ static void attention(const ds_model *m, const ds_layer *L, int64_t il, ds_state
     rk.tstride = R + dr;
     rk.hstride = 0;
     be->ops->rope(c, &rk);
+    /* The new tokens' rows (not the replayed ones) into the pool: one gather-scatter each. */
     float *ckv = di_mla_cache_ckv(&s->cache, il, 0);  /* [rows][R] */
     float *kr = di_mla_cache_krope(&s->cache, il, 0); /* [rows][dr] */
-    for (int64_t g = 0; g < nseg; g++) {
-        const ds_seg *sg = &s->segs[g];
-        for (int64_t t = 0; t < sg->n; t++) {
-            if (sg->off + t < sg->seq->n_replay) continue; /* rows exist, maybe shared */
-            int64_t pos = sg->seq->pos0 + sg->off + t, r = sg->row0 + t;
-            int64_t row = (int64_t)sg->seq->block_table[pos / bs] * bs + pos % bs;
-            be->ops->copy2d(c, ckv + row * R, R, s->kva + r * (R + dr), R + dr, 1, R);
-            be->ops->copy2d(c, kr + row * dr, dr, s->kva + r * (R + dr) + R, R + dr, 1, dr);
-        }
-    }
+    be->ops->copy_rows(c, ckv, R, s->wdst, s->kva, R + dr, s->wsrc, s->nw, R);
+    be->ops->copy_rows(c, kr, dr, s->wdst, s->kva + R, R + dr, s->wsrc, s->nw, dr);
 
     /* Absorb W_UK over all rows: q_lat(h, t) = W_UK_h^T q_nope(h, t)  ([dn] -> [R]). */
     di_head_matmul_params uk = {.w = L->w_uk,
@@ -375,7 +406,7 @@ static void attention(const ds_model *m, const ds_layer *L, int64_t il, ds_state
                                  .c_kv = ckv,
                                  .k_rope = kr,
                                  .out = s->o_lat + sg->row0 * R,
-                                 .block_table = sg->seq->block_table,
+                                 .block_table = sg->table,
                                  .block_size = bs,
                                  .q_lat_hstride = n * R,
                                  .out_hstride = n * R};
@@ -408,53 +439,106 @@ static void mlp(const ds_mlp *w, ds_state *s, const di_backend *be, const float 
 }
 
 /* DeepSeekMoE over s->xn: routed experts grouped by expert, plus shared experts.
- * Writes s->moe_out ([n][H]). The routing and grouping run on the host. */
+ * Writes s->moe_out ([n][H]). The router logits come to the host once per layer; routing
+ * and grouping run there, and their result goes back in one upload (routing on the device
+ * is a later step). The routed inputs are gathered into expert order with one op, each
+ * active expert runs once over its rows, and the combine sums each token's outputs in its
+ * slot order, so the result does not depend on the grouping (batch invariance). */
 static void moe(const ds_model *m, const ds_layer *L, ds_state *s, const di_backend *be,
                 int64_t n) {
     const di_hparams *hp = m->hp;
     const int64_t H = hp->hidden_size, E = hp->n_routed_experts, K = hp->num_experts_per_tok;
+    const int64_t nk = n * K;
     void *c = be->ctx;
 
     be->ops->matmul(c, &L->router, s->xn, n, s->rlogits);
+    be->ops->download(c, s->rlogits_h, s->rlogits, (size_t)(n * E) * sizeof(float));
     di_router_params rp = m->router;
     rp.bias = L->router_bias;
     for (int64_t t = 0; t < n; t++)
-        di_router_select(&rp, s->rlogits + t * E, s->sel_id + t * K, s->sel_w + t * K, s->rscratch);
+        di_router_select(&rp, s->rlogits_h + t * E, s->sel_id + t * K, s->sel_w + t * K,
+                         s->rscratch);
 
     /* Counting sort of (token, slot) entries by expert; tokens stay in order. */
     memset(s->cnt, 0, (size_t)(E + 1) * sizeof *s->cnt);
-    for (int64_t i = 0; i < n * K; i++)
+    for (int64_t i = 0; i < nk; i++)
         s->cnt[s->sel_id[i] + 1]++;
     for (int64_t e = 0; e < E; e++)
         s->cnt[e + 1] += s->cnt[e];
-    for (int64_t i = 0; i < n * K; i++)
+    for (int64_t i = 0; i < nk; i++)
         s->ent[s->cnt[s->sel_id[i]]++] = (int32_t)i;
     /* cnt[e] is now the end of expert e's entries; its start is cnt[e - 1] (0 for e = 0). */
 
+    /* Routing entries, one upload: src[g] = the token of grouped entry g, pos[t K + k] = the
+     * grouped row of token t's slot k, w[t K + k] = its weight. */
+    int32_t *src_h = s->moe_in_h, *pos_h = src_h + nk;
+    for (int64_t g = 0; g < nk; g++) {
+        src_h[g] = (int32_t)(s->ent[g] / K);
+        pos_h[s->ent[g]] = (int32_t)g;
+    }
+    memcpy(pos_h + nk, s->sel_w, (size_t)nk * sizeof(float));
+    be->ops->upload(c, s->moe_in, s->moe_in_h, (size_t)(3 * nk) * sizeof(int32_t));
+    const int32_t *src = s->moe_in, *pos = src + nk;
+    const float *w = (const float *)(pos + nk);
+
+    be->ops->copy_rows(c, s->xe, H, NULL, s->xn, H, src, nk, H);
     for (int64_t e = 0, begin = 0; e < E; begin = s->cnt[e], e++) {
         int64_t ne = s->cnt[e] - begin;
         if (ne == 0) continue;
-        const int32_t *ent = s->ent + begin;
-        for (int64_t i = 0; i < ne; i++)
-            be->ops->copy2d(c, s->xe + i * H, H, s->xn + (ent[i] / K) * H, H, 1, H);
-        mlp(&L->experts[e], s, be, s->xe, ne, s->hbuf);
-        for (int64_t i = 0; i < ne; i++)
-            be->ops->copy2d(c, s->eo + (int64_t)ent[i] * H, H, s->hbuf + i * H, H, 1, H);
+        mlp(&L->experts[e], s, be, s->xe + begin * H, ne, s->eo + begin * H);
     }
-
-    /* Each token: sum of weighted expert outputs in its slot order, then the shared experts. */
-    memset(s->moe_out, 0, (size_t)(n * H) * sizeof(float));
-    for (int64_t t = 0; t < n; t++)
-        for (int64_t k = 0; k < K; k++)
-            be->ops->axpy(c, s->sel_w[t * K + k], s->eo + (t * K + k) * H, H, s->moe_out + t * H);
+    be->ops->moe_combine(c, s->eo, pos, w, n, K, H, s->moe_out);
     if (L->has_shared) {
         mlp(&L->shared, s, be, s->xn, n, s->hbuf);
         be->ops->axpy(c, 1.0f, s->hbuf, n * H, s->moe_out);
     }
 }
 
+/* Builds the chunk's small inputs on the host and uploads them in one transfer: token ids,
+ * rope cos/sin, the pool rows of the new tokens, and each segment's block table. Sets the
+ * views into s->in that the blocks read. */
+static void pack_inputs(const ds_model *m, ds_state *s, const di_backend *be, int64_t n,
+                        int64_t nseg) {
+    const int64_t half = m->hp->qk_rope_head_dim / 2, bs = s->block_size;
+    int32_t *h = s->in_h;
+    int32_t *ids = h;
+    float *cs = (float *)(ids + n), *sn = cs + n * half;
+    int32_t *wsrc = (int32_t *)(sn + n * half), *wdst = wsrc + n;
+    int32_t *tab = wdst + n;
+    int64_t nw = 0;
+    for (int64_t g = 0; g < nseg; g++) {
+        const ds_seg *sg = &s->segs[g];
+        for (int64_t t = 0; t < sg->n; t++) {
+            int64_t r = sg->row0 + t, pos = sg->seq->pos0 + sg->off + t;
+            ids[r] = sg->seq->ids[sg->off + t];
+            rope_row(m, pos, cs + r * half, sn + r * half);
+            if (sg->off + t < sg->seq->n_replay) continue; /* rows exist, maybe shared */
+            wsrc[nw] = (int32_t)r;
+            wdst[nw] = (int32_t)((int64_t)sg->seq->block_table[pos / bs] * bs + pos % bs);
+            nw++;
+        }
+    }
+    /* Block tables after the write rows (offsets known now that nw is). */
+    int64_t used = tab - h;
+    for (int64_t g = 0; g < nseg; g++) {
+        ds_seg *sg = &s->segs[g];
+        int64_t nb = (sg->seq->pos0 + sg->off + sg->n + bs - 1) / bs;
+        memcpy(h + used, sg->seq->block_table, (size_t)nb * sizeof(int32_t));
+        sg->table = s->in + used;
+        used += nb;
+    }
+    be->ops->upload(be->ctx, s->in, h, (size_t)used * sizeof(int32_t));
+    s->ids = s->in;
+    s->cos = (const float *)(s->in + n);
+    s->sin = s->cos + n * half;
+    s->wsrc = (const int32_t *)(s->sin + n * half);
+    s->wdst = s->wsrc + n;
+    s->nw = nw;
+}
+
 /* One chunk of n <= C rows holding s->segs[0 .. nseg). The logits rows of its sequences
- * (each one's last n_logits tokens) go to logits[0 ..), in order; returns their count. */
+ * (each one's last n_logits tokens) go to logits[0 ..) (host memory), in order; returns their
+ * count. */
 static int64_t forward_chunk(const ds_model *m, ds_state *s, const di_backend *be, int64_t n,
                              int64_t nseg, float *logits) {
     const di_hparams *hp = m->hp;
@@ -462,8 +546,8 @@ static int64_t forward_chunk(const ds_model *m, ds_state *s, const di_backend *b
     const float eps = (float)hp->rms_norm_eps;
     void *c = be->ctx;
 
+    pack_inputs(m, s, be, n, nseg);
     be->ops->embed(c, &m->embed, s->ids, n, s->x);
-    rope_tables(m, s->pos, n, s->cos, s->sin);
     for (int64_t il = 0; il < hp->num_hidden_layers; il++) {
         const ds_layer *L = &m->layers[il];
         be->ops->rmsnorm(c, s->x, H, L->attn_norm, n, H, eps, s->xn, H);
@@ -490,7 +574,15 @@ static int64_t forward_chunk(const ds_model *m, ds_state *s, const di_backend *b
                          s->xn + k * H, H);
         k += cnt;
     }
-    if (k > 0 && logits) be->ops->matmul(c, &m->lm_head, s->xn, k, logits);
+    if (k > 0 && logits) {
+        if (be->ops->host_memory) {
+            be->ops->matmul(c, &m->lm_head, s->xn, k, logits);
+        } else {
+            be->ops->matmul(c, &m->lm_head, s->xn, k, s->logits);
+            be->ops->download(c, logits, s->logits,
+                              (size_t)(k * hp->vocab_size) * sizeof(float));
+        }
+    }
     return k;
 }
 
@@ -507,10 +599,6 @@ static void ds_forward_batch(const void *weights, void *state, const di_backend 
         for (int64_t off = 0; off < q->n;) {
             int64_t take = DI_MIN(q->n - off, s->chunk - rows);
             s->segs[nseg] = (ds_seg){.seq = q, .off = off, .n = take, .row0 = rows};
-            for (int64_t t = 0; t < take; t++) {
-                s->ids[rows + t] = q->ids[off + t];
-                s->pos[rows + t] = q->pos0 + off + t;
-            }
             nseg++, rows += take, off += take;
             if (rows == s->chunk) {
                 lrow +=
@@ -553,7 +641,8 @@ static int64_t ds_block_multiple(const void *weights) {
 /* vtable                                                                                     */
 /* ---------------------------------------------------------------------------------------- */
 
-static di_status ds_load(const di_hparams *hp, const di_st_set *st, const char *dir, void **out) {
+static di_status ds_load(const di_hparams *hp, const di_st_set *st, const char *dir,
+                         const di_backend *be, void **out) {
     if (hp->qk_rope_head_dim / 2 > 256)
         return di_error(DI_ERR_UNSUPPORTED, "config.json: qk_rope_head_dim %lld is too large",
                         (long long)hp->qk_rope_head_dim);
@@ -565,6 +654,12 @@ static di_status ds_load(const di_hparams *hp, const di_st_set *st, const char *
         DI_MAX(hp->intermediate_size, hp->moe_intermediate_size * DI_MAX(hp->n_shared_experts, 1));
     m->router = di_router_params_from_hparams(hp);
     ds_rope_setup(m);
+    m->be = be;
+    s = ds_model_upload(m);
+    if (s) {
+        ds_model_free(m);
+        return di_error_prefix(s, "%s", dir);
+    }
     *out = m;
     return DI_OK;
 }

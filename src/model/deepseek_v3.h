@@ -2,8 +2,8 @@
  * deepseek_v3.h -- private to src/model: the DeepSeek-V2/V3 weight struct shared by the
  * binder (deepseek_v3_weights.c) and the forward pass (deepseek_v3.c).
  *
- * Matrices are di_weight views into the checkpoint mapping, in their stored dtype (nn.Linear
- * layout [out][in]); small vectors (norms, router bias, FP8 block scales) are float copies
+ * Matrices are di_weight views into the checkpoint mapping (or their device copies, see
+ * ds_model_upload), in their stored dtype (nn.Linear layout [out][in]); small vectors (norms, router bias, FP8 block scales) are float copies
  * owned by the model (listed in `owned`). Shapes below use
  *   H = hidden_size, nh = num_attention_heads, dn = qk_nope_head_dim, dr = qk_rope_head_dim,
  *   dv = v_head_dim, R = kv_lora_rank, E = n_routed_experts, I = moe_intermediate_size.
@@ -84,11 +84,24 @@ typedef struct ds_model {
     /* allocations owned by the model */
     void **owned;
     int64_t n_owned, cap_owned;
+
+    /* The memory backend (model.h): states allocate through it. When it uploads weights,
+     * every di_weight and norm above refers to its copies (router_bias stays on the host:
+     * routing runs there), listed here for release. */
+    const di_backend *be;
+    di_weight *dev_w;
+    int64_t n_dev_w, cap_dev_w;
+    void **dev_buf;
+    int64_t n_dev_buf, cap_dev_buf;
 } ds_model;
 
 /* deepseek_v3_weights.c */
 di_status ds_model_bind(const di_hparams *hp, const di_st_set *st, const char *dir, ds_model **out);
 void ds_model_free(ds_model *m);
 void ds_rope_setup(ds_model *m);
+/* deepseek_v3_device.c: copies every tensor the forward reads to m->be's memory (a no-op for
+ * a backend without weight_upload), and releases those copies. */
+di_status ds_model_upload(ds_model *m);
+void ds_model_release_device(ds_model *m);
 
 #endif /* DI_DEEPSEEK_V3_H */

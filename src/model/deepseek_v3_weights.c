@@ -321,6 +321,7 @@ static di_status bind_mtp(binder *b, int64_t il, ds_mtp *M) {
 
 void ds_model_free(ds_model *m) {
     if (!m) return;
+    ds_model_release_device(m);
     for (int64_t i = 0; i < m->n_owned; i++)
         di_free(m->owned[i]);
     di_free(m->owned);

@@ -489,7 +489,12 @@ static int64_t v4_block_multiple(const void *weights) {
 /* vtable                                                                                     */
 /* ---------------------------------------------------------------------------------------- */
 
-static di_status v4_load(const di_hparams *hp, const di_st_set *st, const char *dir, void **out) {
+static di_status v4_load(const di_hparams *hp, const di_st_set *st, const char *dir,
+                         const di_backend *be, void **out) {
+    /* The V4 forward reads host buffers directly (its own ops are CPU-only so far). */
+    if (!be->ops->host_memory)
+        return di_error(DI_ERR_UNSUPPORTED, "%s: DeepSeek-V4 is not supported on %s yet", dir,
+                        be->ops->name);
     v4_model *m;
     di_status s = v4_model_bind(hp, st, dir, &m);
     if (s) return s;

@@ -10,6 +10,15 @@
  * Ownership: the weights object is immutable after load and may be shared by any number of
  * states (contexts); it keeps pointers into the di_st_set, which must outlive it. A state
  * belongs to one sequence and is used from one thread at a time.
+ *
+ * Backends: a model is loaded for one backend kind, its "memory backend" (`be` of load,
+ * owned by di_model and outliving the weights). When that backend has weight_upload (CUDA),
+ * load makes one backend copy of every tensor the forward reads (norms included) and the
+ * weights refer to those; otherwise (CPU) the views stay on the checkpoint mapping. States
+ * allocate their caches and activation buffers through the same memory backend. The backend
+ * passed to forward must be of the same kind and device (a context or engine makes its own,
+ * e.g. its own CUDA stream on the model's device); the forward keeps host work to building
+ * small inputs, one upload per chunk, and downloads (router logits, final logits).
  */
 #ifndef DI_MODEL_H
 #define DI_MODEL_H
@@ -62,9 +71,11 @@ typedef struct di_batch_config {
 
 typedef struct di_arch_vtable {
     const char *name;
-    /* Binds and checks every tensor; hp and st are borrowed and must outlive the weights.
-     * `dir` is only used in error messages. */
-    di_status (*load)(const di_hparams *hp, const di_st_set *st, const char *dir, void **out);
+    /* Binds and checks every tensor; hp, st and be are borrowed and must outlive the
+     * weights. `dir` is only used in error messages. An architecture that cannot run on `be`
+     * fails with DI_ERR_UNSUPPORTED naming the backend. */
+    di_status (*load)(const di_hparams *hp, const di_st_set *st, const char *dir,
+                      const di_backend *be, void **out);
     void (*free)(void *weights);
     /* Fills the counts, sizes and dtypes of *out (the caller fills the config fields). */
     void (*info)(const void *weights, di_model_info *out);
