@@ -158,15 +158,29 @@ int cli_parse(const char *cmd, const char *usage, const cli_opt *opts, int n_opt
 /* Library helpers                                                                            */
 /* ---------------------------------------------------------------------------------------- */
 
-int cli_load_model(const char *cmd, const char *dir, int64_t n_threads, di_model **model,
-                   di_model_info *info) {
+int cli_check_device(const char *cmd, const char *device) {
+    if (!device || strcmp(device, "cpu") == 0 || strcmp(device, "cuda") == 0) return CLI_CONTINUE;
+    if (strncmp(device, "cuda:", 5) == 0 && device[5]) {
+        const char *p = device + 5;
+        while (*p >= '0' && *p <= '9')
+            p++;
+        if (!*p && p - device <= 9) return CLI_CONTINUE;
+    }
+    return cli_error(CLI_EXIT_USAGE, cmd, "--device \"%s\": expected cpu, cuda or cuda:N", device);
+}
+
+int cli_load_model(const char *cmd, const char *dir, const char *device, int64_t n_threads,
+                   di_model **model, di_model_info *info) {
+    int rc = cli_check_device(cmd, device);
+    if (rc != CLI_CONTINUE) return rc;
     di_model_params mp = di_model_default_params();
     mp.n_threads = (int32_t)n_threads;
+    mp.device = device;
     di_status st = di_model_load(dir, &mp, model);
     if (st != DI_OK) return cli_lib_error(cmd, st);
     st = di_model_get_info(*model, info);
     if (st != DI_OK) {
-        int rc = cli_lib_error(cmd, st);
+        rc = cli_lib_error(cmd, st);
         di_model_free(*model);
         *model = NULL;
         return rc;

@@ -65,9 +65,17 @@ int cli_parse_format(const char *cmd, const char *format, bool *json);
  * source tree the program was built from. Returns NULL after printing an error (exit 2). */
 const char *cli_model_dir(const char *cmd, const char *given);
 
-/* Loads the model in dir with n_threads threads (0: all cores) and reads its info. */
-int cli_load_model(const char *cmd, const char *dir, int64_t n_threads, di_model **model,
-                   di_model_info *info);
+/* Checks --device: NULL (absent), "cpu", "cuda" or "cuda:N"; else a usage error. */
+int cli_check_device(const char *cmd, const char *device);
+
+/* Loads the model in dir on `device` (NULL: the CPU; see --device) with n_threads threads
+ * (0: all cores) and reads its info. */
+int cli_load_model(const char *cmd, const char *dir, const char *device, int64_t n_threads,
+                   di_model **model, di_model_info *info);
+
+/* The --device line of every model command's usage. */
+#define CLI_DEVICE_HELP "cpu (default), cuda or cuda:N (a CUDA GPU)"
+
 
 /* Monotonic wall-clock time in seconds. */
 double cli_now(void);

@@ -52,6 +52,7 @@ static const char *const k_usage =
     "  --tokenizer PATH        tokenizer.json or a folder with it (and tokenizer_config.json\n"
     "                          with the chat template); default: the model folder\n"
     "  --threads N             compute threads; 0 = all cores (default)\n"
+    "  --device D              " CLI_DEVICE_HELP "\n"
     "  --max-batch-tokens N    tokens per engine step (default: the engine's, 2048)\n"
     "  --max-prefill-tokens N  prompt tokens per step (default: the engine's)\n"
     "  --max-running N         sequences per step (default: the engine's, 64)\n"
@@ -72,7 +73,7 @@ static const char *const k_usage =
     "files, memory), 2 bad command line\n";
 
 typedef struct batch_options {
-    const char *model_dir, *input, *output, *tokenizer, *kv_memory;
+    const char *model_dir, *input, *output, *tokenizer, *kv_memory, *device;
     int64_t threads, max_batch_tokens, max_prefill_tokens, max_running, max_model_len;
     int64_t kv_bytes;
     double progress_interval, sync_interval;
@@ -171,6 +172,7 @@ static int parse_options(const char *cmd, int argc, char **argv, batch_options *
         {"output", CLI_OPT_STRING, &o->output, 0, 0},
         {"tokenizer", CLI_OPT_STRING, &o->tokenizer, 0, 0},
         {"threads", CLI_OPT_INT, &o->threads, 0, 4096},
+        {"device", CLI_OPT_STRING, &o->device, 0, 0},
         {"max-batch-tokens", CLI_OPT_INT, &o->max_batch_tokens, 1, INT32_MAX},
         {"max-prefill-tokens", CLI_OPT_INT, &o->max_prefill_tokens, 1, INT32_MAX},
         {"max-running", CLI_OPT_INT, &o->max_running, 1, 65536},
@@ -186,6 +188,7 @@ static int parse_options(const char *cmd, int argc, char **argv, batch_options *
     };
     int rc = cli_parse(cmd, k_usage, opts, (int)CLI_LEN(opts), argc, argv);
     if (rc != CLI_CONTINUE) return rc;
+    if ((rc = cli_check_device(cmd, o->device)) != CLI_CONTINUE) return rc;
     if (o->batch_invariant && o->no_batch_invariant)
         return cli_error(CLI_EXIT_USAGE, cmd,
                          "--batch-invariant and --no-batch-invariant exclude each other");
@@ -531,7 +534,7 @@ static di_engine_params engine_params(const batch_options *o) {
 static int serve(const char *cmd, const batch_options *o, const batch_input *in, batch_run *r) {
     di_model *model;
     di_model_info info;
-    int rc = cli_load_model(cmd, o->model_dir, o->threads, &model, &info);
+    int rc = cli_load_model(cmd, o->model_dir, o->device, o->threads, &model, &info);
     if (rc != CLI_CONTINUE) return rc;
     di_engine_params ep = engine_params(o);
     int64_t max_len = ep.max_model_len > 0 ? ep.max_model_len

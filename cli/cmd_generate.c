@@ -69,6 +69,7 @@ static const char *const k_usage =
     "                    with --prompt), a speed summary on stderr; json: one object\n"
     "                    {ids, [text,] finish_reason, usage, timing}\n"
     "  --threads N       compute threads; 0 = all cores (default)\n"
+    "  --device D        " CLI_DEVICE_HELP "\n"
     "  --batch-invariant, --no-batch-invariant\n"
     "                    results independent of the batch (default), or the faster\n"
     "                    batch-size-dependent kernels (results may differ in the last bits)\n"
@@ -80,7 +81,7 @@ static const char *const k_usage =
 #define GEN_MAX(a, b) ((a) > (b) ? (a) : (b))
 
 typedef struct gen_options {
-    const char *model_dir, *ids_text, *ids_file, *format, *prompt, *tokenizer;
+    const char *model_dir, *ids_text, *ids_file, *format, *prompt, *tokenizer, *device;
     int64_t max_tokens, threads, top_k, seed, logprobs, prompt_logprobs, n;
     double temperature, top_p, min_p, rep_pen, pres_pen, freq_pen;
     const char *stop[GEN_MAX_STOP];
@@ -176,11 +177,13 @@ static int parse_options(const char *cmd, int argc, char **argv, gen_options *o)
         {"ignore-eos", CLI_OPT_FLAG, &o->ignore_eos, 0, 0},
         {"format", CLI_OPT_STRING, &o->format, 0, 0},
         {"threads", CLI_OPT_INT, &o->threads, 0, 4096},
+        {"device", CLI_OPT_STRING, &o->device, 0, 0},
         {"batch-invariant", CLI_OPT_FLAG, &o->batch_invariant, 0, 0},
         {"no-batch-invariant", CLI_OPT_FLAG, &o->no_batch_invariant, 0, 0},
     };
     int rc = cli_parse(cmd, k_usage, opts, (int)CLI_LEN(opts), argc, argv);
     if (rc != CLI_CONTINUE) return rc;
+    if ((rc = cli_check_device(cmd, o->device)) != CLI_CONTINUE) return rc;
     if (o->batch_invariant && o->no_batch_invariant)
         return cli_error(CLI_EXIT_USAGE, cmd,
                          "--batch-invariant and --no-batch-invariant exclude each other");
@@ -537,7 +540,7 @@ static int run(const char *cmd, const gen_options *o, const cli_ids *prompt,
                const di_tokenizer *tok) {
     di_model *model;
     di_model_info info;
-    int rc = cli_load_model(cmd, o->model_dir, o->threads, &model, &info);
+    int rc = cli_load_model(cmd, o->model_dir, o->device, o->threads, &model, &info);
     if (rc != CLI_CONTINUE) return rc;
     gen_result r = {0};
     rc = check_request(cmd, prompt, o, &info);

@@ -2,6 +2,7 @@
  * cmd_info.c -- `deepinfer info`: describes a checkpoint from di_model_get_info():
  * architecture, sizes, parameter counts, stored dtypes and memory needs. Human-readable by
  * default; --format json prints one JSON object whose keys are the di_model_info fields.
+ * `info --devices` instead lists the backends compiled in and the CUDA devices found.
  */
 #include "args.h"
 #include "commands.h"
@@ -10,7 +11,8 @@
 #include <stdio.h>
 
 static const char *const k_usage =
-    "usage: deepinfer info [--model DIR] [--format text|json] [--threads N]\n"
+    "usage: deepinfer info [--model DIR] [--format text|json] [--threads N] [--device D]\n"
+    "       deepinfer info --devices [--format text|json]\n"
     "\n"
     "Describes a checkpoint: architecture, family, layers, hidden size, vocabulary, context,\n"
     "parameter counts (total, active per token, MTP), stored dtypes, weight and KV-cache bytes.\n"
@@ -20,6 +22,9 @@ static const char *const k_usage =
     "                   default: the bundled model (models/deepseek-v4-tiny)\n"
     "  --format FMT     text (default) or json (one JSON object on stdout)\n"
     "  --threads N      compute threads; 0 = all cores (default)\n"
+    "  --device D       " CLI_DEVICE_HELP "\n"
+    "  --devices        list the backends compiled in and the CUDA devices found\n"
+    "                   (name, memory, compute capability), or say there is none\n"
     "  -h, --help       show this help\n"
     "\n"
     "exit status: 0 ok, 1 the model could not be loaded, 2 bad command line\n";
@@ -103,24 +108,67 @@ static int print_json(const char *cmd, const di_model_info *in) {
     return CLI_EXIT_OK;
 }
 
+#define INFO_MAX_DEVICES 64
+
+/* `info --devices`: the backends compiled in, then the CUDA devices or why there is none
+ * (that is not an error: the exit status is 0). */
+static int print_devices(const char *cmd, bool json) {
+    di_device_info dev[INFO_MAX_DEVICES];
+    int32_t n = 0;
+    di_status st = di_cuda_devices(dev, INFO_MAX_DEVICES, &n);
+    const char *why = st ? di_last_error() : "";
+    n = n < INFO_MAX_DEVICES ? n : INFO_MAX_DEVICES;
+    if (json) {
+        json_t *o = json_object(), *arr = json_array();
+        json_object_set_new(o, "backends", json_string(di_backends_compiled()));
+        for (int32_t i = 0; i < n; i++) {
+            json_t *d = json_object();
+            json_object_set_new(d, "index", json_integer(i));
+            json_object_set_new(d, "name", json_string(dev[i].name));
+            json_object_set_new(d, "memory_bytes", json_integer(dev[i].memory_bytes));
+            char cc[32];
+            snprintf(cc, sizeof cc, "%d.%d", (int)dev[i].cc_major, (int)dev[i].cc_minor);
+            json_object_set_new(d, "compute_capability", json_string(cc));
+            json_array_append_new(arr, d);
+        }
+        json_object_set_new(o, "cuda_devices", arr);
+        if (st) json_object_set_new(o, "cuda_note", json_string(why));
+        int rc = json_dumpf(o, stdout, JSON_PRESERVE_ORDER);
+        json_decref(o);
+        if (rc != 0) return cli_error(CLI_EXIT_FAILURE, cmd, "cannot write JSON to stdout");
+        putchar('\n');
+        return CLI_EXIT_OK;
+    }
+    printf("backends         %s\n", di_backends_compiled());
+    if (st) printf("cuda devices     none: %s\n", why);
+    for (int32_t i = 0; i < n; i++)
+        printf("cuda:%-11d %s, %.1f GiB, compute capability %d.%d\n", (int)i, dev[i].name,
+               (double)dev[i].memory_bytes / GIB, (int)dev[i].cc_major, (int)dev[i].cc_minor);
+    return CLI_EXIT_OK;
+}
+
 int cmd_info(int argc, char **argv) {
     const char *cmd = "info";
-    const char *model_dir = NULL, *format = "text";
+    const char *model_dir = NULL, *format = "text", *device = NULL;
     int64_t threads = 0;
+    bool devices = false;
     const cli_opt opts[] = {
         {"model", CLI_OPT_STRING, &model_dir, 0, 0},
         {"format", CLI_OPT_STRING, &format, 0, 0},
         {"threads", CLI_OPT_INT, &threads, 0, 4096},
+        {"device", CLI_OPT_STRING, &device, 0, 0},
+        {"devices", CLI_OPT_FLAG, &devices, 0, 0},
     };
     int rc = cli_parse(cmd, k_usage, opts, (int)CLI_LEN(opts), argc, argv);
     if (rc != CLI_CONTINUE) return rc;
-    if (!(model_dir = cli_model_dir(cmd, model_dir))) return CLI_EXIT_USAGE;
     bool json;
     if ((rc = cli_parse_format(cmd, format, &json)) != CLI_CONTINUE) return rc;
+    if (devices) return print_devices(cmd, json);
+    if (!(model_dir = cli_model_dir(cmd, model_dir))) return CLI_EXIT_USAGE;
 
     di_model *model;
     di_model_info info;
-    if ((rc = cli_load_model(cmd, model_dir, threads, &model, &info)) != CLI_CONTINUE) return rc;
+    if ((rc = cli_load_model(cmd, model_dir, device, threads, &model, &info)) != CLI_CONTINUE) return rc;
     rc = CLI_EXIT_OK;
     if (json)
         rc = print_json(cmd, &info);

@@ -18,7 +18,7 @@
 
 static const char *const k_usage =
     "usage: deepinfer logits [--model DIR] (--ids \"3 17 42\" | --ids-file F) --out FILE\n"
-    "                        [--threads N]\n"
+    "                        [--threads N] [--device D]\n"
     "\n"
     "Evaluates the token ids as one sequence and writes the logits of every position to FILE:\n"
     "float32 little-endian, row-major [n_ids][vocab_size], no header.\n"
@@ -30,6 +30,7 @@ static const char *const k_usage =
     "  --ids-file F     file of whitespace-separated token ids\n"
     "  --out FILE       output file                                       [required]\n"
     "  --threads N      compute threads; 0 = all cores (default)\n"
+    "  --device D       " CLI_DEVICE_HELP "\n"
     "  -h, --help       show this help\n"
     "\n"
     "exit status: 0 ok, 1 failure (model, memory, file), 2 bad command line\n";
@@ -78,11 +79,11 @@ static int eval_all(const char *cmd, di_model *model, const cli_ids *ids, int64_
 }
 
 /* Everything after the output file is open; returns the exit code, f is closed. */
-static int run(const char *cmd, const char *model_dir, const cli_ids *ids, int64_t threads,
-               const char *out_path, FILE *f) {
+static int run(const char *cmd, const char *model_dir, const char *device, const cli_ids *ids,
+               int64_t threads, const char *out_path, FILE *f) {
     di_model *model;
     di_model_info info;
-    int rc = cli_load_model(cmd, model_dir, threads, &model, &info);
+    int rc = cli_load_model(cmd, model_dir, device, threads, &model, &info);
     if (rc != CLI_CONTINUE) {
         fclose(f);
         return rc;
@@ -110,16 +111,18 @@ static int run(const char *cmd, const char *model_dir, const cli_ids *ids, int64
 int cmd_logits(int argc, char **argv) {
     const char *cmd = "logits";
     const char *model_dir = NULL, *ids_text = NULL, *ids_file = NULL, *out_path = NULL;
+    const char *device = NULL;
     int64_t threads = 0;
     const cli_opt opts[] = {
         {"model", CLI_OPT_STRING, &model_dir, 0, 0},   {"ids", CLI_OPT_STRING, &ids_text, 0, 0},
         {"ids-file", CLI_OPT_STRING, &ids_file, 0, 0}, {"out", CLI_OPT_STRING, &out_path, 0, 0},
-        {"threads", CLI_OPT_INT, &threads, 0, 4096},
+        {"threads", CLI_OPT_INT, &threads, 0, 4096},   {"device", CLI_OPT_STRING, &device, 0, 0},
     };
     int rc = cli_parse(cmd, k_usage, opts, (int)CLI_LEN(opts), argc, argv);
     if (rc != CLI_CONTINUE) return rc;
     if (!(model_dir = cli_model_dir(cmd, model_dir))) return CLI_EXIT_USAGE;
     if (!out_path) return cli_missing(cmd, "out");
+    if ((rc = cli_check_device(cmd, device)) != CLI_CONTINUE) return rc;
     cli_ids ids = {0};
     if ((rc = cli_ids_from_options(cmd, ids_text, ids_file, &ids)) != CLI_CONTINUE) return rc;
 
@@ -127,7 +130,7 @@ int cmd_logits(int argc, char **argv) {
     if (!f) {
         rc = cli_error(CLI_EXIT_FAILURE, cmd, "cannot write \"%s\": %s", out_path, strerror(errno));
     } else {
-        rc = run(cmd, model_dir, &ids, threads, out_path, f);
+        rc = run(cmd, model_dir, device, &ids, threads, out_path, f);
         if (rc != CLI_EXIT_OK) remove(out_path); /* no partial output */
     }
     cli_ids_free(&ids);

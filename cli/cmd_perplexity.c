@@ -35,6 +35,7 @@ static const char *const k_usage =
     "  --ctx N          tokens per chunk (default 512, at most the model's context)\n"
     "  --format FMT     text (default) or json: {\"tokens\", \"ppl\", \"vocab_size\"}\n"
     "  --threads N      compute threads; 0 = all cores (default)\n"
+    "  --device D       " CLI_DEVICE_HELP "\n"
     "  -h, --help       show this help\n"
     "\n"
     "exit status: 0 ok, 1 failure (model, memory, file), 2 bad command line\n";
@@ -42,7 +43,7 @@ static const char *const k_usage =
 static int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 typedef struct ppl_options {
-    const char *model_dir, *file, *ids_file, *format;
+    const char *model_dir, *file, *ids_file, *format, *device;
     int64_t ctx, threads;
     bool json;
 } ppl_options;
@@ -119,7 +120,7 @@ static int score(const char *cmd, di_model *model, const di_model_info *info, co
 static int run(const char *cmd, const ppl_options *o) {
     di_model *model;
     di_model_info info;
-    int rc = cli_load_model(cmd, o->model_dir, o->threads, &model, &info);
+    int rc = cli_load_model(cmd, o->model_dir, o->device, o->threads, &model, &info);
     if (rc != CLI_CONTINUE) return rc;
     cli_ids ids = {0};
     rc = o->file ? tokenize_file(cmd, o, &ids) : cli_ids_from_options(cmd, NULL, o->ids_file, &ids);
@@ -157,9 +158,11 @@ int cmd_perplexity(int argc, char **argv) {
         {"ctx", CLI_OPT_INT, &o.ctx, 2, INT32_MAX},
         {"format", CLI_OPT_STRING, &o.format, 0, 0},
         {"threads", CLI_OPT_INT, &o.threads, 0, 4096},
+        {"device", CLI_OPT_STRING, &o.device, 0, 0},
     };
     int rc = cli_parse(cmd, k_usage, opts, (int)CLI_LEN(opts), argc, argv);
     if (rc != CLI_CONTINUE) return rc;
+    if ((rc = cli_check_device(cmd, o.device)) != CLI_CONTINUE) return rc;
     if (!(o.model_dir = cli_model_dir(cmd, o.model_dir))) return CLI_EXIT_USAGE;
     if (!o.file == !o.ids_file)
         return cli_error(CLI_EXIT_USAGE, cmd, "give exactly one of --file and --ids-file");

@@ -101,6 +101,20 @@ typedef struct di_model_params {
 
 DI_API di_model_params di_model_default_params(void);
 
+/* Backends compiled into this library: "cpu" or "cpu cuda". */
+DI_API const char *di_backends_compiled(void);
+
+typedef struct di_device_info {
+    char name[256];
+    int64_t memory_bytes;
+    int32_t cc_major, cc_minor; /* compute capability */
+} di_device_info;
+
+/* The CUDA devices present: *n = their count, out[0 .. min(*n, cap)) filled. Fails with
+ * DI_ERR_UNSUPPORTED ("no CUDA device: <why>") when there is none or the build has no
+ * CUDA. */
+DI_API di_status di_cuda_devices(di_device_info *out, int32_t cap, int32_t *n);
+
 /* Loads a checkpoint folder as published (config.json + *.safetensors [+ index]).
  * Weights are memory-mapped and used in their stored dtype. */
 DI_API di_status di_model_load(const char *dir, const di_model_params *params, di_model **out);

@@ -44,6 +44,20 @@ di_model_params di_model_default_params(void) {
     return p;
 }
 
+const char *di_backends_compiled(void) {
+#ifdef DI_HAVE_CUDA
+    return "cpu cuda";
+#else
+    return "cpu";
+#endif
+}
+
+di_status di_cuda_devices(di_device_info *out, int32_t cap, int32_t *n) {
+    if (!n || (cap > 0 && !out))
+        return di_error(DI_ERR_INVALID_ARG, "di_cuda_devices: NULL argument");
+    return di_cuda_list_devices(out, cap, n);
+}
+
 di_status di_device_parse(const char *device, int *cuda_device) {
     *cuda_device = -1;
     if (!device || !device[0] || strcmp(device, "cpu") == 0) return DI_OK;

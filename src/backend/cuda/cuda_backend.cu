@@ -394,6 +394,29 @@ extern "C" void di_backend_cuda_set_attn_mode(const di_backend *dbe, di_cuda_att
     ctx_of(dbe)->attn_mode = mode;
 }
 
+extern "C" di_status di_cuda_list_devices(di_device_info *out, int32_t cap, int32_t *n) {
+    int count = 0;
+    *n = 0;
+    cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess || count == 0) {
+        cudaGetLastError();
+        return di_error(DI_ERR_UNSUPPORTED, "no CUDA device (%s)",
+                        err != cudaSuccess ? cudaGetErrorString(err) : "none found");
+    }
+    for (int d = 0; d < count && d < cap; d++) {
+        cudaDeviceProp prop;
+        if ((err = cudaGetDeviceProperties(&prop, d)) != cudaSuccess)
+            return di_error(DI_ERR_INTERNAL, "cuda device %d: %s", d, cudaGetErrorString(err));
+        memset(&out[d], 0, sizeof out[d]);
+        snprintf(out[d].name, sizeof out[d].name, "%s", prop.name);
+        out[d].memory_bytes = (int64_t)prop.totalGlobalMem;
+        out[d].cc_major = prop.major;
+        out[d].cc_minor = prop.minor;
+    }
+    *n = count;
+    return DI_OK;
+}
+
 extern "C" const char *di_backend_cuda_device_name(const di_backend *dbe) {
     return dbe && dbe->ctx ? ctx_of(dbe)->name : "";
 }

@@ -61,6 +61,9 @@ void di_backend_cuda_set_attn_mode(const di_backend *be, di_cuda_attn_mode mode)
  * buffer of `bytes`: the roofline the benchmarks compare with. Returns 0 on failure. */
 double di_cuda_measure_copy_bandwidth(const di_backend *be, size_t bytes);
 
+/* di_cuda_devices (deepinfer.h): the devices present, or DI_ERR_UNSUPPORTED. */
+di_status di_cuda_list_devices(di_device_info *out, int32_t cap, int32_t *n);
+
 /* Device name, or "" when unknown. */
 const char *di_backend_cuda_device_name(const di_backend *be);
 

@@ -66,6 +66,12 @@ double di_cuda_measure_copy_bandwidth(const di_backend *be, size_t bytes) {
     return 0.0;
 }
 
+di_status di_cuda_list_devices(di_device_info *out, int32_t cap, int32_t *n) {
+    (void)out, (void)cap;
+    *n = 0;
+    return no_cuda();
+}
+
 const char *di_backend_cuda_device_name(const di_backend *be) {
     (void)be;
     return "";
