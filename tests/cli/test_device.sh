@@ -68,6 +68,10 @@ expect_err "generate --device cuda:x" 2 'expected cpu, cuda or cuda:N' \
     generate --model "$CASE" --ids "1 2" --device cuda:x
 
 # --- CUDA runs -----------------------------------------------------------------------------------
+# The DeepSeek-V4 check uses the bundled model; a copy of the tree without models/ (a GPU
+# machine) falls back to the V4 golden case.
+V4=models/deepseek-v4-tiny
+[ -f "$V4/config.json" ] || V4=tests/data/v4_hc3_plain
 if [ $have_gpu = 0 ]; then
     expect_err "generate --device cuda without a GPU" 1 "no CUDA device" \
         generate --model "$CASE" --ids "1 2 3" --max-tokens 4 --device cuda
@@ -77,12 +81,12 @@ if [ $have_gpu = 0 ]; then
         perplexity --model "$CASE" --ids "1 2 3 4" --device cuda
     expect_err "info --device cuda without a GPU" 1 "no CUDA device" \
         info --model "$CASE" --device cuda
-    # The bundled model is DeepSeek-V4: without a GPU the device check comes first.
+    # Without a GPU the device check comes before the V4 one.
     expect_err "V4 --device cuda without a GPU" 1 "no CUDA device|not supported on cuda yet" \
-        generate --ids "1 2 3" --max-tokens 4 --device cuda
+        generate --model "$V4" --ids "1 2 3" --max-tokens 4 --device cuda
 else
     expect_err "V4 --device cuda" 1 "not supported on cuda yet" \
-        generate --ids "1 2 3" --max-tokens 4 --device cuda
+        generate --model "$V4" --ids "1 2 3" --max-tokens 4 --device cuda
     run generate --model "$CASE" --ids "1 2 3 4 5" --max-tokens 16 --device cuda
     gpu_ids=$(cat "$TMP/out")
     gpu_rc=$rc
