@@ -158,6 +158,8 @@ typedef struct di_context_params {
 } di_context_params;
 
 DI_API di_context_params di_context_default_params(void);
+/* The context runs on the model's device (di_model_params.device); logits come back in host
+ * memory. On CUDA, n_threads only matters for host-side work. */
 DI_API di_status di_context_create(di_model *model, const di_context_params *params,
                                    di_context **out);
 DI_API void di_context_free(di_context *ctx);
@@ -234,7 +236,9 @@ typedef struct di_engine_params {
 DI_API di_engine_params di_engine_default_params(void);
 
 /* Creates an engine over `model` (borrowed: it must outlive the engine; several engines may
- * share one model). Allocates the KV pool and every per-step buffer now. */
+ * share one model). Allocates the KV pool and every per-step buffer now, on the model's
+ * device (di_model_params.device: the KV pool in device memory on CUDA; sampling stays on
+ * the host over downloaded logits rows). */
 DI_API di_status di_engine_create(di_model *model, const di_engine_params *params,
                                   di_engine **out);
 DI_API void di_engine_free(di_engine *e);

@@ -24,6 +24,7 @@
  */
 #include "engine_internal.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -73,11 +74,15 @@ static void run_forward(di_engine *e, const eng_batch *b) {
     double t0 = di_time_now();
     di_batch_args a = {.seqs = b->seqs, .n_seqs = b->sb->n_seqs, .logits = e->logits};
     e->model->arch->forward_batch(e->model->weights, e->state, &e->be, &a);
-    /* A device reports its ops' first error at the sync; the runner has no error path for a
-     * failed step yet, so it is logged (the logits of that step are not trustworthy). */
-    if (e->be.ops->sync(e->be.ctx))
+    /* A device reports its ops' first error at the sync. The step's logits are then not
+     * trustworthy: they become NaN, so the sampler's guard finishes the step's requests with
+     * an error instead of sampling garbage; the cause goes to the log. */
+    if (e->be.ops->sync(e->be.ctx)) {
         di_log(DI_LOG_ERROR, "engine: forward on %s failed: %s", e->be.ops->name,
                di_last_error());
+        for (int64_t i = 0; i < b->n_lrows * e->vocab; i++)
+            e->logits[i] = NAN;
+    }
     e->work_time = di_time_now() - t0;
 }
 

@@ -7,8 +7,10 @@
  *
  * Design stance:
  *   - Activations are float32 row-major buffers that the backend can address (host memory
- *     for the CPU backend, device memory for a GPU backend). Weights are di_weight views in
- *     their stored dtype; the backend converts on the fly.
+ *     for the CPU backend, device memory for a GPU backend), allocated and filled through the
+ *     memory slots at the end of the table. Weights are di_weight views in their stored
+ *     dtype (copied into the backend's memory by weight_upload when it has one); the backend
+ *     converts on the fly.
  *   - Ops never allocate. Scratch that an op needs (attention's per-thread score rows) is
  *     sized once when the backend is created, from `max_ctx`.
  *   - Every op computes each output row with an arithmetic order that depends only on the
@@ -51,8 +53,7 @@ typedef struct di_mla_attn_params {
     /* Paged cache (optional): when block_table != NULL, logical row j lives at physical row
      * block_table[j / block_size] * block_size + j % block_size of c_kv / k_rope. The
      * arithmetic is the same as for a contiguous cache, so the results are bitwise equal.
-     * The CPU backend supports it; a backend that does not leaves the slot unused and the
-     * engine does not run on it. */
+     * The CPU and CUDA backends support it (block_table is backend memory). */
     const int32_t *block_table; /* [ceil((pos0 + n_tokens) / block_size)] or NULL */
     int64_t block_size;
     /* Head strides of q_lat and out in floats (optional; 0: n_tokens * R, the layout above).
