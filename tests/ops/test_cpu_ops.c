@@ -4,7 +4,8 @@
  * max|fast - ref| / max|ref| under a per-op tolerance. Ops whose fast path does the same
  * arithmetic as the reference (RMSNorm, RoPE, SwiGLU) must match bitwise; the attention
  * (SIMD dot products) within 1e-5. Thread invariance (1 vs 2 threads) is checked bitwise,
- * and the backend vtable is checked to forward to the same kernels.
+ * and the backend vtable is checked to forward to the same kernels; the memory slots and the
+ * MoE data-movement ops (copy_rows, moe_combine) against direct loops.
  */
 #include "backend/backend.h"
 #include "backend/cpu/cpu_nn.h"
@@ -348,6 +349,72 @@ TEST(backend_vtable) {
     di_backend_free(&be);
 }
 
+/* The memory slots and the two data-movement ops the model uses (copy_rows, moe_combine). */
+TEST(memory_and_moe_ops) {
+    di_backend be;
+    CHECK(di_backend_cpu_init(&be, g_pool2, 64) == DI_OK);
+    const di_backend_ops *o = be.ops;
+    CHECK(o->host_memory && o->buf_alloc && o->buf_free && o->upload && o->download &&
+          o->fill_zero && o->sync && !o->weight_upload && o->copy_rows && o->moe_combine);
+    /* buf_alloc zero-fills; upload / download round trip; fill_zero */
+    const int64_t n = 1000;
+    float *buf = o->buf_alloc(be.ctx, (size_t)n * sizeof(float));
+    CHECK(buf != NULL);
+    int nonzero = 0;
+    for (int64_t i = 0; i < n; i++)
+        nonzero += buf[i] != 0.0f;
+    CHECK_EQ_INT(nonzero, 0);
+    float *h = rnd_vec(n, 1.0f), *back = malloc((size_t)n * sizeof(float));
+    CHECK(o->upload(be.ctx, buf, h, (size_t)n * sizeof(float)) == DI_OK);
+    CHECK(o->download(be.ctx, back, buf, (size_t)n * sizeof(float)) == DI_OK);
+    CHECK(memcmp(back, h, (size_t)n * sizeof(float)) == 0);
+    o->fill_zero(be.ctx, buf + 10, 5 * sizeof(float));
+    CHECK(buf[9] == h[9] && buf[10] == 0.0f && buf[14] == 0.0f && buf[15] == h[15]);
+    CHECK(o->sync(be.ctx) == DI_OK);
+    o->buf_free(be.ctx, buf);
+
+    /* copy_rows: a gather (strided source), then a scatter of the result */
+    const int64_t rows = 9, cols = 7, ss = 10, ds = 8;
+    float *src = rnd_vec(rows * ss, 1.0f), *g = calloc((size_t)(6 * cols), sizeof(float));
+    int32_t gi[6] = {8, 0, 3, 3, 5, 1}, si[6] = {2, 7, 0, 4, 6, 1};
+    o->copy_rows(be.ctx, g, cols, NULL, src + 1, ss, gi, 6, cols);
+    int bad = 0;
+    for (int64_t i = 0; i < 6; i++)
+        for (int64_t c = 0; c < cols; c++)
+            bad += g[i * cols + c] != src[gi[i] * ss + 1 + c];
+    float *dst = calloc((size_t)(rows * ds), sizeof(float));
+    o->copy_rows(be.ctx, dst, ds, si, g, cols, NULL, 6, cols);
+    for (int64_t i = 0; i < 6; i++)
+        for (int64_t c = 0; c < cols; c++)
+            bad += dst[si[i] * ds + c] != g[i * cols + c];
+    bad += dst[3 * ds] != 0.0f || dst[8 * ds] != 0.0f || dst[ds - 1] != 0.0f;
+    CHECK_EQ_INT(bad, 0);
+
+    /* moe_combine: bitwise the zero-then-axpy-per-slot sequence, close to a double sum */
+    const int64_t T = 5, K = 3, D = 33, NR = T * K;
+    float *er = rnd_vec(NR * D, 2.0f), *w = rnd_vec(T * K, 1.0f);
+    int32_t pos[15];
+    for (int64_t i = 0; i < NR; i++)
+        pos[i] = (int32_t)((i * 7) % NR); /* a permutation: grouped rows in another order */
+    float *out = malloc((size_t)(T * D) * sizeof(float)), *ref = calloc((size_t)(T * D), 4);
+    o->moe_combine(be.ctx, er, pos, w, T, K, D, out);
+    double worst = 0.0;
+    for (int64_t t = 0; t < T; t++) {
+        for (int64_t k = 0; k < K; k++)
+            di_cpu_axpy(NULL, w[t * K + k], er + pos[t * K + k] * D, D, ref + t * D);
+        for (int64_t c = 0; c < D; c++) {
+            double sum = 0.0;
+            for (int64_t k = 0; k < K; k++)
+                sum += (double)w[t * K + k] * er[pos[t * K + k] * D + c];
+            worst = fmax(worst, fabs(sum - out[t * D + c]));
+        }
+    }
+    CHECK(memcmp(out, ref, (size_t)(T * D) * sizeof(float)) == 0);
+    CHECK_MSG(worst <= 1e-5, "moe_combine vs double: %.3g", worst);
+    free(h), free(back), free(src), free(g), free(dst), free(er), free(w), free(out), free(ref);
+    di_backend_free(&be);
+}
+
 int main(void) {
     g_pool1 = di_pool_create(1);
     g_pool2 = di_pool_create(2);
@@ -359,6 +426,7 @@ int main(void) {
     RUN(mla_attention_paged);
     RUN(head_matmul);
     RUN(backend_vtable);
+    RUN(memory_and_moe_ops);
     di_pool_free(g_pool1);
     di_pool_free(g_pool2);
     return test_summary();

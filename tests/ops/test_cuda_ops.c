@@ -7,8 +7,10 @@
  * the same alone or in any batch (token groups, odd n), the 16-byte and element-wise weight
  * load paths agree, per-head products take the one-launch and per-head paths alike, and the
  * attention gives the same bits split along the KV axis, walked sequentially, or with the
- * query alone. Shapes include odd sizes, row views and FP8 partial blocks (block sizes
- * 128x128, 8x32, 3x20, 1x7 over sizes that are not multiples of them).
+ * query alone; the paged cache and head strides bitwise against the contiguous layout; the
+ * MoE data-movement ops (copy_rows, moe_combine) bitwise against the CPU backend. Shapes
+ * include odd sizes, row views and FP8 partial blocks (block sizes 128x128, 8x32, 3x20, 1x7
+ * over sizes that are not multiples of them).
  *
  * On a machine without a CUDA device (or a build without CUDA) it prints why and counts as
  * skipped (exit status 0).
@@ -512,6 +514,129 @@ TEST(mla_attention) {
     check_attn(33, 8, 512, 64, 230);
 }
 
+/* Paged cache on the GPU: the same problem through a shuffled block table gives bitwise the
+ * contiguous result, for block sizes that cut tiles (7), match them (32) or hold several
+ * (64); and the head strides address queries / outputs inside wider buffers. */
+static void check_attn_paged(int64_t n, int64_t nh, int64_t R, int64_t dr, int64_t pos0,
+                             int64_t bs) {
+    const int64_t L = pos0 + n, nb = (L + bs - 1) / bs, pool = nb + 2, ts = nh * dr;
+    float *ql = rnd_vec(nh * n * R, 1.0f), *qr = rnd_vec(n * ts, 1.0f);
+    float *ckv = rnd_vec(L * R, 1.5f), *kr = rnd_vec(L * dr, 1.5f);
+    float *pckv = rnd_vec(pool * bs * R, 9.0f), *pkr = rnd_vec(pool * bs * dr, 9.0f);
+    int32_t *table = malloc((size_t)nb * sizeof(int32_t));
+    for (int64_t b = 0; b < nb; b++)
+        table[b] = (int32_t)(pool - 1 - b); /* reversed: logical and physical order differ */
+    for (int64_t j = 0; j < L; j++) {
+        int64_t row = (int64_t)table[j / bs] * bs + j % bs;
+        memcpy(pckv + row * R, ckv + j * R, (size_t)R * sizeof(float));
+        memcpy(pkr + row * dr, kr + j * dr, (size_t)dr * sizeof(float));
+    }
+    di_mla_attn_params p = {.n_tokens = n,
+                            .n_heads = nh,
+                            .pos0 = pos0,
+                            .kv_lora_rank = R,
+                            .rope_dim = dr,
+                            .scale = 0.25f,
+                            .q_lat = ql,
+                            .q_rope = qr,
+                            .q_rope_tstride = ts,
+                            .q_rope_hstride = dr,
+                            .c_kv = ckv,
+                            .k_rope = kr};
+    float *yc = gpu_attn(&p, DI_CUDA_ATTN_SPLIT);
+    /* paged: the pool and the table on the device */
+    const int64_t no = nh * n * R;
+    float *dql = dev_floats(ql, nh * n * R), *dqr = dev_floats(qr, n * ts);
+    float *dckv = dev_floats(pckv, pool * bs * R), *dkr = dev_floats(pkr, pool * bs * dr);
+    int32_t *dtab = dev_from(table, (size_t)nb * sizeof(int32_t));
+    const int64_t hs = (n + 2) * R; /* head stride of the wide buffers (rows at offset 1) */
+    float *dqw = dev_poison(nh * hs), *dow = dev_poison(nh * hs), *dout = dev_poison(no);
+    for (int64_t h = 0; h < nh; h++)
+        g_be.ops->copy2d(g_be.ctx, dqw + h * hs + R, R, dql + h * n * R, R, n, R);
+    di_mla_attn_params pp = p;
+    pp.q_lat = dql, pp.q_rope = dqr, pp.c_kv = dckv, pp.k_rope = dkr, pp.out = dout;
+    pp.block_table = dtab, pp.block_size = bs;
+    for (int mode = 0; mode < 2; mode++) {
+        di_backend_cuda_set_attn_mode(&g_be, mode ? DI_CUDA_ATTN_SEQUENTIAL : DI_CUDA_ATTN_SPLIT);
+        g_be.ops->mla_attention(g_be.ctx, &pp);
+        float *yp = host_floats(dout, no);
+        CHECK_MSG(memcmp(yp, yc, (size_t)no * sizeof(float)) == 0,
+                  "paged n=%lld bs=%lld pos0=%lld mode %d: differs from contiguous",
+                  (long long)n, (long long)bs, (long long)pos0, mode);
+        free(yp);
+        di_mla_attn_params ps = pp;
+        ps.q_lat = dqw + R, ps.out = dow + R, ps.q_lat_hstride = hs, ps.out_hstride = hs;
+        g_be.ops->mla_attention(g_be.ctx, &ps);
+        float *yw = host_floats(dow, nh * hs);
+        for (int64_t h = 0; h < nh; h++)
+            CHECK_MSG(memcmp(yw + h * hs + R, yc + h * n * R, (size_t)(n * R) * sizeof(float)) ==
+                          0,
+                      "head strides n=%lld bs=%lld mode %d head %lld differ", (long long)n,
+                      (long long)bs, mode, (long long)h);
+        free(yw);
+    }
+    di_backend_cuda_set_attn_mode(&g_be, DI_CUDA_ATTN_AUTO);
+    dfree(dql), dfree(dqr), dfree(dckv), dfree(dkr), dfree(dtab), dfree(dqw), dfree(dow);
+    dfree(dout);
+    free(ql), free(qr), free(ckv), free(kr), free(pckv), free(pkr), free(table), free(yc);
+}
+
+TEST(mla_attention_paged) {
+    if (!g_have_gpu) SKIP("no CUDA device");
+    static const int64_t bss[] = {7, 32, 64};
+    for (int iter = 0; iter < 9; iter++)
+        check_attn_paged(rnd_int(1, 6), rnd_int(1, 11), rnd_int(1, 80), 2 * rnd_int(1, 20),
+                         rnd_int(0, 600), bss[iter % 3]);
+    check_attn_paged(1, 16, 512, 64, 700, 64);
+    check_attn_paged(5, 16, 512, 64, 300, 7);
+}
+
+/* copy_rows (gather and scatter) and moe_combine: bitwise the CPU backend's results. */
+TEST(copy_rows_moe_combine) {
+    if (!g_have_gpu) SKIP("no CUDA device");
+    di_pool *pool = di_pool_create(1);
+    di_backend cpu;
+    CHECK(di_backend_cpu_init(&cpu, pool, 16) == DI_OK);
+    for (int iter = 0; iter < 6; iter++) {
+        const int64_t T = rnd_int(1, 40), K = rnd_int(1, 8), D = rnd_int(1, 3000), NR = T * K;
+        float *rows = rnd_vec(NR * D, 2.0f), *w = rnd_vec(NR, 1.0f);
+        int32_t *perm = malloc((size_t)NR * sizeof(int32_t)), *gi = malloc((size_t)NR * 4);
+        for (int64_t i = 0; i < NR; i++)
+            perm[i] = (int32_t)i;
+        for (int64_t i = NR - 1; i > 0; i--) {
+            int64_t k = rnd_int(0, (int)i);
+            int32_t t = perm[i];
+            perm[i] = perm[k], perm[k] = t;
+        }
+        for (int64_t i = 0; i < NR; i++)
+            gi[i] = (int32_t)rnd_int(0, (int)T - 1);
+        /* CPU */
+        float *cg = malloc((size_t)(NR * D) * 4), *cs = calloc((size_t)(NR * D), 4);
+        float *co = malloc((size_t)(T * D) * 4);
+        cpu.ops->copy_rows(cpu.ctx, cg, D, NULL, rows, D, gi, NR, D);
+        cpu.ops->copy_rows(cpu.ctx, cs, D, perm, cg, D, NULL, NR, D);
+        cpu.ops->moe_combine(cpu.ctx, cs, perm, w, T, K, D, co);
+        /* GPU */
+        float *drows = dev_floats(rows, NR * D), *dw = dev_floats(w, NR);
+        int32_t *dperm = dev_from(perm, (size_t)NR * 4), *dgi = dev_from(gi, (size_t)NR * 4);
+        float *dg = dev_poison(NR * D), *ds = dev_poison(NR * D), *dout = dev_poison(T * D);
+        g_be.ops->copy_rows(g_be.ctx, dg, D, NULL, drows, D, dgi, NR, D);
+        g_be.ops->copy_rows(g_be.ctx, ds, D, dperm, dg, D, NULL, NR, D);
+        g_be.ops->moe_combine(g_be.ctx, ds, dperm, dw, T, K, D, dout);
+        float *gs = host_floats(ds, NR * D), *go = host_floats(dout, T * D);
+        CHECK_MSG(memcmp(gs, cs, (size_t)(NR * D) * 4) == 0, "copy_rows T=%lld K=%lld D=%lld",
+                  (long long)T, (long long)K, (long long)D);
+        CHECK_MSG(memcmp(go, co, (size_t)(T * D) * 4) == 0, "moe_combine T=%lld K=%lld D=%lld",
+                  (long long)T, (long long)K, (long long)D);
+        CHECK(di_backend_cuda_sync(&g_be) == DI_OK);
+        dfree(drows), dfree(dw), dfree(dperm), dfree(dgi), dfree(dg), dfree(ds), dfree(dout);
+        free(rows), free(w), free(perm), free(gi), free(cg), free(cs), free(co), free(gs);
+        free(go);
+    }
+    di_backend_free(&cpu);
+    di_pool_free(pool);
+}
+
 int main(void) {
     di_status st = di_backend_cuda_init(&g_be, 0, 8192);
     g_have_gpu = st == DI_OK;
@@ -529,6 +654,8 @@ int main(void) {
     RUN(rope);
     RUN(silu_axpy_copy);
     RUN(mla_attention);
+    RUN(mla_attention_paged);
+    RUN(copy_rows_moe_combine);
     if (g_have_gpu) di_backend_free(&g_be);
     return test_summary();
 }
