@@ -76,7 +76,6 @@ int cli_load_model(const char *cmd, const char *dir, const char *device, int64_t
 /* The --device line of every model command's usage. */
 #define CLI_DEVICE_HELP "cpu (default), cuda or cuda:N (a CUDA GPU)"
 
-
 /* Monotonic wall-clock time in seconds. */
 double cli_now(void);
 

@@ -153,10 +153,8 @@ int cmd_info(int argc, char **argv) {
     int64_t threads = 0;
     bool devices = false;
     const cli_opt opts[] = {
-        {"model", CLI_OPT_STRING, &model_dir, 0, 0},
-        {"format", CLI_OPT_STRING, &format, 0, 0},
-        {"threads", CLI_OPT_INT, &threads, 0, 4096},
-        {"device", CLI_OPT_STRING, &device, 0, 0},
+        {"model", CLI_OPT_STRING, &model_dir, 0, 0}, {"format", CLI_OPT_STRING, &format, 0, 0},
+        {"threads", CLI_OPT_INT, &threads, 0, 4096}, {"device", CLI_OPT_STRING, &device, 0, 0},
         {"devices", CLI_OPT_FLAG, &devices, 0, 0},
     };
     int rc = cli_parse(cmd, k_usage, opts, (int)CLI_LEN(opts), argc, argv);
@@ -168,7 +166,8 @@ int cmd_info(int argc, char **argv) {
 
     di_model *model;
     di_model_info info;
-    if ((rc = cli_load_model(cmd, model_dir, device, threads, &model, &info)) != CLI_CONTINUE) return rc;
+    rc = cli_load_model(cmd, model_dir, device, threads, &model, &info);
+    if (rc != CLI_CONTINUE) return rc;
     rc = CLI_EXIT_OK;
     if (json)
         rc = print_json(cmd, &info);

@@ -78,8 +78,7 @@ static void run_forward(di_engine *e, const eng_batch *b) {
      * trustworthy: they become NaN, so the sampler's guard finishes the step's requests with
      * an error instead of sampling garbage; the cause goes to the log. */
     if (e->be.ops->sync(e->be.ctx)) {
-        di_log(DI_LOG_ERROR, "engine: forward on %s failed: %s", e->be.ops->name,
-               di_last_error());
+        di_log(DI_LOG_ERROR, "engine: forward on %s failed: %s", e->be.ops->name, di_last_error());
         for (int64_t i = 0; i < b->n_lrows * e->vocab; i++)
             e->logits[i] = NAN;
     }

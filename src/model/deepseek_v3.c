@@ -157,38 +157,38 @@ typedef struct ds_state {
     int64_t max_blocks;        /* block-table entries of the longest sequence */
     /* backend memory, one allocation (dev) */
     void *dev;
-    float *x;        /* [C][H] residual stream */
-    float *xn;       /* [C][H] normed input of a block */
-    float *qa;       /* [C][q_lora_rank] */
-    float *q;        /* [C][nh][dn + dr] */
-    float *kva;      /* [C][R + dr] kv_a_proj_with_mqa output */
-    float *q_lat;    /* [nh][C][R] absorbed queries */
-    float *o_lat;    /* [nh][C][R] attention output in latent space */
-    float *attn;     /* [C][nh * dv] o_proj input */
-    float *hbuf;     /* [C][H] block output before the residual add */
-    float *gate, *up; /* [C][max_inter] */
-    float *rlogits;  /* [C][E] router logits */
-    float *xe;       /* [C K][H] routed inputs, grouped by expert */
-    float *eo;       /* [C K][H] routed outputs, grouped by expert */
-    float *moe_out;  /* [C][H] */
-    float *logits;   /* [C][V] when the backend memory is not host memory, else NULL */
-    int32_t *in;     /* chunk inputs (in_words 4-byte words, layout in pack_inputs) */
-    int32_t *moe_in; /* [3 C K] routing entries (layout in moe) */
+    float *x;                  /* [C][H] residual stream */
+    float *xn;                 /* [C][H] normed input of a block */
+    float *qa;                 /* [C][q_lora_rank] */
+    float *q;                  /* [C][nh][dn + dr] */
+    float *kva;                /* [C][R + dr] kv_a_proj_with_mqa output */
+    float *q_lat;              /* [nh][C][R] absorbed queries */
+    float *o_lat;              /* [nh][C][R] attention output in latent space */
+    float *attn;               /* [C][nh * dv] o_proj input */
+    float *hbuf;               /* [C][H] block output before the residual add */
+    float *gate, *up;          /* [C][max_inter] */
+    float *rlogits;            /* [C][E] router logits */
+    float *xe;                 /* [C K][H] routed inputs, grouped by expert */
+    float *eo;                 /* [C K][H] routed outputs, grouped by expert */
+    float *moe_out;            /* [C][H] */
+    float *logits;             /* [C][V] unless backend memory is host memory (then NULL) */
+    int32_t *in;               /* chunk inputs (in_words 4-byte words, layout in pack_inputs) */
+    int32_t *moe_in;           /* [3 C K] routing entries (layout in moe) */
     /* host memory, one allocation (host) */
     void *host;
     int32_t *in_h, *moe_in_h; /* staging of `in` and `moe_in` */
     int64_t in_words;
-    float *rlogits_h;  /* [C][E] */
-    float *sel_w;      /* [C][K] expert weights */
-    float *rscratch;   /* [3 E] router scratch */
-    int32_t *sel_id;   /* [C][K] selected experts */
-    int64_t *cnt;      /* [E + 1] tokens per expert, then offsets */
-    int32_t *ent;      /* [C * K] (token * K + slot) grouped by expert */
-    ds_seg *segs;      /* [C] sequences in the chunk */
+    float *rlogits_h;          /* [C][E] */
+    float *sel_w;              /* [C][K] expert weights */
+    float *rscratch;           /* [3 E] router scratch */
+    int32_t *sel_id;           /* [C][K] selected experts */
+    int64_t *cnt;              /* [E + 1] tokens per expert, then offsets */
+    int32_t *ent;              /* [C * K] (token * K + slot) grouped by expert */
+    ds_seg *segs;              /* [C] sequences in the chunk */
     /* views into `in` for the current chunk (set by pack_inputs) */
     const int32_t *ids;
-    const float *cos, *sin;          /* [n][dr / 2] */
-    const int32_t *wsrc, *wdst;      /* [nw] chunk rows -> pool rows of the new tokens */
+    const float *cos, *sin;     /* [n][dr / 2] */
+    const int32_t *wsrc, *wdst; /* [nw] chunk rows -> pool rows of the new tokens */
     int64_t nw;
 } ds_state;
 
@@ -579,8 +579,7 @@ static int64_t forward_chunk(const ds_model *m, ds_state *s, const di_backend *b
             be->ops->matmul(c, &m->lm_head, s->xn, k, logits);
         } else {
             be->ops->matmul(c, &m->lm_head, s->xn, k, s->logits);
-            be->ops->download(c, logits, s->logits,
-                              (size_t)(k * hp->vocab_size) * sizeof(float));
+            be->ops->download(c, logits, s->logits, (size_t)(k * hp->vocab_size) * sizeof(float));
         }
     }
     return k;

@@ -3,10 +3,11 @@
  * binder (deepseek_v3_weights.c) and the forward pass (deepseek_v3.c).
  *
  * Matrices are di_weight views into the checkpoint mapping (or their device copies, see
- * ds_model_upload), in their stored dtype (nn.Linear layout [out][in]); small vectors (norms, router bias, FP8 block scales) are float copies
- * owned by the model (listed in `owned`). Shapes below use
- *   H = hidden_size, nh = num_attention_heads, dn = qk_nope_head_dim, dr = qk_rope_head_dim,
- *   dv = v_head_dim, R = kv_lora_rank, E = n_routed_experts, I = moe_intermediate_size.
+ * ds_model_upload), in their stored dtype (nn.Linear layout [out][in]); small vectors (norms,
+ * router bias, FP8 block scales) are float copies owned by the model (listed in `owned`). Shapes
+ * below use H = hidden_size, nh = num_attention_heads, dn = qk_nope_head_dim, dr =
+ * qk_rope_head_dim, dv = v_head_dim, R = kv_lora_rank, E = n_routed_experts, I =
+ * moe_intermediate_size.
  */
 #ifndef DI_DEEPSEEK_V3_H
 #define DI_DEEPSEEK_V3_H

@@ -80,8 +80,8 @@ static void check_case(const char *name) {
             }
             double ratio = mx > 0 ? err / mx : err;
             worst = fmax(worst, ratio);
-            CHECK_MSG(ratio <= 1e-3, "%s: position %lld: max error %.3g vs max |logit| %.3g",
-                      name, (long long)t, err, mx);
+            CHECK_MSG(ratio <= 1e-3, "%s: position %lld: max error %.3g vs max |logit| %.3g", name,
+                      (long long)t, err, mx);
         }
     }
     if (lg && lcpu) {
@@ -227,9 +227,9 @@ TEST(engine_cuda_matches_cpu) {
         CHECK(run_engine(mc, rc, N_MIXED));
         int same = 0;
         for (int i = 0; i < N_MIXED; i++) {
-            bool eq = resg[i].n == rg[i].sp.max_tokens && resg[i].n == resc[i].n &&
-                      memcmp(resg[i].tokens, resc[i].tokens,
-                             (size_t)resg[i].n * sizeof(int32_t)) == 0;
+            bool eq =
+                resg[i].n == rg[i].sp.max_tokens && resg[i].n == resc[i].n &&
+                memcmp(resg[i].tokens, resc[i].tokens, (size_t)resg[i].n * sizeof(int32_t)) == 0;
             CHECK_MSG(eq, "req %d: CUDA engine tokens differ from the CPU engine's", i);
             same += eq;
         }

@@ -561,16 +561,15 @@ static void check_attn_paged(int64_t n, int64_t nh, int64_t R, int64_t dr, int64
         g_be.ops->mla_attention(g_be.ctx, &pp);
         float *yp = host_floats(dout, no);
         CHECK_MSG(memcmp(yp, yc, (size_t)no * sizeof(float)) == 0,
-                  "paged n=%lld bs=%lld pos0=%lld mode %d: differs from contiguous",
-                  (long long)n, (long long)bs, (long long)pos0, mode);
+                  "paged n=%lld bs=%lld pos0=%lld mode %d: differs from contiguous", (long long)n,
+                  (long long)bs, (long long)pos0, mode);
         free(yp);
         di_mla_attn_params ps = pp;
         ps.q_lat = dqw + R, ps.out = dow + R, ps.q_lat_hstride = hs, ps.out_hstride = hs;
         g_be.ops->mla_attention(g_be.ctx, &ps);
         float *yw = host_floats(dow, nh * hs);
         for (int64_t h = 0; h < nh; h++)
-            CHECK_MSG(memcmp(yw + h * hs + R, yc + h * n * R, (size_t)(n * R) * sizeof(float)) ==
-                          0,
+            CHECK_MSG(memcmp(yw + h * hs + R, yc + h * n * R, (size_t)(n * R) * sizeof(float)) == 0,
                       "head strides n=%lld bs=%lld mode %d head %lld differ", (long long)n,
                       (long long)bs, mode, (long long)h);
         free(yw);

@@ -117,8 +117,8 @@ static di_status cpu_sync(void *ctx) {
 }
 
 static void cpu_copy_rows(void *ctx, float *dst, int64_t dst_stride, const int32_t *dst_rows,
-                          const float *src, int64_t src_stride, const int32_t *src_rows,
-                          int64_t n, int64_t cols) {
+                          const float *src, int64_t src_stride, const int32_t *src_rows, int64_t n,
+                          int64_t cols) {
     (void)ctx;
     for (int64_t i = 0; i < n; i++) {
         int64_t d = dst_rows ? dst_rows[i] : i, s = src_rows ? src_rows[i] : i;

@@ -193,11 +193,11 @@ static void cuda_copy2d(void *ctx, float *dst, int64_t dst_stride, const float *
 }
 
 static void cuda_copy_rows(void *ctx, float *dst, int64_t dst_stride, const int32_t *dst_rows,
-                           const float *src, int64_t src_stride, const int32_t *src_rows,
-                           int64_t n, int64_t cols) {
+                           const float *src, int64_t src_stride, const int32_t *src_rows, int64_t n,
+                           int64_t cols) {
     cuda_backend *be = (cuda_backend *)ctx;
-    note(be, di_cuda_launch_copy_rows(dst, dst_stride, dst_rows, src, src_stride, src_rows, n,
-                                      cols, be->stream));
+    note(be, di_cuda_launch_copy_rows(dst, dst_stride, dst_rows, src, src_stride, src_rows, n, cols,
+                                      be->stream));
 }
 
 static void cuda_moe_combine(void *ctx, const float *rows, const int32_t *rows_of, const float *w,

@@ -175,9 +175,8 @@ __global__ void copy_rows_kernel(float *dst, int64_t dst_stride, const int32_t *
 }
 
 cudaError_t di_cuda_launch_copy_rows(float *dst, int64_t dst_stride, const int32_t *dst_rows,
-                                     const float *src, int64_t src_stride,
-                                     const int32_t *src_rows, int64_t n, int64_t cols,
-                                     cudaStream_t stream) {
+                                     const float *src, int64_t src_stride, const int32_t *src_rows,
+                                     int64_t n, int64_t cols, cudaStream_t stream) {
     if (n <= 0 || cols <= 0) return cudaSuccess;
     dim3 grid((unsigned)n, blocks_for(cols));
     copy_rows_kernel<<<grid, EW_THREADS, 0, stream>>>(dst, dst_stride, dst_rows, src, src_stride,

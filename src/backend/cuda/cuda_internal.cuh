@@ -68,9 +68,8 @@ cudaError_t di_cuda_launch_silu_mul(const float *gate, const float *up, int64_t 
                                     cudaStream_t stream);
 cudaError_t di_cuda_launch_axpy(float a, const float *x, int64_t n, float *y, cudaStream_t stream);
 cudaError_t di_cuda_launch_copy_rows(float *dst, int64_t dst_stride, const int32_t *dst_rows,
-                                     const float *src, int64_t src_stride,
-                                     const int32_t *src_rows, int64_t n, int64_t cols,
-                                     cudaStream_t stream);
+                                     const float *src, int64_t src_stride, const int32_t *src_rows,
+                                     int64_t n, int64_t cols, cudaStream_t stream);
 cudaError_t di_cuda_launch_moe_combine(const float *rows, const int32_t *rows_of, const float *w,
                                        int64_t n, int64_t K, int64_t dim, float *out,
                                        cudaStream_t stream);
