@@ -27,6 +27,7 @@ typedef struct cuda_backend {
     di_cuda_attn_mode attn_mode;
     int fp8_bits;            /* FP8 conversion: 1 bit placement, 0 conversion instructions */
     int64_t ksplit_min;      /* GEMV rows of at least this many 16-byte vectors split K */
+    int fp8_pipe;            /* FP8 GEMV software pipeline on (1) or off (0) */
     cudaError_t first_error; /* first failed launch since the last sync */
     char name[256];
 } cuda_backend;
@@ -59,6 +60,7 @@ static di_cuda_mm_params mm_params(const di_weight *w, const cuda_backend *be) {
     p.n_heads = 1;
     p.fp8_bits = be->fp8_bits;
     p.ksplit_min = be->ksplit_min;
+    p.fp8_pipe = be->fp8_pipe;
     p.stream = be->stream;
     return p;
 }
@@ -329,11 +331,14 @@ extern "C" di_status di_backend_cuda_init(di_backend *out, int device, int64_t m
     be->n_sms = prop.multiProcessorCount;
     snprintf(be->name, sizeof be->name, "%s", prop.name);
     /* Tuning knobs for benchmarks (DI_SIMD's counterpart): DI_CUDA_FP8_CONVERT=cvt|bits,
-     * DI_CUDA_KSPLIT_MIN=<vectors>. The defaults are what the benchmarks chose. */
+     * DI_CUDA_KSPLIT_MIN=<vectors>, DI_CUDA_FP8_PIPE=0|1. The defaults are what the
+     * benchmarks chose. */
     const char *env = getenv("DI_CUDA_FP8_CONVERT");
     be->fp8_bits = !(env && strcmp(env, "cvt") == 0);
     env = getenv("DI_CUDA_KSPLIT_MIN");
     be->ksplit_min = env && atoll(env) > 0 ? atoll(env) : 256;
+    env = getenv("DI_CUDA_FP8_PIPE");
+    be->fp8_pipe = !(env && strcmp(env, "0") == 0);
     const int64_t chunks = (max_ctx + DI_CUDA_ATTN_CHUNK - 1) / DI_CUDA_ATTN_CHUNK;
     int64_t floats = DI_CUDA_ATTN_SPLIT_TOKENS * 128 * chunks * (DI_CUDA_ATTN_MAX_R + 2);
     if (floats * (int64_t)sizeof(float) > DI_CUDA_ATTN_SCRATCH_MAX)

@@ -49,6 +49,13 @@ typedef struct di_cuda_mm_params {
      * summation order, so it must stay fixed for a run: batch invariance needs one order). */
     int fp8_bits;
     int64_t ksplit_min;
+    /* FP8 software pipeline (1: the next vectors are requested before the current ones are
+     * converted; 0: load, then convert). Same values either way. */
+    int fp8_pipe;
+    /* Filled by the launcher: vectors per FP8 scale block as a shift (-1: not a power of
+     * two) and as a count. */
+    int64_t scale_vshift;
+    uint32_t scale_vpb;
     cudaStream_t stream;
 } di_cuda_mm_params;
 
