@@ -163,6 +163,11 @@ TEST(matmul_fp4) {
     /* V4-Flash expert shapes */
     check_fp4(2048, 4096, 0, 32, 3, 127 - 8, 127 + 2);
     check_fp4(4096, 2048, 0, 32, 1, 127 - 8, 127 + 2);
+    /* rows of >= 128 segments split over 4 warps: odd row counts, up to 8 tokens per
+     * group and more groups, a partial last segment, the per-element scale path */
+    check_fp4(37, 4160, 0, 32, 17, 127 - 8, 127 + 2);
+    check_fp4(6, 8192, 64, 32, 8, 127 - 8, 127 + 2);
+    check_fp4(9, 4101, 5, 16, 5, 120, 130);
 }
 
 /* E8M0 edge bytes: 0 is 2^-127, 0xff is NaN (dtype.h's definition). */

@@ -65,8 +65,14 @@ static unsigned grid_1d(int64_t n, int threads) {
 /* ---------------------------------------------------------------------------------------- */
 
 #define FP4_WARPS 4
-#define FP4_RB    4  /* rows per warp: each activation segment loaded serves four rows */
+#define FP4_RB    4  /* rows per row group: each activation word loaded serves four rows */
 #define FP4_SEG   32 /* columns per segment: 16 bytes */
+
+/* Warps sharing one row group's segments: 4 for rows of at least 128 segments (4096
+ * columns), else 1. A function of cols only (it fixes the summation order). */
+static __host__ __device__ int fp4_ksplit(int64_t nseg) {
+    return nseg >= 128 ? 4 : 1;
+}
 
 /* Loads segment s (columns [32 s, 32 s + 32)) of a row: one 16-byte load when the rows are
  * 16-byte aligned and padded, else byte by byte with zeros past the row's last byte. */
@@ -82,21 +88,47 @@ static __device__ __forceinline__ uint4 fp4_load(const uint8_t *row, int64_t s, 
     return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-/* Block: FP4_WARPS warps of FP4_RB consecutive rows each; TB tokens (blockIdx.y). Lane l of
- * a warp takes segments l, l + 32, ... of its rows in order: per segment the unscaled
- * products are an in-order fmaf chain, scaled once and added (one_scale: block_cols a
- * multiple of 32), or each element is scaled first (other block widths); then the lanes
- * are added by the xor butterfly. The order depends on cols and block_cols only. */
+/* Word k (runtime) of a vector, by selects: an indexed access would move the vector to
+ * local memory. */
+static __device__ __forceinline__ uint32_t word_of(const uint4 &v, int k) {
+    return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w;
+}
+
+/* x(t)[c .. c + 8) as floats, zeros from element nvalid on (two 16-byte loads when allowed). */
+static __device__ __forceinline__ void fp4_x8(const float *x, int nvalid, bool xvec, float (&f)[8]) {
+    if (xvec && nvalid >= 8) {
+        const float4 a = __ldg(reinterpret_cast<const float4 *>(x));
+        const float4 b = __ldg(reinterpret_cast<const float4 *>(x) + 1);
+        f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z,
+        f[7] = b.w;
+    } else {
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            f[e] = e < nvalid ? __ldg(x + e) : 0.0f;
+    }
+}
+
+/* Block: FP4_WARPS warps = FP4_WARPS / ks row groups of FP4_RB consecutive rows, each row
+ * group's segments dealt to ks warps; TB tokens (blockIdx.y). Slot q = kw * 32 + lane takes
+ * segments q, q + 32 ks, ... in order. Per segment (one_scale: block_cols a multiple of 32)
+ * the unscaled products are an in-order fmaf chain, scaled once and added; for other block
+ * widths each element is scaled first. Each 4-byte word (8 columns) of the rows is decoded
+ * once and used at once for every token. Lanes are added by the xor butterfly, the ks warp
+ * sums as (w0 + w1) + (w2 + w3). The order depends on cols and block_cols only. */
 template <int TB>
 __global__ void __launch_bounds__(FP4_WARPS * 32)
     fp4_gemv_kernel(const di_cuda_fp4_params p, bool wvec, bool xvec) {
+    __shared__ float warp_sums[FP4_WARPS][TB * FP4_RB];
+    const int64_t nseg = (p.cols + FP4_SEG - 1) / FP4_SEG;
+    const int ks = fp4_ksplit(nseg);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int64_t r0 = ((int64_t)blockIdx.x * FP4_WARPS + warp) * FP4_RB;
+    const int kw = warp % ks, group = warp / ks;
+    const int64_t r0 = ((int64_t)blockIdx.x * (FP4_WARPS / ks) + group) * FP4_RB;
     const int64_t t0 = (int64_t)blockIdx.y * TB;
+    /* With ks > 1 a block holds one row group, so this exit is block-uniform. */
     if (r0 >= p.rows) return;
     const int nr = (int)min((int64_t)FP4_RB, p.rows - r0);
     const int nt = (int)min((int64_t)TB, p.n_tokens - t0);
-    const int64_t nseg = (p.cols + FP4_SEG - 1) / FP4_SEG;
     const bool one_scale = p.block_cols % FP4_SEG == 0;
     const uint8_t *wrow[FP4_RB];
     const uint8_t *srow[FP4_RB];
@@ -106,6 +138,7 @@ __global__ void __launch_bounds__(FP4_WARPS * 32)
         wrow[j] = p.data + r * p.row_bytes;
         srow[j] = p.scale + r * p.scale_cols;
     }
+    const float *xb = p.x + t0 * p.cols;
     float acc[TB][FP4_RB];
 #pragma unroll
     for (int i = 0; i < TB; i++)
@@ -113,55 +146,74 @@ __global__ void __launch_bounds__(FP4_WARPS * 32)
         for (int j = 0; j < FP4_RB; j++)
             acc[i][j] = 0.0f;
 
-    for (int64_t s = lane; s < nseg; s += 32) {
+    for (int64_t s = kw * 32 + lane; s < nseg; s += 32 * (int64_t)ks) {
         const int64_t c0 = s * FP4_SEG;
         const int nvalid = (int)min((int64_t)FP4_SEG, p.cols - c0);
         uint4 raw[FP4_RB];
 #pragma unroll
         for (int j = 0; j < FP4_RB; j++)
             raw[j] = fp4_load(wrow[j], s, p.row_bytes, wvec);
-        float sc[FP4_RB];
+        if (one_scale) {
+            const int64_t sidx = (int64_t)((uint32_t)c0 / (uint32_t)p.block_cols);
+            float part[TB][FP4_RB];
 #pragma unroll
-        for (int j = 0; j < FP4_RB; j++)
-            sc[j] = one_scale ? e8m0(srow[j][c0 / p.block_cols]) : 1.0f;
+            for (int i = 0; i < TB; i++)
 #pragma unroll
-        for (int i = 0; i < TB; i++) {
-            if (i >= nt) break;
-            const float *x = p.x + (t0 + i) * p.cols + c0;
-            float xf[FP4_SEG];
-            if (xvec && nvalid == FP4_SEG) {
+                for (int j = 0; j < FP4_RB; j++)
+                    part[i][j] = 0.0f;
 #pragma unroll
-                for (int k = 0; k < FP4_SEG / 4; k++) {
-                    const float4 q = __ldg(reinterpret_cast<const float4 *>(x) + k);
-                    xf[4 * k] = q.x, xf[4 * k + 1] = q.y, xf[4 * k + 2] = q.z, xf[4 * k + 3] = q.w;
+            for (int k = 0; k < 4; k++) {
+                float w[FP4_RB][8];
+#pragma unroll
+                for (int j = 0; j < FP4_RB; j++) {
+                    const uint32_t u = reinterpret_cast<const uint32_t *>(&raw[j])[k];
+#pragma unroll
+                    for (int e = 0; e < 8; e++)
+                        w[j][e] = e2m1(u >> (4 * e));
                 }
-            } else {
 #pragma unroll
-                for (int e = 0; e < FP4_SEG; e++)
-                    xf[e] = e < nvalid ? __ldg(x + e) : 0.0f;
+                for (int i = 0; i < TB; i++) {
+                    if (i >= nt) break;
+                    /* past nvalid x is 0 and the nibbles are finite: adds +-0 */
+                    float xf[8];
+                    fp4_x8(xb + i * p.cols + c0 + 8 * k, nvalid - 8 * k, xvec, xf);
+#pragma unroll
+                    for (int j = 0; j < FP4_RB; j++)
+#pragma unroll
+                        for (int e = 0; e < 8; e++)
+                            part[i][j] = fmaf(w[j][e], xf[e], part[i][j]);
+                }
             }
 #pragma unroll
             for (int j = 0; j < FP4_RB; j++) {
-                const uint32_t *u = reinterpret_cast<const uint32_t *>(&raw[j]);
-                if (one_scale) {
-                    float part = 0.0f;
+                const float sc = e8m0(srow[j][sidx]);
 #pragma unroll
-                    for (int e = 0; e < FP4_SEG; e++) {
-                        /* past nvalid x is 0 and the nibble is finite: adds +-0 */
-                        const float q = e2m1((u[e >> 3] >> (4 * (e & 7))) & 15u);
-                        part = fmaf(q, xf[e], part);
-                    }
-                    acc[i][j] = fmaf(part, sc[j], acc[i][j]);
-                } else {
-                    for (int e = 0; e < nvalid; e++) {
-                        const float q = e2m1((u[e >> 3] >> (4 * (e & 7))) & 15u);
-                        const float wv = __fmul_rn(q, e8m0(srow[j][(c0 + e) / p.block_cols]));
-                        acc[i][j] = fmaf(wv, xf[e], acc[i][j]);
-                    }
+                for (int i = 0; i < TB; i++)
+                    acc[i][j] = fmaf(part[i][j], sc, acc[i][j]);
+            }
+        } else {
+            for (int c = 0; c < nvalid; c++) {
+                const int64_t col = c0 + c;
+                float wv[FP4_RB];
+#pragma unroll
+                for (int j = 0; j < FP4_RB; j++) {
+                    const uint32_t u = word_of(raw[j], c >> 3);
+                    wv[j] = __fmul_rn(e2m1(u >> (4 * (c & 7))),
+                                      e8m0(srow[j][(uint32_t)col / (uint32_t)p.block_cols]));
+                }
+#pragma unroll
+                for (int i = 0; i < TB; i++) {
+                    if (i >= nt) break;
+                    const float xv = __ldg(xb + i * p.cols + col);
+#pragma unroll
+                    for (int j = 0; j < FP4_RB; j++)
+                        acc[i][j] = fmaf(wv[j], xv, acc[i][j]);
                 }
             }
         }
     }
+
+    /* The fixed butterfly: every lane ends with its warp's total. */
 #pragma unroll
     for (int i = 0; i < TB; i++)
 #pragma unroll
@@ -169,29 +221,54 @@ __global__ void __launch_bounds__(FP4_WARPS * 32)
 #pragma unroll
             for (int off = 16; off >= 1; off >>= 1)
                 acc[i][j] += __shfl_xor_sync(0xffffffffu, acc[i][j], off);
+    float *y = p.y + t0 * p.rows + r0;
+    if (ks == 1) {
+#pragma unroll
+        for (int i = 0; i < TB; i++)
+#pragma unroll
+            for (int j = 0; j < FP4_RB; j++)
+                if (lane == i * FP4_RB + j && i < nt && j < nr) y[i * p.rows + j] = acc[i][j];
+        return;
+    }
+    /* ks == 4: the four warp totals, added in a fixed tree. */
 #pragma unroll
     for (int i = 0; i < TB; i++)
 #pragma unroll
         for (int j = 0; j < FP4_RB; j++)
-            if (lane == i * FP4_RB + j && i < nt && j < nr)
-                p.y[(t0 + i) * p.rows + r0 + j] = acc[i][j];
+            if (lane == i * FP4_RB + j) warp_sums[warp][i * FP4_RB + j] = acc[i][j];
+    __syncthreads();
+    if (warp == 0 && lane < TB * FP4_RB) {
+        const int i = lane / FP4_RB, j = lane % FP4_RB;
+        const float tot =
+            (warp_sums[0][lane] + warp_sums[1][lane]) + (warp_sums[2][lane] + warp_sums[3][lane]);
+        if (i < nt && j < nr) y[i * p.rows + j] = tot;
+    }
 }
 
 cudaError_t di_cuda_launch_matmul_fp4(const di_cuda_fp4_params *p) {
     if (p->n_tokens <= 0 || p->rows <= 0 || p->cols <= 0) return cudaSuccess;
     const bool wvec = ((uintptr_t)p->data & 15u) == 0 && p->row_bytes % 16 == 0;
     const bool xvec = ((uintptr_t)p->x & 15u) == 0 && p->cols % 4 == 0;
-    const int tb = p->n_tokens == 1 ? 1 : p->n_tokens == 2 ? 2 : 4;
-    const int64_t rows_per_block = FP4_WARPS * FP4_RB;
+    const int64_t n = p->n_tokens, nseg = (p->cols + FP4_SEG - 1) / FP4_SEG;
+    const int tb = n == 1 ? 1 : n == 2 ? 2 : n <= 4 ? 4 : 8;
+    const int64_t rows_per_block = FP4_WARPS / fp4_ksplit(nseg) * FP4_RB;
     dim3 grid((unsigned)((p->rows + rows_per_block - 1) / rows_per_block),
-              (unsigned)((p->n_tokens + tb - 1) / tb));
+              (unsigned)((n + tb - 1) / tb));
     const dim3 block(FP4_WARPS * 32);
-    if (tb == 1)
+    switch (tb) {
+    case 1:
         fp4_gemv_kernel<1><<<grid, block, 0, p->stream>>>(*p, wvec, xvec);
-    else if (tb == 2)
+        break;
+    case 2:
         fp4_gemv_kernel<2><<<grid, block, 0, p->stream>>>(*p, wvec, xvec);
-    else
+        break;
+    case 4:
         fp4_gemv_kernel<4><<<grid, block, 0, p->stream>>>(*p, wvec, xvec);
+        break;
+    default:
+        fp4_gemv_kernel<8><<<grid, block, 0, p->stream>>>(*p, wvec, xvec);
+        break;
+    }
     return cudaGetLastError();
 }
 
