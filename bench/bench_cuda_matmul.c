@@ -2,7 +2,7 @@
  * bench_cuda_matmul.c -- throughput of the CUDA backend's GEMV (not a test; never run by
  * ctest). Run by tools/gpu_check.sh on a GPU machine.
  *
- *   bench_cuda_matmul [device [dtype [max_n]]]   (dtype: BF16, F8_E4M3 or F4_E2M1 -- only
+ *   bench_cuda_matmul [device [dtype [max_n]]]   (dtype: BF16, F8_E4M3 or F4 -- only
  *                                               that dtype, no attention; max_n: largest
  *                                               batch timed)
  *
@@ -10,7 +10,8 @@
  * roofline), then for DeepSeek-V3 weight shapes in BF16 and block-scaled FP8, and V4-Flash
  * expert shapes in FP4 (e2m1 with E8M0 scales, through matmul_fp4), and batch sizes
  * n = 1 .. 64: the time of one matmul and the weight bytes (scales included) streamed per
- * second, as GB/s and as a share of the copy bandwidth. Each shape cycles over enough distinct device copies
+ * second, as GB/s and as a share of the copy bandwidth. Each shape cycles over enough distinct
+ * device copies
  * (>= 512 MiB) that the 60 MB L2 cannot serve repeats. Then the MLA decode attention's time
  * for a few context lengths. Without a CUDA device it says so and exits 0.
  */

@@ -96,7 +96,8 @@ typedef struct {
 static fp4_weight make_fp4(int64_t rows, int64_t cols, int64_t extra, int64_t block_cols, int lo_e,
                            int hi_e) {
     fp4_weight t;
-    const int64_t stride = (cols + extra + 1) / 2 * 2, sc_cols = (cols + block_cols - 1) / block_cols;
+    const int64_t stride = (cols + extra + 1) / 2 * 2,
+                  sc_cols = (cols + block_cols - 1) / block_cols;
     t.q = malloc((size_t)(rows * stride / 2));
     for (int64_t i = 0; i < rows * stride / 2; i++)
         t.q[i] = (uint8_t)rnd_u32();
@@ -175,7 +176,7 @@ TEST(matmul_fp4_e8m0_edges) {
     if (!g_have_gpu) SKIP("no CUDA device");
     fp4_weight t = make_fp4(6, 64, 0, 32, 127, 127);
     for (int64_t i = 0; i < 6 * 32; i++)
-        t.q[i] = 0x22; /* every weight 1.0 */
+        t.q[i] = 0x22;          /* every weight 1.0 */
     t.sc[0] = 0, t.sc[1] = 0;   /* row 0: 2^-127 */
     t.sc[2] = 0xff;             /* row 1: NaN */
     t.sc[4] = 200, t.sc[5] = 1; /* row 2: 2^73 and 2^-126 */
@@ -199,8 +200,8 @@ TEST(matmul_fp4_forwards) {
     if (!g_have_gpu) SKIP("no CUDA device");
     const int64_t rows = 33, cols = 70, n = 3;
     float *wf = rnd_vec(rows * cols, 1.0f), *x = rnd_vec(n * cols, 1.0f);
-    di_weight w = {.dtype = DI_DTYPE_F32, .rows = rows, .cols = cols, .row_stride = cols,
-                   .data = wf};
+    di_weight w = {
+        .dtype = DI_DTYPE_F32, .rows = rows, .cols = cols, .row_stride = cols, .data = wf};
     di_weight dw;
     CHECK(di_cuda_weight_upload(&g_be, &w, &dw) == DI_OK);
     float *ref = malloc((size_t)(n * rows) * sizeof(float));
@@ -232,8 +233,7 @@ static hc_out gpu_hc_pre(const di_v4_hc_params *hp) {
     float *dx = dev_floats(hp->x, n * nh * D), *dfn = dev_floats(hp->fn, nm * nh * D);
     float *dbase = dev_floats(hp->base, nm), *dscale = dev_floats(hp->scale, 3);
     float *dh = dev_poison(n * D), *dpost = dev_poison(n * nh), *dmix = dev_poison(n * nh * nh);
-    p.x = dx, p.fn = dfn, p.base = dbase, p.scale = dscale, p.h = dh, p.post = dpost,
-    p.mix = dmix;
+    p.x = dx, p.fn = dfn, p.base = dbase, p.scale = dscale, p.h = dh, p.post = dpost, p.mix = dmix;
     g_be.ops->v4_hc_pre(g_be.ctx, &p);
     hc_out o = {host_floats(dh, n * D), host_floats(dpost, n * nh), host_floats(dmix, n * nh * nh)};
     dfree(dx), dfree(dfn), dfree(dbase), dfree(dscale), dfree(dh), dfree(dpost), dfree(dmix);
@@ -300,8 +300,7 @@ static void check_hc(int64_t n, int64_t nh, int64_t D, int64_t iters) {
         p1.n_tokens = 1;
         p1.x = x + t * nh * D;
         hc_out g1 = gpu_hc_pre(&p1);
-        CHECK_MSG(same_bits(g1.h, g.h + t * D, D), "hc_pre token %lld alone differs",
-                  (long long)t);
+        CHECK_MSG(same_bits(g1.h, g.h + t * D, D), "hc_pre token %lld alone differs", (long long)t);
         if (iters) {
             CHECK(same_bits(g1.post, g.post + t * nh, nh));
             CHECK(same_bits(g1.mix, g.mix + t * nh * nh, nh * nh));
@@ -315,8 +314,7 @@ static void check_hc(int64_t n, int64_t nh, int64_t D, int64_t iters) {
 TEST(hc_pre_post) {
     if (!g_have_gpu) SKIP("no CUDA device");
     for (int iter = 0; iter < 16; iter++)
-        check_hc(rnd_int(1, 9), rnd_int(1, 5), rnd_int(1, 300),
-                 iter % 4 == 0 ? 0 : rnd_int(1, 20));
+        check_hc(rnd_int(1, 9), rnd_int(1, 5), rnd_int(1, 300), iter % 4 == 0 ? 0 : rnd_int(1, 20));
     check_hc(3, 4, 4096, 20); /* V4-Flash: 4 streams of 4096, 20 Sinkhorn iterations */
     check_hc(2, 4, 4096, 0);  /* the head's collapse */
 }

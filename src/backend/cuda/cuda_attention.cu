@@ -6,6 +6,10 @@
  *     s_j = scale * (q_lat . c_kv[j] + q_rope . k_rope[j]),   out = sum_j softmax(s)_j c_kv[j]
  * The keys are the cached latents themselves, so a block takes ATT_HG heads of one query
  * and reads each key tile once for all of them (the latent cache is shared by all heads).
+ * Not all heads: in fp32, 128 heads x 512 latent accumulators would fill an SM's whole
+ * register file. In fp32 on the SIMT units decode is compute-bound (NOTES.md), so the inner
+ * loops are tiled for shared-memory reads per FMA: each query element read serves four keys
+ * in the scores, each weight pair all of a thread's columns in the weighted sum.
  *
  * Design stance: the KV axis is cut into fixed chunks of DI_CUDA_ATTN_CHUNK keys. A chunk is
  * reduced by an online softmax over tiles of ATT_BJ keys into a state (m, l, acc[R]); the

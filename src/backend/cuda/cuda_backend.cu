@@ -227,9 +227,8 @@ static void cuda_v4_hc_pre(void *ctx, const di_v4_hc_params *p) {
     note(be, di_cuda_launch_v4_hc_pre(p, be->stream));
 }
 
-static void cuda_v4_hc_post(void *ctx, int64_t n_tokens, int64_t n_hc, int64_t dim,
-                            const float *x, const float *y, const float *post, const float *mix,
-                            float *out) {
+static void cuda_v4_hc_post(void *ctx, int64_t n_tokens, int64_t n_hc, int64_t dim, const float *x,
+                            const float *y, const float *post, const float *mix, float *out) {
     cuda_backend *be = (cuda_backend *)ctx;
     note(be, di_cuda_launch_v4_hc_post(n_tokens, n_hc, dim, x, y, post, mix, out, be->stream));
 }

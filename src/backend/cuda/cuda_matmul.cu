@@ -23,14 +23,17 @@
  *
  * FP8: the real weight is e4m3(byte) * scale(block), rounded to float once (the same value
  * the CPU kernels consume); blocks of any shape, partial blocks and row views work, with a
- * single scale lookup per 16-element vector when block_cols is a multiple of 16. By default
- * the conversion skips the conversion instructions: the byte's 7 low bits placed at float
- * bit 20 read as e4m3 * 2^-120 exactly (normal or subnormal), so one multiply by
- * scale * 2^120 gives the same once-rounded product; NaN bytes and huge scales take the
- * instruction path (DI_CUDA_FP8_CONVERT=cvt forces it; the values are the same).
+ * single scale lookup per 16-element vector (a shift or a 32-bit division, never a 64-bit
+ * one) when block_cols is a multiple of 16. By default the conversion skips the conversion
+ * instructions: the byte's 7 low bits placed at float bit 20 read as e4m3 * 2^-120 exactly
+ * (normal or subnormal), so one multiply by scale * 2^120 gives the same once-rounded
+ * product; NaN bytes and huge scales take the instruction path (DI_CUDA_FP8_CONVERT=cvt
+ * forces it; the values are the same). With one scale per vector the kernel converts word
+ * by word against every token and requests the next vectors before converting the current
+ * ones (DI_CUDA_FP8_PIPE=0: the general path; the same values).
  *
- * Measured on an H200 (NOTES.md): BF16 n = 1 at 83-88 % of the device copy bandwidth; FP8 is
- * still latency-bound at about 20 % (the next loads wait for the current dequantization).
+ * Measured on an H200 (NOTES.md): BF16 n = 1 at 82-88 % of the device copy bandwidth; FP8
+ * at 32-36 % on the large shapes (was about 20 % with the 64-bit division).
  */
 #include "backend/cuda/cuda_internal.cuh"
 
@@ -113,10 +116,9 @@ template <int BYTE> static __device__ __forceinline__ float fp8_bits(uint32_t w)
  * one_scale: the whole vector lies in one scale block, whose scale s the caller looked up
  * (once per vector for all its rows); else each element finds its own in srow. */
 template <di_dtype DT>
-static __device__ __forceinline__ void dequant(const uint4 &raw, int64_t c0, int nvalid,
-                                               const float *srow, int64_t block_cols,
-                                               bool one_scale, float s, bool bits,
-                                               float (&f)[wtype<DT>::V]) {
+static __device__ __forceinline__ void
+dequant(const uint4 &raw, int64_t c0, int nvalid, const float *srow, int64_t block_cols,
+        bool one_scale, float s, bool bits, float (&f)[wtype<DT>::V]) {
     typedef wtype<DT> T;
     if (DT == DI_DTYPE_F8_E4M3 && one_scale && bits) {
         const uint32_t *u = reinterpret_cast<const uint32_t *>(&raw);
@@ -223,10 +225,9 @@ template <int BYTE> static __device__ __forceinline__ float fp8_cvt(uint32_t w) 
  * placement (fp8_bits, times scale * 2^120) unless a byte is NaN or a scale too large for
  * that trick; then by the instruction. Elements past nvalid meet x = 0. */
 template <int TB, int RB>
-static __device__ __forceinline__ void fp8_vec(const uint4 (&raw)[RB], const float (&s)[RB],
-                                               bool bits, const float *xb, int64_t x_tstride,
-                                               int64_t c0, int nvalid, bool xvec, int nt,
-                                               float (&acc)[TB][RB]) {
+static __device__ __forceinline__ void
+fp8_vec(const uint4 (&raw)[RB], const float (&s)[RB], bool bits, const float *xb, int64_t x_tstride,
+        int64_t c0, int nvalid, bool xvec, int nt, float (&acc)[TB][RB]) {
     uint32_t nan_bytes = 0;
     bool big = false;
 #pragma unroll
@@ -287,9 +288,9 @@ static __device__ __forceinline__ void fp8_vec(const uint4 (&raw)[RB], const flo
 
 /* Loads the U x RB raw vectors of a lane's group starting at vector vb (zeros past nvec). */
 template <di_dtype DT, int U, int RB>
-static __device__ __forceinline__ void load_group(uint4 (&raw)[U][RB], const char *const (&wrow)[RB],
-                                                  int64_t vb, int64_t step, int64_t nvec,
-                                                  int64_t cols, bool wvec) {
+static __device__ __forceinline__ void
+load_group(uint4 (&raw)[U][RB], const char *const (&wrow)[RB], int64_t vb, int64_t step,
+           int64_t nvec, int64_t cols, bool wvec) {
     typedef wtype<DT> T;
 #pragma unroll
     for (int u = 0; u < U; u++) {
@@ -297,8 +298,8 @@ static __device__ __forceinline__ void load_group(uint4 (&raw)[U][RB], const cha
         const int nvalid = (int)min((int64_t)T::V, cols - v * T::V);
 #pragma unroll
         for (int j = 0; j < RB; j++)
-            raw[u][j] = v < nvec ? load_raw<DT>(wrow[j], v * T::V, nvalid, wvec)
-                                 : make_uint4(0, 0, 0, 0);
+            raw[u][j] =
+                v < nvec ? load_raw<DT>(wrow[j], v * T::V, nvalid, wvec) : make_uint4(0, 0, 0, 0);
     }
 }
 
@@ -309,7 +310,7 @@ static __device__ __forceinline__ void load_group(uint4 (&raw)[U][RB], const cha
  * overlaps the dequantization, at the cost of twice the raw registers). The schedule never
  * changes the arithmetic. */
 template <di_dtype DT, int TB, int RB, int U, bool PIPE>
-__global__ void __launch_bounds__(MM_WARPS * 32, PIPE && TB == 1 ? MM_FP8_MIN_BLOCKS : 1)
+__global__ void __launch_bounds__(MM_WARPS * 32, PIPE &&TB == 1 ? MM_FP8_MIN_BLOCKS : 1)
     gemv_kernel(const di_cuda_mm_params p, bool wvec, bool xvec) {
     typedef wtype<DT> T;
     constexpr int V = T::V;
@@ -351,7 +352,8 @@ __global__ void __launch_bounds__(MM_WARPS * 32, PIPE && TB == 1 ? MM_FP8_MIN_BL
     load_group<DT, U, RB>(raw, wrow, vfirst, step, nvec, p.cols, wvec);
     for (int64_t vb = vfirst; vb < nvec; vb += step * U) {
         uint4 next[U][RB];
-        if constexpr (PIPE) load_group<DT, U, RB>(next, wrow, vb + step * U, step, nvec, p.cols, wvec);
+        if constexpr (PIPE)
+            load_group<DT, U, RB>(next, wrow, vb + step * U, step, nvec, p.cols, wvec);
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int64_t v = vb + step * u;
@@ -364,8 +366,7 @@ __global__ void __launch_bounds__(MM_WARPS * 32, PIPE && TB == 1 ? MM_FP8_MIN_BL
 #pragma unroll
                 for (int j = 0; j < RB; j++)
                     sj[j] = srow[j][sc];
-                fp8_vec<TB, RB>(raw[u], sj, p.fp8_bits, xb, p.x_tstride, c0, nvalid, xvec, nt,
-                                acc);
+                fp8_vec<TB, RB>(raw[u], sj, p.fp8_bits, xb, p.x_tstride, c0, nvalid, xvec, nt, acc);
             } else {
                 float wf[RB][V];
 #pragma unroll
@@ -550,19 +551,19 @@ template <di_dtype DT> static cudaError_t launch_dtype(const di_cuda_mm_params *
         const bool pipe = p->fp8_pipe && p->block_cols % T::V == 0;
         /* Pipelined: half the vectors per group, the same raw registers in flight. */
         if (pipe) switch (tb) {
-        case 1:
-            gemv_kernel<DT, 1, 2, 2, true><<<grid, block, 0, p->stream>>>(*p, wvec, xvec);
-            break;
-        case 2:
-            gemv_kernel<DT, 2, 4, 1, true><<<grid, block, 0, p->stream>>>(*p, wvec, xvec);
-            break;
-        case 4:
-            gemv_kernel<DT, 4, 4, 1, true><<<grid, block, 0, p->stream>>>(*p, wvec, xvec);
-            break;
-        default:
-            gemv_kernel<DT, 8, 4, 1, true><<<grid, block, 0, p->stream>>>(*p, wvec, xvec);
-            break;
-        }
+            case 1:
+                gemv_kernel<DT, 1, 2, 2, true><<<grid, block, 0, p->stream>>>(*p, wvec, xvec);
+                break;
+            case 2:
+                gemv_kernel<DT, 2, 4, 1, true><<<grid, block, 0, p->stream>>>(*p, wvec, xvec);
+                break;
+            case 4:
+                gemv_kernel<DT, 4, 4, 1, true><<<grid, block, 0, p->stream>>>(*p, wvec, xvec);
+                break;
+            default:
+                gemv_kernel<DT, 8, 4, 1, true><<<grid, block, 0, p->stream>>>(*p, wvec, xvec);
+                break;
+            }
         if (pipe) return cudaGetLastError();
     }
     switch (tb) {

@@ -95,7 +95,8 @@ static __device__ __forceinline__ uint32_t word_of(const uint4 &v, int k) {
 }
 
 /* x(t)[c .. c + 8) as floats, zeros from element nvalid on (two 16-byte loads when allowed). */
-static __device__ __forceinline__ void fp4_x8(const float *x, int nvalid, bool xvec, float (&f)[8]) {
+static __device__ __forceinline__ void fp4_x8(const float *x, int nvalid, bool xvec,
+                                              float (&f)[8]) {
     if (xvec && nvalid >= 8) {
         const float4 a = __ldg(reinterpret_cast<const float4 *>(x));
         const float4 b = __ldg(reinterpret_cast<const float4 *>(x) + 1);
@@ -577,9 +578,9 @@ cudaError_t di_cuda_launch_v4_swiglu(const float *gate, const float *up, int64_t
 }
 
 cudaError_t di_cuda_v4_setup(void) {
-    cudaError_t err = cudaFuncSetAttribute(v4_attn_kernel,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           (int)(DI_CUDA_V4_ATTN_MAX_KEYS * sizeof(float)));
+    cudaError_t err =
+        cudaFuncSetAttribute(v4_attn_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)(DI_CUDA_V4_ATTN_MAX_KEYS * sizeof(float)));
     if (err == cudaSuccess)
         err = cudaFuncSetAttribute(v4_index_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    (int)DI_CUDA_V4_SMEM_MAX);
