@@ -104,7 +104,7 @@ static __device__ __forceinline__ uint4 load_raw(const char *row, int64_t c0, in
     return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-/* The float of e4m3 byte `byte` of word w times 2^-120, exactly (normal or subnormal): the
+/* The float of e4m3 byte BYTE of word w times 2^-120, exactly (normal or subnormal): the
  * byte moved to the top (one byte permute), shifted right 4 with its sign copied, and
  * masked to sign | 7 low bits at bit 20. */
 template <int BYTE> static __device__ __forceinline__ float fp8_bits(uint32_t w) {
@@ -210,7 +210,7 @@ static __host__ __device__ int mm_ksplit(int64_t nvec, int64_t ksplit_min) {
     return nvec >= ksplit_min ? 4 : 1;
 }
 
-/* The exact float of e4m3 byte `byte` of word w, by the conversion instruction. */
+/* The exact float of e4m3 byte BYTE of word w, by the conversion instruction. */
 template <int BYTE> static __device__ __forceinline__ float fp8_cvt(uint32_t w) {
     const __half_raw h =
         __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)((w >> (8 * BYTE)) & 0xffu), __NV_E4M3);
