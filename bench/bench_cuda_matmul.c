@@ -2,13 +2,16 @@
  * bench_cuda_matmul.c -- throughput of the CUDA backend's GEMV (not a test; never run by
  * ctest). Run by tools/gpu_check.sh on a GPU machine.
  *
- *   bench_cuda_matmul [device [dtype [max_n]]]   (dtype: BF16 or F8_E4M3 -- only that dtype,
- *                                               no attention; max_n: largest batch timed)
+ *   bench_cuda_matmul [device [dtype [max_n]]]   (dtype: BF16, F8_E4M3 or F4 -- only
+ *                                               that dtype, no attention; max_n: largest
+ *                                               batch timed)
  *
  * Prints the device's measured copy bandwidth (bytes read + written per second, the
- * roofline), then for DeepSeek-V3 weight shapes in BF16 and block-scaled FP8 and batch sizes
- * n = 1 .. 64: the time of one matmul and the weight bytes streamed per second, as GB/s and
- * as a share of the copy bandwidth. Each shape cycles over enough distinct device copies
+ * roofline), then for DeepSeek-V3 weight shapes in BF16 and block-scaled FP8, and V4-Flash
+ * expert shapes in FP4 (e2m1 with E8M0 scales, through matmul_fp4), and batch sizes
+ * n = 1 .. 64: the time of one matmul and the weight bytes (scales included) streamed per
+ * second, as GB/s and as a share of the copy bandwidth. Each shape cycles over enough distinct
+ * device copies
  * (>= 512 MiB) that the 60 MB L2 cannot serve repeats. Then the MLA decode attention's time
  * for a few context lengths. Without a CUDA device it says so and exits 0.
  */
@@ -28,7 +31,8 @@ static uint32_t rnd(void) {
     return (uint32_t)(g_state >> 32);
 }
 
-/* A host weight with finite random values (fp8: no NaN bytes; 128x128 scale blocks). */
+/* A host weight with finite random values (fp8: no NaN bytes; 128x128 scale blocks; fp4:
+ * E8M0 scales 2^-8 .. 2^2 per 32 columns). */
 static di_weight make_host(di_dtype dt, int64_t rows, int64_t cols) {
     size_t bytes = di_dtype_bytes(dt, rows * cols);
     uint32_t *d = malloc((bytes + 3) / 4 * 4);
@@ -45,6 +49,15 @@ static di_weight make_host(di_dtype dt, int64_t rows, int64_t cols) {
         for (int64_t i = 0; i < ns; i++)
             s[i] = 1e-3f * (1.0f + (float)(rnd() % 100) / 100.0f);
         w.scale = s;
+    }
+    if (dt == DI_DTYPE_F4_E2M1) {
+        w.block_rows = 1;
+        w.block_cols = 32;
+        w.scale_cols = (cols + 31) / 32;
+        uint8_t *s = malloc((size_t)(rows * w.scale_cols));
+        for (int64_t i = 0; i < rows * w.scale_cols; i++)
+            s[i] = (uint8_t)(119 + rnd() % 11);
+        w.scale_e8m0 = s;
     }
     return w;
 }
@@ -69,7 +82,11 @@ static void bench_shape(const di_backend *be, const shape *s, double copy_bw, in
     di_weight hw = make_host(s->dt, s->rows, s->cols);
     const size_t wbytes =
         di_dtype_bytes(s->dt, s->rows * s->cols) +
-        (hw.scale ? sizeof(float) * (size_t)((s->rows + 127) / 128 * hw.scale_cols) : 0);
+        (hw.scale ? sizeof(float) * (size_t)((s->rows + 127) / 128 * hw.scale_cols) : 0) +
+        (hw.scale_e8m0 ? (size_t)(s->rows * hw.scale_cols) : 0);
+    /* matmul_fp4 takes FP4 and forwards every other dtype to matmul */
+    void (*mm)(void *, const di_weight *, const float *, int64_t, float *) =
+        s->dt == DI_DTYPE_F4_E2M1 ? be->ops->matmul_fp4 : be->ops->matmul;
     int ncopies = (int)((CYCLE_BYTES + wbytes - 1) / wbytes);
     if (ncopies < 1) ncopies = 1;
     di_weight *dw = calloc((size_t)ncopies, sizeof(di_weight));
@@ -87,13 +104,13 @@ static void bench_shape(const di_backend *be, const shape *s, double copy_bw, in
     for (size_t k = 0; k < DI_ARRAY_LEN(ns) && ncopies > 0 && ns[k] <= max_n; k++) {
         const int64_t n = ns[k];
         for (int i = 0; i < ncopies; i++) /* warm-up */
-            be->ops->matmul(be->ctx, &dw[i], x, n, y);
+            mm(be->ctx, &dw[i], x, n, y);
         di_backend_cuda_sync(be);
         int reps = 0;
         double t0 = di_time_now(), t1 = t0;
         while (t1 - t0 < 0.2 || reps < 3 * ncopies) {
             for (int i = 0; i < ncopies; i++)
-                be->ops->matmul(be->ctx, &dw[i], x, n, y);
+                mm(be->ctx, &dw[i], x, n, y);
             reps += ncopies;
             di_backend_cuda_sync(be);
             t1 = di_time_now();
@@ -115,6 +132,7 @@ static void bench_shape(const di_backend *be, const shape *s, double copy_bw, in
     free(dw);
     free((void *)hw.data);
     free((void *)hw.scale);
+    free((void *)hw.scale_e8m0);
 }
 
 static void bench_attention(const di_backend *be, int64_t nh, int64_t L) {
@@ -145,9 +163,12 @@ static void bench_attention(const di_backend *be, int64_t nh, int64_t L) {
     di_status st = di_backend_cuda_sync(be);
     double t = (di_time_now() - t0) / reps;
     const double kv_bytes = (double)(L * (R + dr)) * sizeof(float);
-    printf("mla decode  heads=%-3lld L=%-6lld %9.1f us  (KV %.1f MB, %.0f GB/s if read once)%s\n",
+    /* fp32 FMAs: scores (R + dr per key and head) and the weighted sum (R) */
+    const double flops = 2.0 * (double)(nh * L * (2 * R + dr));
+    printf("mla decode  heads=%-3lld L=%-6lld %9.1f us  (KV %.1f MB, %.0f GB/s if read once; "
+           "%.1f TFLOP/s)%s\n",
            (long long)nh, (long long)L, t * 1e6, kv_bytes / 1e6, kv_bytes / t / 1e9,
-           st == DI_OK ? "" : " FAILED");
+           flops / t / 1e12, st == DI_OK ? "" : " FAILED");
     di_cuda_free(be, ql), di_cuda_free(be, qr), di_cuda_free(be, ckv), di_cuda_free(be, kr);
     di_cuda_free(be, out);
 }
@@ -170,6 +191,8 @@ int main(int argc, char **argv) {
         {"mlp down 7168x18432", DI_DTYPE_F8_E4M3, 7168, 18432},
         {"expert up 2048x7168", DI_DTYPE_F8_E4M3, 2048, 7168},
         {"kv_a 576x7168", DI_DTYPE_F8_E4M3, 576, 7168},
+        {"v4 expert up 2048x4096", DI_DTYPE_F4_E2M1, 2048, 4096},
+        {"v4 expert down 4096x2048", DI_DTYPE_F4_E2M1, 4096, 2048},
     };
     const char *only = argc > 2 ? argv[2] : NULL;
     const int64_t max_n = argc > 3 ? atoll(argv[3]) : 64;

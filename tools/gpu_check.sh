@@ -4,10 +4,11 @@
 #   env.txt       GPU, driver, toolkit, cmake
 #   deps.txt      how the build dependencies were found (system, carried .debs, apt)
 #   build.log     configure + build (warnings are errors)
-#   cuda_ops.log  tests/ops/test_cuda_ops (every CUDA op vs the CPU reference)
+#   cuda_ops.log  tests/ops/test_cuda_ops and test_cuda_v4_ops (every CUDA op vs the CPU
+#                 reference)
 #   cuda_model.log tests/e2e/test_cuda_model (V2/V3 goldens, engine and batch invariance on
 #                 CUDA) and a short CLI generation on --device cuda
-#   ctest.log     all tests through ctest
+#   ctest.log     all tests through ctest (not with QUICK=1 or CTEST=0)
 #   bench.log     bench_cuda_matmul (GEMV GB/s vs the device copy bandwidth, MLA decode)
 #   sanitizer.log compute-sanitizer memcheck over test_cuda_ops (only with SANITIZE=1)
 #   ncu.txt       Nsight Compute profile of the FP8 decode GEMV (only with VARIANTS=1)
@@ -75,8 +76,8 @@ if have_deps; then say "deps: ok ($(head -1 "$out/deps.txt"))"; else say "deps: 
 t0=$(date +%s)
 {
     cmake -S "$repo" -B "$build" -DDI_WERROR=ON -DCMAKE_BUILD_TYPE=Release &&
-        cmake --build "$build" -j"$jobs" --target test_cuda_ops test_cuda_model deepinfer \
-            bench_cuda_matmul
+        cmake --build "$build" -j"$jobs" --target test_cuda_ops test_cuda_v4_ops test_cuda_model \
+            deepinfer bench_cuda_matmul
 } >"$out/build.log" 2>&1
 rc=$?
 say "build (CUDA test + bench): rc=$rc in $(($(date +%s) - t0)) s ($(grep -c 'Building CUDA object' "$out/build.log") CUDA objects)"
@@ -84,11 +85,13 @@ if [ $rc -ne 0 ]; then
     grep -E "error" "$out/build.log" | head -20 | tee -a "$summary"
     exit 1
 fi
-t0=$(date +%s)
-cmake --build "$build" -j"$jobs" -- -k >>"$out/build.log" 2>&1
-rc=$?
-say "build (all): rc=$rc in $(($(date +%s) - t0)) s"
-[ $rc -ne 0 ] && grep -E "error" "$out/build.log" | head -10 | tee -a "$summary"
+if [ -z "${QUICK:-}" ]; then
+    t0=$(date +%s)
+    cmake --build "$build" -j"$jobs" -- -k >>"$out/build.log" 2>&1
+    rc=$?
+    say "build (all): rc=$rc in $(($(date +%s) - t0)) s"
+    [ $rc -ne 0 ] && grep -E "error" "$out/build.log" | head -10 | tee -a "$summary"
+fi
 
 # --- CUDA op tests and benchmark --------------------------------------------------------------
 t0=$(date +%s)
@@ -96,6 +99,11 @@ t0=$(date +%s)
 rc=$?
 say "test_cuda_ops: rc=$rc in $(($(date +%s) - t0)) s: $(tail -1 "$out/cuda_ops.log")"
 grep -E "^FAIL|failed:|CHECK" "$out/cuda_ops.log" | head -20
+t0=$(date +%s)
+echo "==== test_cuda_v4_ops" >>"$out/cuda_ops.log"
+(cd "$repo" && "$build/test_cuda_v4_ops") >>"$out/cuda_ops.log" 2>&1
+rc=$?
+say "test_cuda_v4_ops: rc=$rc in $(($(date +%s) - t0)) s: $(tail -1 "$out/cuda_ops.log")"
 
 # --- the model on CUDA -------------------------------------------------------------------------
 t0=$(date +%s)
@@ -122,7 +130,7 @@ if [ "${BENCH:-1}" != 0 ]; then
 fi
 
 # --- all tests --------------------------------------------------------------------------------
-if [ "${CTEST:-1}" != 0 ]; then
+if [ "${CTEST:-1}" != 0 ] && [ -z "${QUICK:-}" ]; then
     t0=$(date +%s)
     (cd "$build" && ctest --output-on-failure -j4 --timeout 300) >"$out/ctest.log" 2>&1
     rc=$?
@@ -143,12 +151,14 @@ fi
 # The CUDA tests again under each non-default knob, the FP8 GEMV timed under each, and one
 # Nsight Compute profile of the FP8 decode GEMV (appended to cuda_ops.log / bench.log; ncu.txt).
 if [ -n "${VARIANTS:-}" ]; then
-    for v in DI_CUDA_FP8_CONVERT=cvt DI_CUDA_KSPLIT_MIN=1000000; do
+    for v in DI_CUDA_FP8_CONVERT=cvt DI_CUDA_KSPLIT_MIN=1000000 DI_CUDA_FP8_PIPE=0; do
         echo "==== $v" >>"$out/cuda_ops.log"
         (cd "$repo" && env $v "$build/test_cuda_ops") >>"$out/cuda_ops.log" 2>&1
         say "test_cuda_ops with $v: rc=$? $(tail -1 "$out/cuda_ops.log")"
     done
     for v in "DI_CUDA_FP8_CONVERT=bits DI_CUDA_KSPLIT_MIN=256" \
+        "DI_CUDA_FP8_PIPE=0 DI_CUDA_KSPLIT_MIN=256" \
+        "DI_CUDA_FP8_PIPE=1 DI_CUDA_KSPLIT_MIN=1000000" \
         "DI_CUDA_FP8_CONVERT=cvt DI_CUDA_KSPLIT_MIN=256" \
         "DI_CUDA_FP8_CONVERT=bits DI_CUDA_KSPLIT_MIN=1000000" \
         "DI_CUDA_FP8_CONVERT=cvt DI_CUDA_KSPLIT_MIN=1000000"; do

@@ -134,7 +134,9 @@ typedef struct di_v4_hc_params {
  *   M = max(max_j l_j, sink_h);  out(t,h) = sum_j p_j k_j.
  * q(t,h) at q + t * q_tstride + h * dim; out likewise with out_tstride.
  * scratch: [scratch_rows][max_keys] floats (score rows); scratch_rows >= n_tokens. A backend
- * may use one row per worker instead of one per token (to spread heads over threads). */
+ * may use one row per worker instead of one per token (to spread heads over threads).
+ * On the CUDA backend keys (like v4_pool's c / z) is a device array of device row pointers
+ * and scratch is unused (backend/cuda/cuda_backend.h). */
 typedef struct di_v4_attn_params {
     int64_t n_tokens, n_heads, dim;
     float scale;

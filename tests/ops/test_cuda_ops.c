@@ -9,8 +9,8 @@
  * attention gives the same bits split along the KV axis, walked sequentially, or with the
  * query alone; the paged cache and head strides bitwise against the contiguous layout; the
  * MoE data-movement ops (copy_rows, moe_combine) bitwise against the CPU backend. Shapes
- * include odd sizes, row views and FP8 partial blocks (block sizes 128x128, 8x32, 3x20, 1x7
- * over sizes that are not multiples of them).
+ * include odd sizes, row views and FP8 partial blocks (block sizes 128x128, 8x32, 3x20, 1x7,
+ * 2x48 over sizes that are not multiples of them).
  *
  * On a machine without a CUDA device (or a build without CUDA) it prints why and counts as
  * skipped (exit status 0).
@@ -75,7 +75,9 @@ typedef struct {
     di_weight all, w;
 } test_weight;
 
-static const int64_t g_br[] = {128, 8, 3, 1}, g_bc[] = {128, 32, 20, 7};
+/* FP8 scale blocks: 48 columns (3 vectors) takes the kernels' 32-bit division, 128 and 32
+ * their shift, 20 and 7 the per-element scales. */
+static const int64_t g_br[] = {128, 8, 3, 1, 2}, g_bc[] = {128, 32, 20, 7, 48};
 
 static test_weight make_weight(di_dtype dt, int64_t rows, int64_t cols, int64_t extra_rows,
                                int64_t extra_cols, int blk) {
@@ -105,8 +107,8 @@ static test_weight make_weight(di_dtype dt, int64_t rows, int64_t cols, int64_t 
     }
     di_weight w = {.dtype = dt, .rows = srows, .cols = cols, .row_stride = scols, .data = t.data};
     if (dt == DI_DTYPE_F8_E4M3) {
-        w.block_rows = g_br[blk % 4];
-        w.block_cols = g_bc[blk % 4];
+        w.block_rows = g_br[blk % 5];
+        w.block_cols = g_bc[blk % 5];
         w.scale_cols = (scols + w.block_cols - 1) / w.block_cols;
         const int64_t n_sr = (srows + w.block_rows - 1) / w.block_rows;
         t.scale = malloc(sizeof(float) * (size_t)(n_sr * w.scale_cols));
@@ -190,6 +192,8 @@ TEST(matmul) {
     check_mm(DI_DTYPE_BF16, false, 37, 2049, 5, 0, 1e-5);
     check_mm(DI_DTYPE_F8_E4M3, false, 45, 4100, 17, 0, 1e-5);
     check_mm(DI_DTYPE_F8_E4M3, false, 64, 4096, 2, 1, 1e-5);
+    check_mm(DI_DTYPE_F8_E4M3, false, 70, 3000, 1, 4, 1e-5); /* 48-column scale blocks */
+    check_mm(DI_DTYPE_F8_E4M3, false, 33, 900, 5, 4, 1e-5);
 }
 
 /* FP8 bytes 0x7f / 0xff are NaN and must propagate; scales too large for the fast

@@ -6,6 +6,10 @@
  *     s_j = scale * (q_lat . c_kv[j] + q_rope . k_rope[j]),   out = sum_j softmax(s)_j c_kv[j]
  * The keys are the cached latents themselves, so a block takes ATT_HG heads of one query
  * and reads each key tile once for all of them (the latent cache is shared by all heads).
+ * Not all heads: in fp32, 128 heads x 512 latent accumulators would fill an SM's whole
+ * register file. In fp32 on the SIMT units decode is compute-bound (NOTES.md), so the inner
+ * loops are tiled for shared-memory reads per FMA: each query element read serves four keys
+ * in the scores, each weight pair all of a thread's columns in the weighted sum.
  *
  * Design stance: the KV axis is cut into fixed chunks of DI_CUDA_ATTN_CHUNK keys. A chunk is
  * reduced by an online softmax over tiles of ATT_BJ keys into a state (m, l, acc[R]); the
@@ -161,34 +165,55 @@ static __device__ __forceinline__ void attn_chunk(const di_mla_attn_params &p, c
         load_tile(p, s, j0, nv);
         __syncthreads();
 
-        /* Scores: warp w takes keys w, w + 8, ...; lanes split the dot products (element
-         * i on lane i % 32, in order), then the xor butterfly. */
-        for (int jj = warp; jj < ATT_BJ; jj += ATT_WARPS) {
-            float sc[ATT_HG];
+        /* Scores: warp w takes keys w, w + 8, w + 16, w + 24 together (each query element
+         * read from shared memory serves four keys, each key element all heads); lanes
+         * split the dot products (element i on lane i % 32, in order), then the xor
+         * butterfly. A score's order is the same as one key at a time. */
+        {
+            constexpr int KPW = ATT_BJ / ATT_WARPS; /* keys per warp */
+            float sc[KPW][ATT_HG];
 #pragma unroll
-            for (int h = 0; h < ATT_HG; h++)
-                sc[h] = 0.0f;
-            if (jj < nv) {
-                for (int i = lane; i < R; i += 32) {
-                    const float kv = s.ckv[jj * R + i];
+            for (int kk = 0; kk < KPW; kk++)
 #pragma unroll
-                    for (int h = 0; h < ATT_HG; h++)
-                        sc[h] = fmaf(s.q[h * R + i], kv, sc[h]);
+                for (int h = 0; h < ATT_HG; h++)
+                    sc[kk][h] = 0.0f;
+            for (int i = lane; i < R; i += 32) {
+                float kv[KPW];
+#pragma unroll
+                for (int kk = 0; kk < KPW; kk++) /* rows past nv hold stale data, unused */
+                    kv[kk] = s.ckv[(warp + kk * ATT_WARPS) * R + i];
+#pragma unroll
+                for (int h = 0; h < ATT_HG; h++) {
+                    const float qv = s.q[h * R + i];
+#pragma unroll
+                    for (int kk = 0; kk < KPW; kk++)
+                        sc[kk][h] = fmaf(qv, kv[kk], sc[kk][h]);
                 }
-                for (int i = lane; i < dr; i += 32) {
-                    const float kv = s.kr[jj * dr + i];
+            }
+            for (int i = lane; i < dr; i += 32) {
+                float kv[KPW];
 #pragma unroll
-                    for (int h = 0; h < ATT_HG; h++)
-                        sc[h] = fmaf(s.qr[h * dr + i], kv, sc[h]);
+                for (int kk = 0; kk < KPW; kk++)
+                    kv[kk] = s.kr[(warp + kk * ATT_WARPS) * dr + i];
+#pragma unroll
+                for (int h = 0; h < ATT_HG; h++) {
+                    const float qv = s.qr[h * dr + i];
+#pragma unroll
+                    for (int kk = 0; kk < KPW; kk++)
+                        sc[kk][h] = fmaf(qv, kv[kk], sc[kk][h]);
                 }
             }
 #pragma unroll
-            for (int h = 0; h < ATT_HG; h++) {
+            for (int kk = 0; kk < KPW; kk++) {
+                const int jj = warp + kk * ATT_WARPS;
 #pragma unroll
-                for (int off = 16; off >= 1; off >>= 1)
-                    sc[h] += __shfl_xor_sync(0xffffffffu, sc[h], off);
-                if (lane == h)
-                    s.p[jj * ATT_HG + h] = jj < nv ? __fmul_rn(sc[h], p.scale) : -INFINITY;
+                for (int h = 0; h < ATT_HG; h++) {
+#pragma unroll
+                    for (int off = 16; off >= 1; off >>= 1)
+                        sc[kk][h] += __shfl_xor_sync(0xffffffffu, sc[kk][h], off);
+                    if (lane == h)
+                        s.p[jj * ATT_HG + h] = jj < nv ? __fmul_rn(sc[kk][h], p.scale) : -INFINITY;
+                }
             }
         }
         __syncthreads();
@@ -218,28 +243,34 @@ static __device__ __forceinline__ void attn_chunk(const di_mla_attn_params &p, c
         }
         __syncthreads();
 
-        /* acc = acc * alpha + sum_j p_j c_kv[j], keys in order. */
+        /* acc = acc * alpha + sum_j p_j c_kv[j], keys in order; each key's weights (two
+         * 16-byte broadcasts) serve all of the thread's columns. */
+        float v[ATT_COLS][ATT_HG];
 #pragma unroll
-        for (int c = 0; c < ATT_COLS; c++) {
-            const int i = (int)threadIdx.x + c * ATT_THREADS;
-            if (i >= R) break;
-            float v[ATT_HG];
+        for (int c = 0; c < ATT_COLS; c++)
 #pragma unroll
             for (int h = 0; h < ATT_HG; h++)
-                v[h] = __fmul_rn(acc[c * ATT_HG + h], s.alpha[h]);
-            for (int j = 0; j < nv; j++) {
-                const float kv = s.ckv[j * R + i];
-                const float4 pa = reinterpret_cast<const float4 *>(s.p + j * ATT_HG)[0];
-                const float4 pb = reinterpret_cast<const float4 *>(s.p + j * ATT_HG)[1];
-                const float pj[ATT_HG] = {pa.x, pa.y, pa.z, pa.w, pb.x, pb.y, pb.z, pb.w};
+                v[c][h] = __fmul_rn(acc[c * ATT_HG + h], s.alpha[h]);
+        for (int j = 0; j < nv; j++) {
+            const float4 pa = reinterpret_cast<const float4 *>(s.p + j * ATT_HG)[0];
+            const float4 pb = reinterpret_cast<const float4 *>(s.p + j * ATT_HG)[1];
+            const float pj[ATT_HG] = {pa.x, pa.y, pa.z, pa.w, pb.x, pb.y, pb.z, pb.w};
 #pragma unroll
-                for (int h = 0; h < ATT_HG; h++)
-                    v[h] = __fmaf_rn(pj[h], kv, v[h]);
+            for (int c = 0; c < ATT_COLS; c++) {
+                const int i = (int)threadIdx.x + c * ATT_THREADS;
+                if (i < R) { /* columns past R: v is never stored */
+                    const float kv = s.ckv[j * R + i];
+#pragma unroll
+                    for (int h = 0; h < ATT_HG; h++)
+                        v[c][h] = __fmaf_rn(pj[h], kv, v[c][h]);
+                }
             }
+        }
+#pragma unroll
+        for (int c = 0; c < ATT_COLS; c++)
 #pragma unroll
             for (int h = 0; h < ATT_HG; h++)
-                acc[c * ATT_HG + h] = v[h];
-        }
+                acc[c * ATT_HG + h] = v[c][h];
     }
     __syncthreads(); /* m_c / l_c final for every thread */
 }

@@ -27,6 +27,7 @@ typedef struct cuda_backend {
     di_cuda_attn_mode attn_mode;
     int fp8_bits;            /* FP8 conversion: 1 bit placement, 0 conversion instructions */
     int64_t ksplit_min;      /* GEMV rows of at least this many 16-byte vectors split K */
+    int fp8_pipe;            /* FP8 GEMV software pipeline on (1) or off (0) */
     cudaError_t first_error; /* first failed launch since the last sync */
     char name[256];
 } cuda_backend;
@@ -59,6 +60,7 @@ static di_cuda_mm_params mm_params(const di_weight *w, const cuda_backend *be) {
     p.n_heads = 1;
     p.fp8_bits = be->fp8_bits;
     p.ksplit_min = be->ksplit_min;
+    p.fp8_pipe = be->fp8_pipe;
     p.stream = be->stream;
     return p;
 }
@@ -260,6 +262,66 @@ static void cuda_weight_free_op(void *ctx, di_weight *w) {
     di_cuda_weight_free(&b, w);
 }
 
+/* ---- DeepSeek-V4 ---------------------------------------------------------------------- */
+
+static void cuda_matmul_fp4(void *ctx, const di_weight *w, const float *x, int64_t n, float *y) {
+    cuda_backend *be = (cuda_backend *)ctx;
+    if (w->dtype != DI_DTYPE_F4_E2M1) { /* backend.h: other dtypes go to matmul */
+        cuda_matmul(ctx, w, x, n, y);
+        return;
+    }
+    di_cuda_fp4_params p;
+    memset(&p, 0, sizeof p);
+    p.rows = w->rows;
+    p.cols = w->cols;
+    p.row_bytes = w->row_stride / 2;
+    p.data = (const uint8_t *)w->data;
+    p.scale = w->scale_e8m0;
+    p.scale_cols = w->scale_cols;
+    p.block_cols = w->block_cols > 0 ? w->block_cols : 32;
+    p.n_tokens = n;
+    p.x = x;
+    p.y = y;
+    p.stream = be->stream;
+    note(be, di_cuda_launch_matmul_fp4(&p));
+}
+
+static void cuda_v4_hc_pre(void *ctx, const di_v4_hc_params *p) {
+    cuda_backend *be = (cuda_backend *)ctx;
+    if (p->n_hc > 64) { /* the CPU's HC_MAX */
+        note(be, cudaErrorNotSupported);
+        return;
+    }
+    note(be, di_cuda_launch_v4_hc_pre(p, be->stream));
+}
+
+static void cuda_v4_hc_post(void *ctx, int64_t n_tokens, int64_t n_hc, int64_t dim, const float *x,
+                            const float *y, const float *post, const float *mix, float *out) {
+    cuda_backend *be = (cuda_backend *)ctx;
+    note(be, di_cuda_launch_v4_hc_post(n_tokens, n_hc, dim, x, y, post, mix, out, be->stream));
+}
+
+static void cuda_v4_attention(void *ctx, const di_v4_attn_params *p) {
+    cuda_backend *be = (cuda_backend *)ctx;
+    note(be, di_cuda_launch_v4_attention(p, be->stream));
+}
+
+static void cuda_v4_pool(void *ctx, const di_v4_pool_params *p) {
+    cuda_backend *be = (cuda_backend *)ctx;
+    note(be, di_cuda_launch_v4_pool(p, be->stream));
+}
+
+static void cuda_v4_index_scores(void *ctx, const di_v4_index_params *p) {
+    cuda_backend *be = (cuda_backend *)ctx;
+    note(be, di_cuda_launch_v4_index_scores(p, be->n_sms, be->stream));
+}
+
+static void cuda_v4_swiglu(void *ctx, const float *gate, const float *up, int64_t n, float limit,
+                           float *out) {
+    cuda_backend *be = (cuda_backend *)ctx;
+    note(be, di_cuda_launch_v4_swiglu(gate, up, n, limit, out, be->stream));
+}
+
 static void cuda_free_ctx(void *ctx) {
     cuda_backend *be = (cuda_backend *)ctx;
     if (!be) return;
@@ -270,8 +332,8 @@ static void cuda_free_ctx(void *ctx) {
     di_free(be);
 }
 
-/* Filled by name, so slots added to backend.h later (the DeepSeek-V4 ops) start NULL here:
- * this backend does not run them yet. */
+/* Filled by name, so that slots added to backend.h later start NULL here until this
+ * backend implements them. */
 static di_backend_ops make_ops(void) {
     di_backend_ops o;
     memset(&o, 0, sizeof o);
@@ -298,6 +360,13 @@ static di_backend_ops make_ops(void) {
     o.weight_free = cuda_weight_free_op;
     o.copy_rows = cuda_copy_rows;
     o.moe_combine = cuda_moe_combine;
+    o.matmul_fp4 = cuda_matmul_fp4;
+    o.v4_hc_pre = cuda_v4_hc_pre;
+    o.v4_hc_post = cuda_v4_hc_post;
+    o.v4_attention = cuda_v4_attention;
+    o.v4_pool = cuda_v4_pool;
+    o.v4_index_scores = cuda_v4_index_scores;
+    o.v4_swiglu = cuda_v4_swiglu;
     return o;
 }
 
@@ -347,11 +416,14 @@ extern "C" di_status di_backend_cuda_init(di_backend *out, int device, int64_t m
     be->n_sms = prop.multiProcessorCount;
     snprintf(be->name, sizeof be->name, "%s", prop.name);
     /* Tuning knobs for benchmarks (DI_SIMD's counterpart): DI_CUDA_FP8_CONVERT=cvt|bits,
-     * DI_CUDA_KSPLIT_MIN=<vectors>. The defaults are what the benchmarks chose. */
+     * DI_CUDA_KSPLIT_MIN=<vectors>, DI_CUDA_FP8_PIPE=0|1. The defaults are what the
+     * benchmarks chose. */
     const char *env = getenv("DI_CUDA_FP8_CONVERT");
     be->fp8_bits = !(env && strcmp(env, "cvt") == 0);
     env = getenv("DI_CUDA_KSPLIT_MIN");
     be->ksplit_min = env && atoll(env) > 0 ? atoll(env) : 256;
+    env = getenv("DI_CUDA_FP8_PIPE");
+    be->fp8_pipe = !(env && strcmp(env, "0") == 0);
     const int64_t chunks = (max_ctx + DI_CUDA_ATTN_CHUNK - 1) / DI_CUDA_ATTN_CHUNK;
     int64_t floats = DI_CUDA_ATTN_SPLIT_TOKENS * 128 * chunks * (DI_CUDA_ATTN_MAX_R + 2);
     if (floats * (int64_t)sizeof(float) > DI_CUDA_ATTN_SCRATCH_MAX)
@@ -362,7 +434,7 @@ extern "C" di_status di_backend_cuda_init(di_backend *out, int device, int64_t m
         (err = cudaStreamCreateWithFlags(&be->stream, cudaStreamNonBlocking)) != cudaSuccess ||
         (err = cudaMalloc((void **)&be->attn_partial, (size_t)floats * sizeof(float))) !=
             cudaSuccess ||
-        (err = di_cuda_attn_setup()) != cudaSuccess) {
+        (err = di_cuda_attn_setup()) != cudaSuccess || (err = di_cuda_v4_setup()) != cudaSuccess) {
         cuda_free_ctx(be);
         return di_error(DI_ERR_OUT_OF_MEMORY, "cuda backend: device %d: %s", device,
                         cudaGetErrorString(err));
@@ -458,8 +530,57 @@ extern "C" di_status di_cuda_download(const di_backend *be, void *dst, const voi
     return copy_sync(be, dst, src, n, cudaMemcpyDeviceToHost);
 }
 
+/* FP4 e2m1 (two per byte): rows padded to 16 bytes like the others (row_stride counts
+ * elements, so it becomes twice the padded byte count); the E8M0 scale bytes of the rows,
+ * [rows][scale_cols], copied as they are. */
+static di_status upload_fp4(const di_backend *dbe, const di_weight *w, di_weight *out) {
+    if (w->rows <= 0 || w->cols <= 0)
+        return di_error(DI_ERR_INVALID_ARG, "cuda backend: empty weight [%lld][%lld]",
+                        (long long)w->rows, (long long)w->cols);
+    if (w->row_stride % 2 || w->row_stride < w->cols || !w->scale_e8m0 || w->block_cols <= 0 ||
+        w->scale_cols < (w->cols + w->block_cols - 1) / w->block_cols)
+        return di_error(DI_ERR_INVALID_ARG,
+                        "cuda backend: FP4 weight [%lld][%lld]: row_stride %lld must be even "
+                        "and >= cols, with E8M0 scales covering block_cols %lld",
+                        (long long)w->rows, (long long)w->cols, (long long)w->row_stride,
+                        (long long)w->block_cols);
+    const int64_t row_bytes = (w->cols + 1) / 2, stride_bytes = (row_bytes + 15) / 16 * 16;
+    const size_t bytes = (size_t)(w->rows * stride_bytes);
+    const size_t sbytes = (size_t)(w->rows * w->scale_cols);
+    di_weight d = *w;
+    d.row_stride = 2 * stride_bytes;
+    d.row_offset = 0;
+    void *data = di_cuda_malloc(dbe, bytes);
+    if (!data) return di_error_prefix(DI_ERR_OUT_OF_MEMORY, "weight upload");
+    uint8_t *scale = (uint8_t *)di_cuda_malloc(dbe, sbytes);
+    if (!scale) {
+        cudaFree(data);
+        return di_error_prefix(DI_ERR_OUT_OF_MEMORY, "weight upload");
+    }
+    cuda_backend *be = ctx_of(dbe);
+    cudaError_t err = cudaMemsetAsync(data, 0, bytes, be->stream);
+    if (err == cudaSuccess)
+        err = cudaMemcpy2DAsync(data, (size_t)stride_bytes, w->data, (size_t)(w->row_stride / 2),
+                                (size_t)row_bytes, (size_t)w->rows, cudaMemcpyHostToDevice,
+                                be->stream);
+    if (err == cudaSuccess)
+        err = cudaMemcpyAsync(scale, w->scale_e8m0, sbytes, cudaMemcpyHostToDevice, be->stream);
+    if (err == cudaSuccess) err = cudaStreamSynchronize(be->stream);
+    if (err != cudaSuccess) {
+        cudaFree(data);
+        cudaFree(scale);
+        return di_error(DI_ERR_INTERNAL, "cuda backend: weight upload [%lld][%lld]: %s",
+                        (long long)w->rows, (long long)w->cols, cudaGetErrorString(err));
+    }
+    d.data = data;
+    d.scale_e8m0 = scale;
+    *out = d;
+    return DI_OK;
+}
+
 extern "C" di_status di_cuda_weight_upload(const di_backend *dbe, const di_weight *w,
                                            di_weight *out) {
+    if (w->dtype == DI_DTYPE_F4_E2M1) return upload_fp4(dbe, w, out);
     const size_t esz = di_dtype_bytes(w->dtype, 1);
     if (w->dtype != DI_DTYPE_F32 && w->dtype != DI_DTYPE_F16 && w->dtype != DI_DTYPE_BF16 &&
         w->dtype != DI_DTYPE_F8_E4M3)
@@ -515,8 +636,10 @@ extern "C" void di_cuda_weight_free(const di_backend *dbe, di_weight *w) {
     if (!w) return;
     cudaFree((void *)w->data);
     cudaFree((void *)w->scale);
+    cudaFree((void *)w->scale_e8m0);
     w->data = NULL;
     w->scale = NULL;
+    w->scale_e8m0 = NULL;
 }
 
 extern "C" double di_cuda_measure_copy_bandwidth(const di_backend *dbe, size_t bytes) {

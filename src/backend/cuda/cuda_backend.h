@@ -9,6 +9,11 @@
  *     pointers; the ops accept only such device-side weights;
  *   - activations: every float* / int32_t* an op receives is a device pointer; these helpers
  *     allocate, fill and read them;
+ *   - pointer lists (DeepSeek-V4): v4_attention's `keys` and v4_pool's `c` / `z` are
+ *     device arrays of device row pointers (the caller builds the list on the device or
+ *     uploads a host-built one); v4_attention ignores `scratch` (its scores live in shared
+ *     memory, at most DI_CUDA_V4_ATTN_MAX_KEYS = 32768 keys per query); n_keys, n_visible and
+ *     sinks are device arrays too;
  *   - the stream: every op is enqueued on the backend's one stream, in call order;
  *     di_backend_cuda_sync() waits for it and reports the first error any op hit (ops
  *     cannot return errors, so a failed launch is remembered until the next sync).
@@ -31,8 +36,10 @@ extern "C" {
 /* Copies w (host memory; a row view is fine) to the backend's device. The copy is compact
  * except that each row is padded to a multiple of 16 bytes, so the matmul kernels can use
  * 16-byte loads on every row; FP8 scales are copied for the covered block rows only and
- * row_offset is rebased accordingly. out->data / out->scale are device pointers owned by
- * the caller (free with di_cuda_weight_free). Synchronous (load time only). */
+ * row_offset is rebased accordingly; FP4 (F4_E2M1) weights bring their E8M0 scale bytes
+ * ([rows][scale_cols], out->scale_e8m0) and need an even row_stride. out->data / scale /
+ * scale_e8m0 are device pointers owned by the caller (free with di_cuda_weight_free).
+ * Synchronous (load time only). */
 di_status di_cuda_weight_upload(const di_backend *be, const di_weight *w, di_weight *out);
 void di_cuda_weight_free(const di_backend *be, di_weight *w);
 

@@ -49,6 +49,13 @@ typedef struct di_cuda_mm_params {
      * summation order, so it must stay fixed for a run: batch invariance needs one order). */
     int fp8_bits;
     int64_t ksplit_min;
+    /* FP8 software pipeline (1: the next vectors are requested before the current ones are
+     * converted; 0: load, then convert). Same values either way. */
+    int fp8_pipe;
+    /* Filled by the launcher: vectors per FP8 scale block as a shift (-1: not a power of
+     * two) and as a count. */
+    int64_t scale_vshift;
+    uint32_t scale_vpb;
     cudaStream_t stream;
 } di_cuda_mm_params;
 
@@ -98,5 +105,45 @@ int64_t di_cuda_attn_partial_floats(const di_mla_attn_params *p);
 /* Raises the kernels' shared-memory limit; once per device, before the first launch. */
 cudaError_t di_cuda_attn_setup(void);
 cudaError_t di_cuda_launch_mla_attention(const di_cuda_attn_launch *a);
+
+/* ---------------------------------------------------------------------------------------- */
+/* DeepSeek-V4 ops (cuda_v4.cu)                                                               */
+/* ---------------------------------------------------------------------------------------- */
+
+/* y[t][r] = sum_c x[t][c] W[r][c] for W in F4_E2M1 (two per byte, low nibble = even column)
+ * with E8M0 scale bytes scale[r * scale_cols + c / block_cols]. x: [n_tokens][cols],
+ * y: [n_tokens][rows]. */
+typedef struct di_cuda_fp4_params {
+    int64_t rows, cols;
+    int64_t row_bytes; /* bytes between consecutive rows */
+    const uint8_t *data;
+    const uint8_t *scale;
+    int64_t scale_cols, block_cols;
+    int64_t n_tokens;
+    const float *x;
+    float *y;
+    cudaStream_t stream;
+} di_cuda_fp4_params;
+
+/* Largest key list of v4_attention (its scores live in shared memory) and the shared memory
+ * the indexer may use for one token's queries ([n_heads][dim] + [n_heads] floats). */
+#define DI_CUDA_V4_ATTN_MAX_KEYS 32768
+#define DI_CUDA_V4_SMEM_MAX      (160 * 1024)
+
+/* Raises the V4 kernels' shared-memory limits; once per device, before the first launch. */
+cudaError_t di_cuda_v4_setup(void);
+cudaError_t di_cuda_launch_matmul_fp4(const di_cuda_fp4_params *p);
+cudaError_t di_cuda_launch_v4_hc_pre(const di_v4_hc_params *p, cudaStream_t stream);
+cudaError_t di_cuda_launch_v4_hc_post(int64_t n_tokens, int64_t n_hc, int64_t dim, const float *x,
+                                      const float *y, const float *post, const float *mix,
+                                      float *out, cudaStream_t stream);
+/* keys: a device array of device row pointers (see cuda_backend.h). Fails with
+ * cudaErrorNotSupported past DI_CUDA_V4_ATTN_MAX_KEYS keys. */
+cudaError_t di_cuda_launch_v4_attention(const di_v4_attn_params *p, cudaStream_t stream);
+cudaError_t di_cuda_launch_v4_pool(const di_v4_pool_params *p, cudaStream_t stream);
+cudaError_t di_cuda_launch_v4_index_scores(const di_v4_index_params *p, int n_sms,
+                                           cudaStream_t stream);
+cudaError_t di_cuda_launch_v4_swiglu(const float *gate, const float *up, int64_t n, float limit,
+                                     float *out, cudaStream_t stream);
 
 #endif /* DI_CUDA_INTERNAL_CUH */

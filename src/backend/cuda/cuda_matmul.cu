@@ -23,14 +23,17 @@
  *
  * FP8: the real weight is e4m3(byte) * scale(block), rounded to float once (the same value
  * the CPU kernels consume); blocks of any shape, partial blocks and row views work, with a
- * single scale lookup per 16-element vector when block_cols is a multiple of 16. By default
- * the conversion skips the conversion instructions: the byte's 7 low bits placed at float
- * bit 20 read as e4m3 * 2^-120 exactly (normal or subnormal), so one multiply by
- * scale * 2^120 gives the same once-rounded product; NaN bytes and huge scales take the
- * instruction path (DI_CUDA_FP8_CONVERT=cvt forces it; the values are the same).
+ * single scale lookup per 16-element vector (a shift or a 32-bit division, never a 64-bit
+ * one) when block_cols is a multiple of 16. By default the conversion skips the conversion
+ * instructions: the byte's 7 low bits placed at float bit 20 read as e4m3 * 2^-120 exactly
+ * (normal or subnormal), so one multiply by scale * 2^120 gives the same once-rounded
+ * product; NaN bytes and huge scales take the instruction path (DI_CUDA_FP8_CONVERT=cvt
+ * forces it; the values are the same). With one scale per vector the kernel converts word
+ * by word against every token and requests the next vectors before converting the current
+ * ones (DI_CUDA_FP8_PIPE=0: the general path; the same values).
  *
- * Measured on an H200 (NOTES.md): BF16 n = 1 at 83-88 % of the device copy bandwidth; FP8 is
- * still latency-bound at about 20 % (the next loads wait for the current dequantization).
+ * Measured on an H200 (NOTES.md): BF16 n = 1 at 82-88 % of the device copy bandwidth; FP8
+ * at 32-36 % on the large shapes (was about 20 % with the 64-bit division).
  */
 #include "backend/cuda/cuda_internal.cuh"
 
@@ -101,14 +104,23 @@ static __device__ __forceinline__ uint4 load_raw(const char *row, int64_t c0, in
     return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-/* Float values of the vector at element c0 (FP8: times its block scale, one rounding). */
+/* The float of e4m3 byte BYTE of word w times 2^-120, exactly (normal or subnormal): the
+ * byte moved to the top (one byte permute), shifted right 4 with its sign copied, and
+ * masked to sign | 7 low bits at bit 20. */
+template <int BYTE> static __device__ __forceinline__ float fp8_bits(uint32_t w) {
+    const int32_t top = (int32_t)__byte_perm(w, 0u, (BYTE << 12) | 0x444);
+    return __int_as_float((top >> 4) & (int32_t)0x87f00000);
+}
+
+/* Float values of the vector at element c0 (FP8: times its block scale, one rounding).
+ * one_scale: the whole vector lies in one scale block, whose scale s the caller looked up
+ * (once per vector for all its rows); else each element finds its own in srow. */
 template <di_dtype DT>
 static __device__ __forceinline__ void
 dequant(const uint4 &raw, int64_t c0, int nvalid, const float *srow, int64_t block_cols,
-        bool one_scale, bool bits, float (&f)[wtype<DT>::V]) {
+        bool one_scale, float s, bool bits, float (&f)[wtype<DT>::V]) {
     typedef wtype<DT> T;
     if (DT == DI_DTYPE_F8_E4M3 && one_scale && bits) {
-        const float s = srow[c0 / block_cols];
         const uint32_t *u = reinterpret_cast<const uint32_t *>(&raw);
         /* A byte 0x7f / 0xff (NaN) shows as 0x80 after adding 1 to its low 7 bits. */
         uint32_t nan_bytes = 0;
@@ -118,9 +130,11 @@ dequant(const uint4 &raw, int64_t c0, int nvalid, const float *srow, int64_t blo
         if (nan_bytes == 0 && fabsf(s) < 0x1p7f) {
             const float s120 = s * 0x1p120f; /* exact */
 #pragma unroll
-            for (int e = 0; e < T::V; e++) {
-                const uint32_t b = (u[e >> 2] >> (8 * (e & 3))) & 0xffu;
-                f[e] = __fmul_rn(__uint_as_float(((b & 0x80u) << 24) | ((b & 0x7fu) << 20)), s120);
+            for (int k = 0; k < 4; k++) {
+                f[4 * k + 0] = __fmul_rn(fp8_bits<0>(u[k]), s120);
+                f[4 * k + 1] = __fmul_rn(fp8_bits<1>(u[k]), s120);
+                f[4 * k + 2] = __fmul_rn(fp8_bits<2>(u[k]), s120);
+                f[4 * k + 3] = __fmul_rn(fp8_bits<3>(u[k]), s120);
             }
             if (nvalid < T::V) {
 #pragma unroll
@@ -140,7 +154,6 @@ dequant(const uint4 &raw, int64_t c0, int nvalid, const float *srow, int64_t blo
     }
     if (DT == DI_DTYPE_F8_E4M3) {
         if (one_scale) {
-            float s = srow[c0 / block_cols];
 #pragma unroll
             for (int e = 0; e < T::V; e++)
                 f[e] = __fmul_rn(f[e], s);
@@ -150,6 +163,14 @@ dequant(const uint4 &raw, int64_t c0, int nvalid, const float *srow, int64_t blo
                 f[e] = e < nvalid ? __fmul_rn(f[e], srow[(c0 + e) / block_cols]) : 0.0f;
         }
     }
+}
+
+/* Scale column of 16-byte vector v when block_cols is a multiple of V (one_scale): a shift
+ * when the vectors per block are a power of two (128-column blocks: 8 FP8 vectors), else a
+ * 32-bit division -- never the 64-bit division, a long subroutine on the GPU. */
+static __device__ __forceinline__ int64_t scale_col(const di_cuda_mm_params &p, int64_t v) {
+    if (p.scale_vshift >= 0) return v >> p.scale_vshift;
+    return (int64_t)((uint32_t)v / p.scale_vpb);
 }
 
 /* x(t)[c0 .. c0 + V) as floats, zeros past nvalid; 16-byte loads when allowed. */
@@ -179,6 +200,9 @@ static __device__ __forceinline__ const float *scale_row(const di_cuda_mm_params
 /* ---------------------------------------------------------------------------------------- */
 
 #define MM_WARPS 4 /* warps per block */
+/* Blocks per SM the pipelined FP8 one-token kernel is compiled for: 6 caps it at 80
+ * registers without spills (8 would spill), 24 warps per SM instead of 16. */
+#define MM_FP8_MIN_BLOCKS 6
 
 /* Warps sharing one row's K range: 4 for rows of at least ksplit_min vectors (default 256),
  * else 1. A function of the shape only (it fixes the summation order). */
@@ -186,11 +210,107 @@ static __host__ __device__ int mm_ksplit(int64_t nvec, int64_t ksplit_min) {
     return nvec >= ksplit_min ? 4 : 1;
 }
 
+/* The exact float of e4m3 byte BYTE of word w, by the conversion instruction. */
+template <int BYTE> static __device__ __forceinline__ float fp8_cvt(uint32_t w) {
+    const __half_raw h =
+        __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)((w >> (8 * BYTE)) & 0xffu), __NV_E4M3);
+    return __half2float(__half(h));
+}
+
+/* One 16-byte FP8 vector of each of RB rows (one scale each: block_cols a multiple of 16)
+ * against TB tokens, word by word: each 4-byte word of the rows is converted and used at
+ * once against the matching 4 floats of every token, so no whole converted vector stays
+ * live (fewer registers: more warps and loads in flight). The weights are the general
+ * path's once-rounded e4m3 * scale, the products added in element order. Conversion by bit
+ * placement (fp8_bits, times scale * 2^120) unless a byte is NaN or a scale too large for
+ * that trick; then by the instruction. Elements past nvalid meet x = 0. */
+template <int TB, int RB>
+static __device__ __forceinline__ void
+fp8_vec(const uint4 (&raw)[RB], const float (&s)[RB], bool bits, const float *xb, int64_t x_tstride,
+        int64_t c0, int nvalid, bool xvec, int nt, float (&acc)[TB][RB]) {
+    uint32_t nan_bytes = 0;
+    bool big = false;
+#pragma unroll
+    for (int j = 0; j < RB; j++) {
+        const uint32_t *u = reinterpret_cast<const uint32_t *>(&raw[j]);
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            nan_bytes |= ((u[k] & 0x7f7f7f7fu) + 0x01010101u) & 0x80808080u;
+        big |= !(fabsf(s[j]) < 0x1p7f);
+    }
+    const bool fast = bits && nan_bytes == 0 && !big;
+    float sm[RB];
+#pragma unroll
+    for (int j = 0; j < RB; j++)
+        sm[j] = fast ? s[j] * 0x1p120f : s[j]; /* exact */
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        float w[RB][4];
+#pragma unroll
+        for (int j = 0; j < RB; j++) {
+            const uint32_t u = reinterpret_cast<const uint32_t *>(&raw[j])[k];
+            if (fast) {
+                w[j][0] = __fmul_rn(fp8_bits<0>(u), sm[j]);
+                w[j][1] = __fmul_rn(fp8_bits<1>(u), sm[j]);
+                w[j][2] = __fmul_rn(fp8_bits<2>(u), sm[j]);
+                w[j][3] = __fmul_rn(fp8_bits<3>(u), sm[j]);
+            } else {
+                w[j][0] = __fmul_rn(fp8_cvt<0>(u), sm[j]);
+                w[j][1] = __fmul_rn(fp8_cvt<1>(u), sm[j]);
+                w[j][2] = __fmul_rn(fp8_cvt<2>(u), sm[j]);
+                w[j][3] = __fmul_rn(fp8_cvt<3>(u), sm[j]);
+            }
+#pragma unroll
+            for (int e = 0; e < 4; e++) /* a NaN past the row's end must not count */
+                if (4 * k + e >= nvalid) w[j][e] = 0.0f;
+        }
+#pragma unroll
+        for (int i = 0; i < TB; i++) {
+            if (i >= nt) break;
+            const float *x = xb + i * x_tstride + c0 + 4 * k;
+            float xf[4];
+            if (xvec && nvalid == 16) {
+                const float4 q = __ldg(reinterpret_cast<const float4 *>(x));
+                xf[0] = q.x, xf[1] = q.y, xf[2] = q.z, xf[3] = q.w;
+            } else {
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    xf[e] = 4 * k + e < nvalid ? __ldg(x + e) : 0.0f;
+            }
+#pragma unroll
+            for (int j = 0; j < RB; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    acc[i][j] = fmaf(w[j][e], xf[e], acc[i][j]);
+        }
+    }
+}
+
+/* Loads the U x RB raw vectors of a lane's group starting at vector vb (zeros past nvec). */
+template <di_dtype DT, int U, int RB>
+static __device__ __forceinline__ void
+load_group(uint4 (&raw)[U][RB], const char *const (&wrow)[RB], int64_t vb, int64_t step,
+           int64_t nvec, int64_t cols, bool wvec) {
+    typedef wtype<DT> T;
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int64_t v = vb + step * u;
+        const int nvalid = (int)min((int64_t)T::V, cols - v * T::V);
+#pragma unroll
+        for (int j = 0; j < RB; j++)
+            raw[u][j] =
+                v < nvec ? load_raw<DT>(wrow[j], v * T::V, nvalid, wvec) : make_uint4(0, 0, 0, 0);
+    }
+}
+
 /* Block: MM_WARPS warps = MM_WARPS / ks row groups of RB consecutive rows, each row group's
  * K range split over ks warps; all warps take the TB tokens of blockIdx.y; blockIdx.z is the
- * head. U 16-byte vectors per row are loaded before any is used. */
-template <di_dtype DT, int TB, int RB, int U>
-__global__ void __launch_bounds__(MM_WARPS * 32)
+ * head. U 16-byte vectors per row are loaded before any is used; with PIPE the next U are
+ * requested before the current ones are converted (a software pipeline: the loads' latency
+ * overlaps the dequantization, at the cost of twice the raw registers). The schedule never
+ * changes the arithmetic. */
+template <di_dtype DT, int TB, int RB, int U, bool PIPE>
+__global__ void __launch_bounds__(MM_WARPS * 32, PIPE &&TB == 1 ? MM_FP8_MIN_BLOCKS : 1)
     gemv_kernel(const di_cuda_mm_params p, bool wvec, bool xvec) {
     typedef wtype<DT> T;
     constexpr int V = T::V;
@@ -227,41 +347,55 @@ __global__ void __launch_bounds__(MM_WARPS * 32)
             acc[i][j] = 0.0f;
 
     const int64_t step = 32 * (int64_t)ks; /* vectors between a slot's consecutive vectors */
-    for (int64_t vb = kw * 32 + lane; vb < nvec; vb += step * U) {
-        uint4 raw[U][RB];
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int64_t v = vb + step * u;
-            const int nvalid = (int)min((int64_t)V, p.cols - v * V);
-#pragma unroll
-            for (int j = 0; j < RB; j++)
-                raw[u][j] =
-                    v < nvec ? load_raw<DT>(wrow[j], v * V, nvalid, wvec) : make_uint4(0, 0, 0, 0);
-        }
+    const int64_t vfirst = kw * 32 + lane;
+    uint4 raw[U][RB];
+    load_group<DT, U, RB>(raw, wrow, vfirst, step, nvec, p.cols, wvec);
+    for (int64_t vb = vfirst; vb < nvec; vb += step * U) {
+        uint4 next[U][RB];
+        if constexpr (PIPE)
+            load_group<DT, U, RB>(next, wrow, vb + step * U, step, nvec, p.cols, wvec);
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int64_t v = vb + step * u;
             if (v >= nvec) break;
             const int64_t c0 = v * V;
             const int nvalid = (int)min((int64_t)V, p.cols - c0);
-            float wf[RB][V];
-#pragma unroll
-            for (int j = 0; j < RB; j++)
-                dequant<DT>(raw[u][j], c0, nvalid, srow[j], p.block_cols, one_scale, p.fp8_bits,
-                            wf[j]);
-#pragma unroll
-            for (int i = 0; i < TB; i++) {
-                if (i >= nt) break;
-                float xf[V];
-                load_x<V>(xb + i * p.x_tstride, c0, nvalid, xvec, xf);
-                /* Elements past nvalid are zero in both, and only the last vector of a row
-                 * has them: adding 0 * 0 there changes no bit of a finite sum. */
+            const int64_t sc = one_scale ? scale_col(p, v) : 0;
+            if constexpr (PIPE) { /* FP8, one_scale (the launcher's condition) */
+                float sj[RB];
 #pragma unroll
                 for (int j = 0; j < RB; j++)
+                    sj[j] = srow[j][sc];
+                fp8_vec<TB, RB>(raw[u], sj, p.fp8_bits, xb, p.x_tstride, c0, nvalid, xvec, nt, acc);
+            } else {
+                float wf[RB][V];
 #pragma unroll
-                    for (int e = 0; e < V; e++)
-                        acc[i][j] = fmaf(wf[j][e], xf[e], acc[i][j]);
+                for (int j = 0; j < RB; j++)
+                    dequant<DT>(raw[u][j], c0, nvalid, srow[j], p.block_cols, one_scale,
+                                one_scale ? srow[j][sc] : 1.0f, p.fp8_bits, wf[j]);
+#pragma unroll
+                for (int i = 0; i < TB; i++) {
+                    if (i >= nt) break;
+                    float xf[V];
+                    load_x<V>(xb + i * p.x_tstride, c0, nvalid, xvec, xf);
+                    /* Elements past nvalid are zero in both, and only the last vector of a
+                     * row has them: adding 0 * 0 there changes no bit of a finite sum. */
+#pragma unroll
+                    for (int j = 0; j < RB; j++)
+#pragma unroll
+                        for (int e = 0; e < V; e++)
+                            acc[i][j] = fmaf(wf[j][e], xf[e], acc[i][j]);
+                }
             }
+        }
+        if constexpr (PIPE) {
+#pragma unroll
+            for (int u = 0; u < U; u++)
+#pragma unroll
+                for (int j = 0; j < RB; j++)
+                    raw[u][j] = next[u][j];
+        } else {
+            load_group<DT, U, RB>(raw, wrow, vb + step * U, step, nvec, p.cols, wvec);
         }
     }
 
@@ -320,6 +454,7 @@ __global__ void __launch_bounds__(MMT_THREADS) gemv_t_kernel(const di_cuda_mm_pa
     const char *w0 = static_cast<const char *>(p.data) + h * p.head_elem_stride * T::ESZ;
     const int64_t roff = p.row_offset + h * p.head_row_offset_stride;
     const bool one_scale = DT == DI_DTYPE_F8_E4M3 && p.block_cols % V == 0;
+    const int64_t sc = one_scale ? c0 / p.block_cols : 0; /* the column's scale, once */
     const float *xb = p.x + h * p.x_hstride + t0 * p.x_tstride;
 
     float acc[TB][V];
@@ -341,9 +476,9 @@ __global__ void __launch_bounds__(MMT_THREADS) gemv_t_kernel(const di_cuda_mm_pa
             const int64_t r = rb + u;
             if (r >= p.rows) break;
             float wf[V];
-            dequant<DT>(raw[u], c0, nvalid,
-                        DT == DI_DTYPE_F8_E4M3 ? scale_row(p, roff + r) : nullptr, p.block_cols,
-                        one_scale, p.fp8_bits, wf);
+            const float *srow = DT == DI_DTYPE_F8_E4M3 ? scale_row(p, roff + r) : nullptr;
+            dequant<DT>(raw[u], c0, nvalid, srow, p.block_cols, one_scale,
+                        one_scale ? srow[sc] : 1.0f, p.fp8_bits, wf);
 #pragma unroll
             for (int i = 0; i < TB; i++) {
                 if (i >= nt) break;
@@ -372,8 +507,21 @@ static bool aligned16(const void *ptr) {
     return ((uintptr_t)ptr & 15u) == 0;
 }
 
-template <di_dtype DT> static cudaError_t launch_dtype(const di_cuda_mm_params *p) {
+template <di_dtype DT> static cudaError_t launch_dtype(const di_cuda_mm_params *pin) {
     typedef wtype<DT> T;
+    /* Scale column of a vector (one_scale): a shift when the vectors per scale block are a
+     * power of two, else a 32-bit division. */
+    di_cuda_mm_params q = *pin;
+    const di_cuda_mm_params *p = &q;
+    q.scale_vshift = -1;
+    q.scale_vpb = 1;
+    if (DT == DI_DTYPE_F8_E4M3 && q.block_cols % T::V == 0) {
+        const int64_t vpb = q.block_cols / T::V;
+        q.scale_vpb = (uint32_t)vpb;
+        if ((vpb & (vpb - 1)) == 0)
+            for (q.scale_vshift = 0; ((int64_t)1 << q.scale_vshift) < vpb; q.scale_vshift++) {
+            }
+    }
     /* 16-byte weight loads need every row (of every head) to start on a 16-byte boundary;
      * reading a whole vector past `cols` then stays inside the row's stride. */
     const bool wvec = aligned16(p->data) && (p->row_stride * T::ESZ) % 16 == 0 &&
@@ -399,18 +547,37 @@ template <di_dtype DT> static cudaError_t launch_dtype(const di_cuda_mm_params *
     dim3 grid((unsigned)((p->rows + rows_per_block - 1) / rows_per_block),
               (unsigned)((n + tb - 1) / tb), (unsigned)p->n_heads);
     const dim3 block(MM_WARPS * 32);
+    if constexpr (DT == DI_DTYPE_F8_E4M3) {
+        const bool pipe = p->fp8_pipe && p->block_cols % T::V == 0;
+        /* Pipelined: half the vectors per group, the same raw registers in flight. */
+        if (pipe) switch (tb) {
+            case 1:
+                gemv_kernel<DT, 1, 2, 2, true><<<grid, block, 0, p->stream>>>(*p, wvec, xvec);
+                break;
+            case 2:
+                gemv_kernel<DT, 2, 4, 1, true><<<grid, block, 0, p->stream>>>(*p, wvec, xvec);
+                break;
+            case 4:
+                gemv_kernel<DT, 4, 4, 1, true><<<grid, block, 0, p->stream>>>(*p, wvec, xvec);
+                break;
+            default:
+                gemv_kernel<DT, 8, 4, 1, true><<<grid, block, 0, p->stream>>>(*p, wvec, xvec);
+                break;
+            }
+        if (pipe) return cudaGetLastError();
+    }
     switch (tb) {
     case 1:
-        gemv_kernel<DT, 1, 2, 4><<<grid, block, 0, p->stream>>>(*p, wvec, xvec);
+        gemv_kernel<DT, 1, 2, 4, false><<<grid, block, 0, p->stream>>>(*p, wvec, xvec);
         break;
     case 2:
-        gemv_kernel<DT, 2, 4, 2><<<grid, block, 0, p->stream>>>(*p, wvec, xvec);
+        gemv_kernel<DT, 2, 4, 2, false><<<grid, block, 0, p->stream>>>(*p, wvec, xvec);
         break;
     case 4:
-        gemv_kernel<DT, 4, 4, 2><<<grid, block, 0, p->stream>>>(*p, wvec, xvec);
+        gemv_kernel<DT, 4, 4, 2, false><<<grid, block, 0, p->stream>>>(*p, wvec, xvec);
         break;
     default:
-        gemv_kernel<DT, 8, 4, 2><<<grid, block, 0, p->stream>>>(*p, wvec, xvec);
+        gemv_kernel<DT, 8, 4, 2, false><<<grid, block, 0, p->stream>>>(*p, wvec, xvec);
         break;
     }
     return cudaGetLastError();

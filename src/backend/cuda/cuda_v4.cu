@@ -1,0 +1,588 @@
+/*
+ * cuda_v4.cu -- the DeepSeek-V4 ops on the GPU: FP4 (e2m1) GEMV with E8M0 block scales, mHC
+ * mixing (Sinkhorn) and its update, sink attention over explicit key lists, the
+ * compressor's softmax pooling, Lightning-indexer scores and the clamped SwiGLU.
+ *
+ * The math is backend.h's, the references are the CPU ops in cpu_v4_ops.c; where those sum
+ * in double (norm statistics, mixing products, softmax denominators) the kernels do too,
+ * so the two agree to rounding.
+ *
+ * Invariant (batch invariance): every output element is produced by one thread, one warp or
+ * one block whose reduction order depends only on the op's shape (row width, key count,
+ * head count), never on the number of tokens or on the grid; a token's results are the
+ * same bits alone or in any batch (tests/ops/test_cuda_v4_ops.c checks it).
+ *
+ * Pointer lists: v4_attention's `keys` and v4_pool's `c` / `z` are arrays of row pointers.
+ * On this backend the array itself and every pointer in it are device memory (one
+ * cudaMemcpy of the host-built list per call at most, or built on the device); see
+ * cuda_backend.h.
+ */
+#include "backend/cuda/cuda_internal.cuh"
+
+#include <math.h>
+
+/* ---------------------------------------------------------------------------------------- */
+/* Shared helpers                                                                             */
+/* ---------------------------------------------------------------------------------------- */
+
+/* 2^(b - 127) as di_e8m0_to_f32 defines it: 0xff is NaN, 0 the subnormal 2^-127. */
+static __device__ __forceinline__ float e8m0(uint8_t b) {
+    if (b == 0xff) return __uint_as_float(0x7fc00000u);
+    if (b == 0) return __uint_as_float(0x00400000u);
+    return __uint_as_float((uint32_t)b << 23);
+}
+
+/* The e2m1 value of nibble n (0, .5, 1, 1.5, 2, 3, 4, 6 and negatives), exactly: its bits
+ * placed as a float with exponent field e and mantissa bit m give the value times 2^-126
+ * (subnormal for e == 0, like e2m1's own 0.5), and the multiply by 2^126 is exact. */
+static __device__ __forceinline__ float e2m1(uint32_t n) {
+    return __fmul_rn(__uint_as_float(((n & 8u) << 28) | ((n & 7u) << 22)), 0x1p126f);
+}
+
+/* Sum of v over the block's threads (blockDim.x == THREADS, a power of two) in a fixed
+ * tree; red has THREADS doubles. Every thread gets the total. */
+template <int THREADS>
+static __device__ __forceinline__ double block_sum_fixed(double v, double *red) {
+    const int tid = threadIdx.x;
+    __syncthreads(); /* red's previous readers are done */
+    red[tid] = v;
+    __syncthreads();
+#pragma unroll
+    for (int s = THREADS / 2; s >= 1; s >>= 1) {
+        if (tid < s) red[tid] = red[tid] + red[tid + s];
+        __syncthreads();
+    }
+    return red[0];
+}
+
+static unsigned grid_1d(int64_t n, int threads) {
+    const int64_t b = (n + threads - 1) / threads;
+    return (unsigned)(b < 1 ? 1 : b);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* FP4 GEMV: y = W x with W in e2m1, two per byte, E8M0 scales per block_cols columns       */
+/* ---------------------------------------------------------------------------------------- */
+
+#define FP4_WARPS 4
+#define FP4_RB    4  /* rows per row group: each activation word loaded serves four rows */
+#define FP4_SEG   32 /* columns per segment: 16 bytes */
+
+/* Warps sharing one row group's segments: 4 for rows of at least 128 segments (4096
+ * columns), else 1. A function of cols only (it fixes the summation order). */
+static __host__ __device__ int fp4_ksplit(int64_t nseg) {
+    return nseg >= 128 ? 4 : 1;
+}
+
+/* Loads segment s (columns [32 s, 32 s + 32)) of a row: one 16-byte load when the rows are
+ * 16-byte aligned and padded, else byte by byte with zeros past the row's last byte. */
+static __device__ __forceinline__ uint4 fp4_load(const uint8_t *row, int64_t s, int64_t row_bytes,
+                                                 bool vec) {
+    if (vec) return __ldcs(reinterpret_cast<const uint4 *>(row) + s);
+    uint32_t w[4] = {0, 0, 0, 0};
+#pragma unroll
+    for (int b = 0; b < 16; b++) {
+        const int64_t i = s * 16 + b;
+        w[b / 4] |= (i < row_bytes ? (uint32_t)row[i] : 0u) << (8 * (b % 4));
+    }
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+/* Word k (runtime) of a vector, by selects: an indexed access would move the vector to
+ * local memory. */
+static __device__ __forceinline__ uint32_t word_of(const uint4 &v, int k) {
+    return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w;
+}
+
+/* x(t)[c .. c + 8) as floats, zeros from element nvalid on (two 16-byte loads when allowed). */
+static __device__ __forceinline__ void fp4_x8(const float *x, int nvalid, bool xvec,
+                                              float (&f)[8]) {
+    if (xvec && nvalid >= 8) {
+        const float4 a = __ldg(reinterpret_cast<const float4 *>(x));
+        const float4 b = __ldg(reinterpret_cast<const float4 *>(x) + 1);
+        f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z,
+        f[7] = b.w;
+    } else {
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            f[e] = e < nvalid ? __ldg(x + e) : 0.0f;
+    }
+}
+
+/* Block: FP4_WARPS warps = FP4_WARPS / ks row groups of FP4_RB consecutive rows, each row
+ * group's segments dealt to ks warps; TB tokens (blockIdx.y). Slot q = kw * 32 + lane takes
+ * segments q, q + 32 ks, ... in order. Per segment (one_scale: block_cols a multiple of 32)
+ * the unscaled products are an in-order fmaf chain, scaled once and added; for other block
+ * widths each element is scaled first. Each 4-byte word (8 columns) of the rows is decoded
+ * once and used at once for every token. Lanes are added by the xor butterfly, the ks warp
+ * sums as (w0 + w1) + (w2 + w3). The order depends on cols and block_cols only. */
+template <int TB>
+__global__ void __launch_bounds__(FP4_WARPS * 32)
+    fp4_gemv_kernel(const di_cuda_fp4_params p, bool wvec, bool xvec) {
+    __shared__ float warp_sums[FP4_WARPS][TB * FP4_RB];
+    const int64_t nseg = (p.cols + FP4_SEG - 1) / FP4_SEG;
+    const int ks = fp4_ksplit(nseg);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int kw = warp % ks, group = warp / ks;
+    const int64_t r0 = ((int64_t)blockIdx.x * (FP4_WARPS / ks) + group) * FP4_RB;
+    const int64_t t0 = (int64_t)blockIdx.y * TB;
+    /* With ks > 1 a block holds one row group, so this exit is block-uniform. */
+    if (r0 >= p.rows) return;
+    const int nr = (int)min((int64_t)FP4_RB, p.rows - r0);
+    const int nt = (int)min((int64_t)TB, p.n_tokens - t0);
+    const bool one_scale = p.block_cols % FP4_SEG == 0;
+    const uint8_t *wrow[FP4_RB];
+    const uint8_t *srow[FP4_RB];
+#pragma unroll
+    for (int j = 0; j < FP4_RB; j++) {
+        const int64_t r = r0 + min(j, nr - 1); /* rows past the end alias the last, unused */
+        wrow[j] = p.data + r * p.row_bytes;
+        srow[j] = p.scale + r * p.scale_cols;
+    }
+    const float *xb = p.x + t0 * p.cols;
+    float acc[TB][FP4_RB];
+#pragma unroll
+    for (int i = 0; i < TB; i++)
+#pragma unroll
+        for (int j = 0; j < FP4_RB; j++)
+            acc[i][j] = 0.0f;
+
+    for (int64_t s = kw * 32 + lane; s < nseg; s += 32 * (int64_t)ks) {
+        const int64_t c0 = s * FP4_SEG;
+        const int nvalid = (int)min((int64_t)FP4_SEG, p.cols - c0);
+        uint4 raw[FP4_RB];
+#pragma unroll
+        for (int j = 0; j < FP4_RB; j++)
+            raw[j] = fp4_load(wrow[j], s, p.row_bytes, wvec);
+        if (one_scale) {
+            const int64_t sidx = (int64_t)((uint32_t)c0 / (uint32_t)p.block_cols);
+            float part[TB][FP4_RB];
+#pragma unroll
+            for (int i = 0; i < TB; i++)
+#pragma unroll
+                for (int j = 0; j < FP4_RB; j++)
+                    part[i][j] = 0.0f;
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                float w[FP4_RB][8];
+#pragma unroll
+                for (int j = 0; j < FP4_RB; j++) {
+                    const uint32_t u = reinterpret_cast<const uint32_t *>(&raw[j])[k];
+#pragma unroll
+                    for (int e = 0; e < 8; e++)
+                        w[j][e] = e2m1(u >> (4 * e));
+                }
+#pragma unroll
+                for (int i = 0; i < TB; i++) {
+                    if (i >= nt) break;
+                    /* past nvalid x is 0 and the nibbles are finite: adds +-0 */
+                    float xf[8];
+                    fp4_x8(xb + i * p.cols + c0 + 8 * k, nvalid - 8 * k, xvec, xf);
+#pragma unroll
+                    for (int j = 0; j < FP4_RB; j++)
+#pragma unroll
+                        for (int e = 0; e < 8; e++)
+                            part[i][j] = fmaf(w[j][e], xf[e], part[i][j]);
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < FP4_RB; j++) {
+                const float sc = e8m0(srow[j][sidx]);
+#pragma unroll
+                for (int i = 0; i < TB; i++)
+                    acc[i][j] = fmaf(part[i][j], sc, acc[i][j]);
+            }
+        } else {
+            for (int c = 0; c < nvalid; c++) {
+                const int64_t col = c0 + c;
+                float wv[FP4_RB];
+#pragma unroll
+                for (int j = 0; j < FP4_RB; j++) {
+                    const uint32_t u = word_of(raw[j], c >> 3);
+                    wv[j] = __fmul_rn(e2m1(u >> (4 * (c & 7))),
+                                      e8m0(srow[j][(uint32_t)col / (uint32_t)p.block_cols]));
+                }
+#pragma unroll
+                for (int i = 0; i < TB; i++) {
+                    if (i >= nt) break;
+                    const float xv = __ldg(xb + i * p.cols + col);
+#pragma unroll
+                    for (int j = 0; j < FP4_RB; j++)
+                        acc[i][j] = fmaf(wv[j], xv, acc[i][j]);
+                }
+            }
+        }
+    }
+
+    /* The fixed butterfly: every lane ends with its warp's total. */
+#pragma unroll
+    for (int i = 0; i < TB; i++)
+#pragma unroll
+        for (int j = 0; j < FP4_RB; j++)
+#pragma unroll
+            for (int off = 16; off >= 1; off >>= 1)
+                acc[i][j] += __shfl_xor_sync(0xffffffffu, acc[i][j], off);
+    float *y = p.y + t0 * p.rows + r0;
+    if (ks == 1) {
+#pragma unroll
+        for (int i = 0; i < TB; i++)
+#pragma unroll
+            for (int j = 0; j < FP4_RB; j++)
+                if (lane == i * FP4_RB + j && i < nt && j < nr) y[i * p.rows + j] = acc[i][j];
+        return;
+    }
+    /* ks == 4: the four warp totals, added in a fixed tree. */
+#pragma unroll
+    for (int i = 0; i < TB; i++)
+#pragma unroll
+        for (int j = 0; j < FP4_RB; j++)
+            if (lane == i * FP4_RB + j) warp_sums[warp][i * FP4_RB + j] = acc[i][j];
+    __syncthreads();
+    if (warp == 0 && lane < TB * FP4_RB) {
+        const int i = lane / FP4_RB, j = lane % FP4_RB;
+        const float tot =
+            (warp_sums[0][lane] + warp_sums[1][lane]) + (warp_sums[2][lane] + warp_sums[3][lane]);
+        if (i < nt && j < nr) y[i * p.rows + j] = tot;
+    }
+}
+
+cudaError_t di_cuda_launch_matmul_fp4(const di_cuda_fp4_params *p) {
+    if (p->n_tokens <= 0 || p->rows <= 0 || p->cols <= 0) return cudaSuccess;
+    const bool wvec = ((uintptr_t)p->data & 15u) == 0 && p->row_bytes % 16 == 0;
+    const bool xvec = ((uintptr_t)p->x & 15u) == 0 && p->cols % 4 == 0;
+    const int64_t n = p->n_tokens, nseg = (p->cols + FP4_SEG - 1) / FP4_SEG;
+    const int tb = n == 1 ? 1 : n == 2 ? 2 : n <= 4 ? 4 : 8;
+    const int64_t rows_per_block = FP4_WARPS / fp4_ksplit(nseg) * FP4_RB;
+    dim3 grid((unsigned)((p->rows + rows_per_block - 1) / rows_per_block),
+              (unsigned)((n + tb - 1) / tb));
+    const dim3 block(FP4_WARPS * 32);
+    switch (tb) {
+    case 1:
+        fp4_gemv_kernel<1><<<grid, block, 0, p->stream>>>(*p, wvec, xvec);
+        break;
+    case 2:
+        fp4_gemv_kernel<2><<<grid, block, 0, p->stream>>>(*p, wvec, xvec);
+        break;
+    case 4:
+        fp4_gemv_kernel<4><<<grid, block, 0, p->stream>>>(*p, wvec, xvec);
+        break;
+    default:
+        fp4_gemv_kernel<8><<<grid, block, 0, p->stream>>>(*p, wvec, xvec);
+        break;
+    }
+    return cudaGetLastError();
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* mHC: mixing weights, Sinkhorn, collapse; and the update                                   */
+/* ---------------------------------------------------------------------------------------- */
+
+#define HC_THREADS 256
+#define HC_KB      8 /* mixing rows reduced together */
+
+static __device__ float sigmoid_d(float v) {
+    return (float)(1.0 / (1.0 + exp(-(double)v)));
+}
+
+/* One block per token; the sums are per-thread strided partials in double added by a
+ * fixed tree, then thread 0 does the small n_hc x n_hc part exactly as the CPU does. */
+__global__ void __launch_bounds__(HC_THREADS) hc_pre_kernel(const di_v4_hc_params p) {
+    extern __shared__ float hc_smem[]; /* [n_mix] mix, [n_hc] pre */
+    __shared__ double red[HC_KB][HC_THREADS];
+    const int tid = threadIdx.x;
+    const int64_t t = blockIdx.x, n = p.n_hc, D = p.dim, ND = n * D;
+    const int64_t n_mix = p.iters > 0 ? (2 + n) * n : n;
+    float *mix = hc_smem, *pre = hc_smem + n_mix;
+    const float *x = p.x + t * ND;
+
+    double ss = 0.0;
+    for (int64_t i = tid; i < ND; i += HC_THREADS)
+        ss += (double)x[i] * (double)x[i];
+    ss = block_sum_fixed<HC_THREADS>(ss, &red[0][0]);
+    const float rs = 1.0f / sqrtf((float)(ss / (double)ND) + p.eps);
+
+    for (int64_t k0 = 0; k0 < n_mix; k0 += HC_KB) {
+        double s[HC_KB];
+#pragma unroll
+        for (int k = 0; k < HC_KB; k++)
+            s[k] = 0.0;
+        for (int64_t i = tid; i < ND; i += HC_THREADS) {
+            const double xv = (double)__fmul_rn(x[i], rs);
+#pragma unroll
+            for (int k = 0; k < HC_KB; k++)
+                if (k0 + k < n_mix) s[k] += (double)p.fn[(k0 + k) * ND + i] * xv;
+        }
+        __syncthreads(); /* red's previous readers are done */
+#pragma unroll
+        for (int k = 0; k < HC_KB; k++)
+            red[k][tid] = s[k];
+        __syncthreads();
+        for (int st = HC_THREADS / 2; st >= 1; st >>= 1) {
+            if (tid < st)
+#pragma unroll
+                for (int k = 0; k < HC_KB; k++)
+                    red[k][tid] = red[k][tid] + red[k][tid + st];
+            __syncthreads();
+        }
+        if (tid < HC_KB && k0 + tid < n_mix) mix[k0 + tid] = (float)red[tid][0];
+    }
+    __syncthreads();
+
+    if (tid == 0) {
+        for (int64_t j = 0; j < n; j++)
+            pre[j] = sigmoid_d(mix[j] * p.scale[0] + p.base[j]) + p.hc_eps;
+        if (p.iters > 0) {
+            float *post = p.post + t * n, *M = p.mix + t * n * n;
+            for (int64_t j = 0; j < n; j++)
+                post[j] = 2.0f * sigmoid_d(mix[n + j] * p.scale[1] + p.base[n + j]);
+            /* Row softmax, then Sinkhorn: columns first, then (iters - 1) x (rows, columns),
+             * hc_eps in every denominator (the CPU's order). */
+            for (int64_t j = 0; j < n; j++) {
+                float *row = M + j * n;
+                float mx = -INFINITY;
+                for (int64_t k = 0; k < n; k++) {
+                    row[k] = mix[2 * n + j * n + k] * p.scale[2] + p.base[2 * n + j * n + k];
+                    mx = fmaxf(mx, row[k]);
+                }
+                double sum = 0.0;
+                for (int64_t k = 0; k < n; k++)
+                    sum += exp((double)(row[k] - mx));
+                for (int64_t k = 0; k < n; k++)
+                    row[k] = (float)(exp((double)(row[k] - mx)) / sum) + p.hc_eps;
+            }
+            for (int64_t it = 0; it < p.iters; it++) {
+                if (it > 0)
+                    for (int64_t j = 0; j < n; j++) {
+                        double sum = 0.0;
+                        for (int64_t k = 0; k < n; k++)
+                            sum += M[j * n + k];
+                        const float den = (float)sum + p.hc_eps;
+                        for (int64_t k = 0; k < n; k++)
+                            M[j * n + k] /= den;
+                    }
+                for (int64_t k = 0; k < n; k++) {
+                    double sum = 0.0;
+                    for (int64_t j = 0; j < n; j++)
+                        sum += M[j * n + k];
+                    const float den = (float)sum + p.hc_eps;
+                    for (int64_t j = 0; j < n; j++)
+                        M[j * n + k] /= den;
+                }
+            }
+        }
+    }
+    __syncthreads();
+    float *h = p.h + t * D;
+    for (int64_t d = tid; d < D; d += HC_THREADS) {
+        double s = 0.0;
+        for (int64_t j = 0; j < n; j++)
+            s += (double)pre[j] * (double)x[j * D + d];
+        h[d] = (float)s;
+    }
+}
+
+cudaError_t di_cuda_launch_v4_hc_pre(const di_v4_hc_params *p, cudaStream_t stream) {
+    if (p->n_tokens <= 0) return cudaSuccess;
+    const int64_t n = p->n_hc, n_mix = p->iters > 0 ? (2 + n) * n : n;
+    const size_t smem = (size_t)(n_mix + n) * sizeof(float);
+    hc_pre_kernel<<<(unsigned)p->n_tokens, HC_THREADS, smem, stream>>>(*p);
+    return cudaGetLastError();
+}
+
+/* out[t][k][d] = post[t][k] y[t][d] + sum_i M[t][i][k] x[t][i][d], one thread per element. */
+__global__ void hc_post_kernel(int64_t n_tokens, int64_t n, int64_t D, const float *x,
+                               const float *y, const float *post, const float *mix, float *out) {
+    const int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= n_tokens * n * D) return;
+    const int64_t d = e % D, k = (e / D) % n, t = e / (n * D);
+    const float *xt = x + t * n * D, *M = mix + t * n * n;
+    double s = (double)post[t * n + k] * (double)y[t * D + d];
+    for (int64_t i = 0; i < n; i++)
+        s += (double)M[i * n + k] * (double)xt[i * D + d];
+    out[e] = (float)s;
+}
+
+cudaError_t di_cuda_launch_v4_hc_post(int64_t n_tokens, int64_t n_hc, int64_t dim, const float *x,
+                                      const float *y, const float *post, const float *mix,
+                                      float *out, cudaStream_t stream) {
+    const int64_t total = n_tokens * n_hc * dim;
+    if (total <= 0) return cudaSuccess;
+    hc_post_kernel<<<grid_1d(total, 256), 256, 0, stream>>>(n_tokens, n_hc, dim, x, y, post, mix,
+                                                            out);
+    return cudaGetLastError();
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Sink attention over explicit key lists                                                     */
+/* ---------------------------------------------------------------------------------------- */
+
+#define V4A_THREADS 128
+#define V4A_WARPS   (V4A_THREADS / 32)
+
+/* One block per (token, head). Scores: warp w takes keys w, w + 4, ..., lanes split the dot
+ * product (element i on lane i % 32, in order) and the xor butterfly adds them. The max is
+ * exact in any order; the denominator is a double sum in a fixed tree; each output element
+ * is one thread's in-order fmaf chain over the keys. */
+__global__ void __launch_bounds__(V4A_THREADS) v4_attn_kernel(const di_v4_attn_params p) {
+    extern __shared__ float v4a_s[]; /* [max_keys] scores, then weights */
+    __shared__ double red[V4A_THREADS];
+    __shared__ float redf[V4A_THREADS];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int64_t t = blockIdx.x / p.n_heads, h = blockIdx.x % p.n_heads, d = p.dim;
+    const int64_t nk = p.n_keys[t];
+    const float *const *keys = p.keys + t * p.max_keys;
+    const float *q = p.q + t * p.q_tstride + h * d;
+    float *o = p.out + t * p.out_tstride + h * d;
+    const float sink = p.sinks[h];
+
+    for (int64_t k = warp; k < nk; k += V4A_WARPS) {
+        const float *kr = keys[k];
+        float dot = 0.0f;
+        for (int64_t i = lane; i < d; i += 32)
+            dot = fmaf(q[i], kr[i], dot);
+#pragma unroll
+        for (int off = 16; off >= 1; off >>= 1)
+            dot += __shfl_xor_sync(0xffffffffu, dot, off);
+        if (lane == 0) v4a_s[k] = __fmul_rn(dot, p.scale);
+    }
+    __syncthreads();
+    float mx = sink;
+    for (int64_t k = tid; k < nk; k += V4A_THREADS)
+        mx = fmaxf(mx, v4a_s[k]);
+    redf[tid] = mx;
+    __syncthreads();
+    for (int s = V4A_THREADS / 2; s >= 1; s >>= 1) {
+        if (tid < s) redf[tid] = fmaxf(redf[tid], redf[tid + s]);
+        __syncthreads();
+    }
+    mx = redf[0];
+    double part = 0.0;
+    for (int64_t k = tid; k < nk; k += V4A_THREADS) {
+        const float e = (float)exp((double)(v4a_s[k] - mx));
+        v4a_s[k] = e;
+        part += (double)e;
+    }
+    const double den = exp((double)(sink - mx)) + block_sum_fixed<V4A_THREADS>(part, red);
+    for (int64_t k = tid; k < nk; k += V4A_THREADS)
+        v4a_s[k] = (float)((double)v4a_s[k] / den);
+    __syncthreads();
+    for (int64_t i = tid; i < d; i += V4A_THREADS) {
+        float acc = 0.0f;
+        for (int64_t k = 0; k < nk; k++)
+            acc = fmaf(v4a_s[k], keys[k][i], acc);
+        o[i] = acc;
+    }
+}
+
+cudaError_t di_cuda_launch_v4_attention(const di_v4_attn_params *p, cudaStream_t stream) {
+    if (p->n_tokens <= 0 || p->n_heads <= 0 || p->dim <= 0) return cudaSuccess;
+    const size_t smem = (size_t)(p->max_keys > 0 ? p->max_keys : 1) * sizeof(float);
+    if (smem > DI_CUDA_V4_ATTN_MAX_KEYS * sizeof(float)) return cudaErrorNotSupported;
+    v4_attn_kernel<<<(unsigned)(p->n_tokens * p->n_heads), V4A_THREADS, smem, stream>>>(*p);
+    return cudaGetLastError();
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Compressor pooling, indexer scores, SwiGLU                                                 */
+/* ---------------------------------------------------------------------------------------- */
+
+/* One thread per channel: max, then double sums over the slots in order (the CPU's). */
+__global__ void v4_pool_kernel(const di_v4_pool_params p) {
+    const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= p.width) return;
+    float mx = -INFINITY;
+    for (int64_t i = 0; i < p.n_slots; i++)
+        mx = fmaxf(mx, p.z[i][c]);
+    double den = 0.0, num = 0.0;
+    for (int64_t i = 0; i < p.n_slots; i++) {
+        const double w = exp((double)(p.z[i][c] - mx));
+        den += w;
+        num += w * (double)p.c[i][c];
+    }
+    p.out[c] = (float)(num / den);
+}
+
+cudaError_t di_cuda_launch_v4_pool(const di_v4_pool_params *p, cudaStream_t stream) {
+    if (p->width <= 0) return cudaSuccess;
+    v4_pool_kernel<<<grid_1d(p->width, 256), 256, 0, stream>>>(*p);
+    return cudaGetLastError();
+}
+
+#define IDX_THREADS 128
+#define IDX_WARPS   (IDX_THREADS / 32)
+
+/* Block (t, y): token t's queries and head weights in shared memory; warp w of block y
+ * takes entries (y * IDX_WARPS + w) + k * gridDim.y * IDX_WARPS. An entry is one warp's:
+ * per head (in order) a lane-split dot product and the xor butterfly, then the ReLU'd,
+ * weighted term added in double. The grid only decides which warp computes an entry. */
+__global__ void __launch_bounds__(IDX_THREADS) v4_index_kernel(const di_v4_index_params p) {
+    extern __shared__ float idx_s[]; /* [n_heads][dim] q, [n_heads] weights */
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int64_t t = blockIdx.x, nh = p.n_heads, d = p.dim;
+    float *q = idx_s, *wt = idx_s + nh * d;
+    for (int64_t i = tid; i < nh * d; i += IDX_THREADS)
+        q[i] = p.q[t * nh * d + i];
+    for (int64_t i = tid; i < nh; i += IDX_THREADS)
+        wt[i] = p.weights[t * nh + i];
+    __syncthreads();
+    const int64_t nv = p.n_visible[t];
+    for (int64_t w = (int64_t)blockIdx.y * IDX_WARPS + warp; w < nv;
+         w += (int64_t)gridDim.y * IDX_WARPS) {
+        const float *k = p.keys + w * d;
+        double s = 0.0;
+        for (int64_t h = 0; h < nh; h++) {
+            float dot = 0.0f;
+            for (int64_t i = lane; i < d; i += 32)
+                dot = fmaf(q[h * d + i], k[i], dot);
+#pragma unroll
+            for (int off = 16; off >= 1; off >>= 1)
+                dot += __shfl_xor_sync(0xffffffffu, dot, off);
+            if (dot > 0) s += (double)wt[h] * (double)dot; /* ReLU per head */
+        }
+        if (lane == 0) p.out[t * p.out_stride + w] = (float)(s * (double)p.scale);
+    }
+}
+
+cudaError_t di_cuda_launch_v4_index_scores(const di_v4_index_params *p, int n_sms,
+                                           cudaStream_t stream) {
+    if (p->n_tokens <= 0) return cudaSuccess;
+    const size_t smem = (size_t)(p->n_heads * p->dim + p->n_heads) * sizeof(float);
+    if (smem > DI_CUDA_V4_SMEM_MAX) return cudaErrorNotSupported;
+    /* The entry counts live on the device: enough blocks per token to fill the machine,
+     * each walking its share of the entries. */
+    int64_t gy = 4 * (int64_t)n_sms / p->n_tokens;
+    gy = gy < 1 ? 1 : gy > 65535 ? 65535 : gy;
+    dim3 grid((unsigned)p->n_tokens, (unsigned)gy);
+    v4_index_kernel<<<grid, IDX_THREADS, smem, stream>>>(*p);
+    return cudaGetLastError();
+}
+
+/* out = silu(min(g, L)) * clamp(u, -L, L), the silu in double as on the CPU. */
+__global__ void v4_swiglu_kernel(const float *gate, const float *up, int64_t n, float limit,
+                                 float *out) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float g = gate[i], u = up[i];
+    if (limit > 0) {
+        g = fminf(g, limit);
+        u = fminf(fmaxf(u, -limit), limit);
+    }
+    out[i] = __fmul_rn((float)((double)g / (1.0 + exp(-(double)g))), u);
+}
+
+cudaError_t di_cuda_launch_v4_swiglu(const float *gate, const float *up, int64_t n, float limit,
+                                     float *out, cudaStream_t stream) {
+    if (n <= 0) return cudaSuccess;
+    v4_swiglu_kernel<<<grid_1d(n, 256), 256, 0, stream>>>(gate, up, n, limit, out);
+    return cudaGetLastError();
+}
+
+cudaError_t di_cuda_v4_setup(void) {
+    cudaError_t err =
+        cudaFuncSetAttribute(v4_attn_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)(DI_CUDA_V4_ATTN_MAX_KEYS * sizeof(float)));
+    if (err == cudaSuccess)
+        err = cudaFuncSetAttribute(v4_index_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   (int)DI_CUDA_V4_SMEM_MAX);
+    return err;
+}
