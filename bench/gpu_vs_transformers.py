@@ -1,0 +1,210 @@
+#!/usr/bin/env python3
+"""gpu_vs_transformers.py -- deepinfer's CUDA backend next to PyTorch + transformers on one GPU.
+
+One run measures, on the same device and the same weights:
+  1. the device's copy bandwidth (bytes read + written per second, a 4 GiB bf16 copy) and its
+     bf16 matmul rate (8192^3 torch.matmul): the two rooflines;
+  2. a DeepSeek-V2-Lite-shaped model with random bf16 weights (transformers' own initialisation,
+     made on the GPU and saved as a Hugging Face folder; about 31 GB at full depth);
+  3. batch-1 greedy decode tokens/s: transformers `generate` and `deepinfer generate --device
+     cuda`, each as a fraction of the bandwidth roofline (bytes a decode step must read: every
+     dense weight, the router, the shared experts, the top-k routed experts of each MoE layer,
+     the lm_head; / copy bandwidth);
+  4. throughput with C concurrent requests: transformers `generate` on a batch of C prompts, and
+     deepinfer's engine (bench_engine --device cuda, a closed loop of C requests in flight).
+
+usage: gpu_vs_transformers.py --deepinfer BUILD/deepinfer --bench-engine BUILD/bench_engine
+                              [--layers 27] [--model-dir /tmp/v2lite-rand] [--gen 64]
+                              [--prompt-len 16] [--concurrency 1,8,64] [--out results.json]
+Decode speed = (time of N new tokens - time of 1 new token) / (N - 1) for both programs, so
+prefill and start-up are not counted. Prints a Markdown table and writes the JSON.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import torch
+
+# DeepSeek-V2-Lite's published config (deepseek-ai/DeepSeek-V2-Lite), transformers' field names.
+V2_LITE = dict(
+    vocab_size=102400, hidden_size=2048, intermediate_size=10944, moe_intermediate_size=1408,
+    num_hidden_layers=27, num_attention_heads=16, num_key_value_heads=16, n_shared_experts=2,
+    n_routed_experts=64, num_experts_per_tok=6, routed_scaling_factor=1.0, kv_lora_rank=512,
+    q_lora_rank=None, qk_rope_head_dim=64, v_head_dim=128, qk_nope_head_dim=128,
+    topk_method="greedy", n_group=1, topk_group=1, first_k_dense_replace=1, norm_topk_prob=False,
+    max_position_embeddings=163840, rms_norm_eps=1e-6,
+    rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, bos_token_id=100000,
+    eos_token_id=100001, tie_word_embeddings=False, attention_bias=False,
+)
+
+
+def log(*a):
+    print(*a, file=sys.stderr, flush=True)
+
+
+def timed(fn, reps=5):
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def probe_device():
+    n = 2 * 1024**3  # bf16 elements: 4 GiB per buffer
+    a = torch.empty(n, dtype=torch.bfloat16, device="cuda")
+    b = torch.empty_like(a)
+    a.fill_(1.0)
+    t = timed(lambda: b.copy_(a))
+    bw = 2 * a.numel() * 2 / t
+    del a, b
+    m = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
+    t = timed(lambda: m @ m)
+    flops = 2 * 8192**3 / t
+    return bw, flops
+
+
+def decode_bytes(c):
+    """Weight bytes one batch-1 decode step reads (bf16)."""
+    H, nh = c["hidden_size"], c["num_attention_heads"]
+    dn, dr, dv, R = c["qk_nope_head_dim"], c["qk_rope_head_dim"], c["v_head_dim"], c["kv_lora_rank"]
+    attn = H * nh * (dn + dr) + H * (R + dr) + R * nh * (dn + dv) + nh * dv * H
+    dense = 3 * H * c["intermediate_size"]
+    moe_i = c["moe_intermediate_size"]
+    moe = H * c["n_routed_experts"] + 3 * H * moe_i * (c["n_shared_experts"] + c["num_experts_per_tok"])
+    L, k = c["num_hidden_layers"], c["first_k_dense_replace"]
+    params = L * attn + k * dense + (L - k) * moe + c["vocab_size"] * H + H  # lm_head + embed row
+    return 2 * params
+
+
+def make_model(args):
+    from transformers import AutoModelForCausalLM, DeepseekV2Config
+
+    cfg = DeepseekV2Config(**dict(V2_LITE, num_hidden_layers=args.layers))
+    torch.manual_seed(1234)
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    model.eval()
+    if not os.path.exists(os.path.join(args.model_dir, "config.json")):
+        t = time.perf_counter()
+        model.save_pretrained(args.model_dir, max_shard_size="4GB")
+        log("saved %s in %.1f s" % (args.model_dir, time.perf_counter() - t))
+    return model, cfg
+
+
+@torch.no_grad()
+def hf_generate_time(model, batch, prompt_len, new_tokens):
+    g = torch.Generator(device="cpu").manual_seed(7)
+    ids = torch.randint(10, 100000, (batch, prompt_len), generator=g).cuda()
+    kw = dict(do_sample=False, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+              pad_token_id=0, eos_token_id=None)
+    model.generate(ids, **dict(kw, max_new_tokens=2, min_new_tokens=2))  # warm-up
+    return timed(lambda: model.generate(ids, **kw), reps=2)
+
+
+def hf_decode(model, batch, args):
+    t1 = hf_generate_time(model, batch, args.prompt_len, 1)
+    tn = hf_generate_time(model, batch, args.prompt_len, args.gen)
+    return batch * (args.gen - 1) / (tn - t1), batch * args.gen / tn
+
+
+def di_generate(args, new_tokens):
+    ids = " ".join(str(10 + 37 * i % 99000) for i in range(args.prompt_len))
+    cmd = [args.deepinfer, "generate", "--device", "cuda", "--model", args.model_dir, "--ids", ids,
+           "--max-tokens", str(new_tokens), "--ignore-eos", "--format", "json"]
+    best = float("inf")
+    for _ in range(2):
+        t = time.perf_counter()
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+        best = min(best, time.perf_counter() - t)
+    return best, json.loads(out.strip().splitlines()[-1])
+
+
+def di_engine(args, conc):
+    cmd = [args.bench_engine, "--device", "cuda", "--model", args.model_dir, "--mode", "engine",
+           "--concurrency", str(conc), "--requests", str(conc), "--prompt-len", str(args.prompt_len),
+           "--gen-len", str(args.gen), "--max-running", str(max(conc, 1)),
+           "--max-batch-tokens", str(max(conc * args.prompt_len, 256))]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--deepinfer", required=True)
+    ap.add_argument("--bench-engine", required=True)
+    ap.add_argument("--layers", type=int, default=27)
+    ap.add_argument("--model-dir", default="/tmp/v2lite-rand")
+    ap.add_argument("--gen", type=int, default=64)
+    ap.add_argument("--prompt-len", type=int, default=16)
+    ap.add_argument("--concurrency", default="1,8,64")
+    ap.add_argument("--out", default="gpu_vs_transformers.json")
+    ap.add_argument("--skip-hf", action="store_true")
+    args = ap.parse_args()
+    res = {"device": torch.cuda.get_device_name(), "layers": args.layers, "gen": args.gen,
+           "prompt_len": args.prompt_len}
+
+    bw, flops = probe_device()
+    res.update(copy_bw_Bps=bw, bf16_matmul_flops=flops)
+    log("copy bandwidth %.2f TB/s, bf16 matmul %.0f TFLOP/s" % (bw / 1e12, flops / 1e12))
+
+    model, cfg = make_model(args)
+    c = dict(V2_LITE, num_hidden_layers=args.layers)
+    nbytes = decode_bytes(c)
+    res.update(decode_bytes=nbytes, roofline_tok_s=bw / nbytes)
+    log("batch-1 decode reads %.2f GB -> roofline %.1f tok/s" % (nbytes / 1e9, bw / nbytes))
+
+    concs = [int(x) for x in args.concurrency.split(",")]
+    if not args.skip_hf:
+        res["hf"] = {}
+        for conc in concs:
+            dec, tot = hf_decode(model, conc, args)
+            res["hf"][str(conc)] = {"decode_tok_s": dec, "output_tok_s": tot}
+            log("transformers batch %d: decode %.1f tok/s, output %.1f tok/s" % (conc, dec, tot))
+    del model
+    torch.cuda.empty_cache()
+
+    t1, _ = di_generate(args, 1)
+    tn, js = di_generate(args, args.gen)
+    res["deepinfer_b1"] = {"decode_tok_s": (args.gen - 1) / (tn - t1), "wall_1_s": t1,
+                           "wall_n_s": tn, "reported": js.get("timing")}
+    log("deepinfer batch 1: decode %.1f tok/s (process wall: 1 token %.2f s, %d tokens %.2f s)"
+        % (res["deepinfer_b1"]["decode_tok_s"], t1, args.gen, tn))
+    res["deepinfer_engine"] = {}
+    for conc in concs:
+        try:
+            r = di_engine(args, conc)
+        except subprocess.CalledProcessError as e:
+            log("bench_engine concurrency %d failed: %s" % (conc, e.stderr[-2000:]))
+            continue
+        res["deepinfer_engine"][str(conc)] = r
+        log("deepinfer engine concurrency %d: %.1f output tok/s" % (conc, r["output_tok_s"]))
+
+    with open(args.out, "w") as f:
+        json.dump(res, f, indent=1)
+    rl = res["roofline_tok_s"]
+    print("| what | tok/s | fraction of roofline | vs transformers |")
+    print("|---|---|---|---|")
+    d1 = res["deepinfer_b1"]["decode_tok_s"]
+    h1 = res.get("hf", {}).get("1", {}).get("decode_tok_s")
+    print("| deepinfer batch-1 decode | %.1f | %.2f | %s |" % (d1, d1 / rl, "%.1fx" % (d1 / h1) if h1 else "-"))
+    if h1:
+        print("| transformers batch-1 decode | %.1f | %.2f | 1 |" % (h1, h1 / rl))
+    for conc in concs:
+        e = res["deepinfer_engine"].get(str(conc))
+        h = res.get("hf", {}).get(str(conc))
+        if e:
+            print("| deepinfer engine, %d concurrent | %.1f | - | %s |" % (
+                conc, e["output_tok_s"], "%.1fx" % (e["output_tok_s"] / h["output_tok_s"]) if h else "-"))
+        if h:
+            print("| transformers generate, batch %d | %.1f | - | 1 |" % (conc, h["output_tok_s"]))
+
+
+if __name__ == "__main__":
+    main()
