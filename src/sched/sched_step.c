@@ -311,8 +311,8 @@ static void fill_batch(di_sched *s, budget bud, bool decodes, bool prefills) {
         schedule_prefill_chunks(s, &bud);
         /* Memory was short enough to preempt: admitting now would only thrash. */
         bool admit = s->n_preemptions == preemptions_before;
-        while (admit && s->n_waiting > 0 && s->n_running < s->cfg.max_running &&
-               bud.tokens > 0 && bud.prefill > 0 && admit_one(s, &bud)) {
+        while (admit && s->n_waiting > 0 && s->n_running < s->cfg.max_running && bud.tokens > 0 &&
+               bud.prefill > 0 && admit_one(s, &bud)) {
         }
     }
     /* Rows are final now: remember where each request's next token will come from. */
@@ -374,8 +374,7 @@ di_status di_sched_discard_side(di_sched *s, di_sched_side side) {
     di_status st = check_side(s, side, "di_sched_discard_side");
     if (st) return st;
     di_sched_pending *pb = &s->bufs[side == DI_SCHED_PREFILL_SIDE ? 0 : 1];
-    if (!pb->pending)
-        return di_error(DI_ERR_INVALID_ARG, "scheduler: no pending batch to discard");
+    if (!pb->pending) return di_error(DI_ERR_INVALID_ARG, "scheduler: no pending batch to discard");
     /* The side's live rows, newest request first (the waiting queue ends up oldest first). */
     for (int32_t i = s->n_running - 1; i >= 0; i--) {
         di_sched_req *r = s->running[i];

@@ -46,8 +46,8 @@ static void check_disjoint(const di_sched_batch *b, const di_sched_batch *other,
         int64_t nb = (q->start + q->n_tokens + bs - 1) / bs;
         for (int64_t k = 0; k < nb; k++)
             CHECK_MSG(!written[q->block_table[k]],
-                      "req %lld uses block %d that the other side is writing",
-                      (long long)q->req_id, (int)q->block_table[k]);
+                      "req %lld uses block %d that the other side is writing", (long long)q->req_id,
+                      (int)q->block_table[k]);
         for (int32_t j = 0; other && j < other->n_seqs; j++) {
             CHECK(other->seqs[j].slot != q->slot);
             CHECK(other->seqs[j].req_id != q->req_id);
@@ -55,8 +55,7 @@ static void check_disjoint(const di_sched_batch *b, const di_sched_batch *other,
     }
 }
 
-static dis_totals run_disagg(di_sched *s, const di_sched_config *cfg, spec *sp, int n,
-                             dis_opts o) {
+static dis_totals run_disagg(di_sched *s, const di_sched_config *cfg, spec *sp, int n, dis_opts o) {
     fake_runner fr;
     runner_init(&fr, cfg);
     dis_totals tot = {0};
@@ -112,7 +111,8 @@ static dis_totals run_disagg(di_sched *s, const di_sched_config *cfg, spec *sp, 
             }
             cur[side] = b;
             mark_written(b, cfg->block_size, written[side], 1);
-            ticks_left[side] = side == DI_SCHED_DECODE_SIDE ? 1 : 1 + (int)rnd((uint32_t)o.prefill_ticks);
+            ticks_left[side] =
+                side == DI_SCHED_DECODE_SIDE ? 1 : 1 + (int)rnd((uint32_t)o.prefill_ticks);
             tot.steps[side]++;
         }
         /* Aborts land anywhere: waiting, running, or in flight on either side. */
