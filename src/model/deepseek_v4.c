@@ -409,11 +409,12 @@ static void v4_forward(const void *weights, void *state, const di_backend *be,
  * v4_prefix_cache_ok). Sequences run one after another through the per-sequence path, so
  * each one's result is exactly that of a context. */
 typedef struct v4_batch_state {
-    v4_ctx *ctx;        /* owned; its own kv is unused */
-    di_v4_state *slots; /* [n_slots], owned unless slots_shared */
+    v4_ctx *ctx;          /* owned; its own kv is unused */
+    di_v4_state *slots;   /* [n_slots], owned unless slots_shared */
     int32_t n_slots;
-    bool slots_shared; /* another state's slots (di_batch_config.share): a slot handed
-                          from the prefill worker to the decode worker moves, not copies */
+    /* The slots are another state's (di_batch_config.share): a slot handed from the
+     * prefill worker to the decode worker moves, it is not copied. */
+    bool slots_shared;
 } v4_batch_state;
 
 static void v4_batch_state_free(void *state) {
@@ -447,9 +448,9 @@ static di_status v4_batch_state_create(const void *weights, const di_batch_confi
         if (!b->slots) st = di_error(DI_ERR_OUT_OF_MEMORY, "engine: out of memory");
     }
     for (int32_t i = 0; !st && !b->slots_shared && i < cfg->n_slots; i++, b->n_slots = i)
-        st =
-            di_v4_state_init(&b->slots[i], hp->num_hidden_layers, v->layer_kind, v->compress_rate,
-                             v->sliding_window, v->head_dim, v->index_head_dim, cfg->max_model_len);
+        st = di_v4_state_init(&b->slots[i], hp->num_hidden_layers, v->layer_kind,
+                              v->compress_rate, v->sliding_window, v->head_dim,
+                              v->index_head_dim, cfg->max_model_len);
     if (st) {
         v4_batch_state_free(b);
         return st;
