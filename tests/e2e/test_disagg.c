@@ -1,8 +1,9 @@
 /*
  * test_disagg.c -- the disaggregated engine (separate prefill and decode workers) against the
  * unified engine on the tiny goldens and the bundled V4 model:
- *   - a mixed batch of long and short prompts, greedy and sampled (seeded, logprobs 5),
- *     arriving over several steps: every request's tokens and logprobs (chosen and top-5)
+ *   - a mixed batch of long and short prompts, greedy and sampled (seeded, logprobs 5; one
+ *     with prompt logprobs, one with n = 2), arriving over several steps: every request's
+ *     tokens, logprobs (chosen and top-5) and prompt logprobs
  *     are bitwise those of the unified engine, which test_engine / test_determinism tie to
  *     the single-sequence context; also with a tiny KV pool (preemptions) and with one
  *     thread per worker or an uneven split;
@@ -76,6 +77,8 @@ static void make_mix(mix *x, int32_t vocab) {
         } else {
             sp.temperature = 0.0f;
         }
+        if (i == 1) sp.prompt_logprobs = 3; /* logits rows of every prompt position */
+        if (i == 5) sp.n = 2;               /* a second completion joins after the prefill */
         x->reqs[i] = (eu_req){.prompt = x->prompts[i],
                               .n_prompt = np,
                               .sp = sp,
@@ -85,16 +88,17 @@ static void make_mix(mix *x, int32_t vocab) {
     }
 }
 
-/* Runs the mix on a fresh engine; results in res[N_MIX] (zeroed first). */
+/* Runs the mix on a fresh engine; results in res[2 * N_MIX] (zeroed first), two per request
+ * (for n = 2). */
 static bool run_mix(di_model *m, const di_engine_params *ep, mix *x, eu_result *res,
                     di_engine_stats *stats) {
     di_engine *e = NULL;
     di_status st = di_engine_create(m, ep, &e);
     CHECK_MSG(st == DI_OK, "%s", di_last_error());
     if (st) return false;
-    memset(res, 0, N_MIX * sizeof *res);
+    memset(res, 0, 2 * N_MIX * sizeof *res);
     for (int i = 0; i < N_MIX; i++)
-        x->reqs[i].res = &res[i];
+        x->reqs[i].res = &res[2 * i];
     int steps = eu_run(e, x->reqs, N_MIX);
     di_engine_get_stats(e, stats);
     CHECK(stats->kv_blocks_used == 0);
@@ -105,6 +109,11 @@ static bool run_mix(di_model *m, const di_engine_params *ep, mix *x, eu_result *
 static bool same(const eu_result *a, const eu_result *b, bool logprobs) {
     if (a->n != b->n || !a->finished || !b->finished || a->reason != b->reason ||
         memcmp(a->tokens, b->tokens, (size_t)a->n * sizeof(int32_t)))
+        return false;
+    if (a->n_plp != b->n_plp || a->plp_records != b->plp_records ||
+        memcmp(a->plp, b->plp, (size_t)a->n_plp * sizeof(float)) ||
+        memcmp(a->plp_top_ids, b->plp_top_ids, (size_t)a->n_plp * sizeof a->plp_top_ids[0]) ||
+        memcmp(a->plp_top_lp, b->plp_top_lp, (size_t)a->n_plp * sizeof a->plp_top_lp[0]))
         return false;
     if (!logprobs) return true;
     return memcmp(a->lp, b->lp, (size_t)a->n * sizeof(float)) == 0 &&
@@ -128,7 +137,7 @@ static void equal_outputs(const char *model_name, bool tiny_kv) {
         int64_t bs = strstr(model_name, "v4") ? 128 : ep.block_size;
         ep.kv_memory_bytes = info.kv_bytes_per_token * bs * ((ep.max_model_len + bs - 1) / bs);
     }
-    eu_result *ref = calloc(N_MIX, sizeof *ref), *got = calloc(N_MIX, sizeof *got);
+    eu_result *ref = calloc(2 * N_MIX, sizeof *ref), *got = calloc(2 * N_MIX, sizeof *got);
     di_engine_stats su, sd;
     CHECK(run_mix(m, &ep, x, ref, &su));
     CHECK(su.n_prefill_steps == 0 && su.n_decode_steps == 0);
@@ -142,9 +151,12 @@ static void equal_outputs(const char *model_name, bool tiny_kv) {
         dp.n_threads = splits[v].threads;
         dp.prefill_threads = splits[v].prefill;
         CHECK(run_mix(m, &dp, x, got, &sd));
+        CHECK(ref[2].n_plp == x->reqs[1].n_prompt - 1 && ref[2].plp_records == 1);
+        CHECK(ref[11].n == x->reqs[5].sp.max_tokens); /* request 5's second completion */
+        CHECK(same(&ref[11], &got[11], true));
         for (int i = 0; i < N_MIX; i++) {
-            CHECK(ref[i].n == x->reqs[i].sp.max_tokens);
-            CHECK_MSG(same(&ref[i], &got[i], x->reqs[i].sp.logprobs > 0),
+            CHECK(ref[2 * i].n == x->reqs[i].sp.max_tokens);
+            CHECK_MSG(same(&ref[2 * i], &got[2 * i], x->reqs[i].sp.logprobs > 0),
                       "%s (tiny kv %d, %d threads, %d prefill): request %d (prompt %lld) "
                       "differs from the unified engine",
                       model_name, tiny_kv, splits[v].threads, splits[v].prefill, i,
@@ -291,7 +303,7 @@ TEST(aborts_and_errors) {
     di_engine_params ep = params();
     ep.disaggregate = true;
     ep.max_prefill_tokens = 8; /* long prompts stay on the prefill side for many steps */
-    eu_result *res = calloc(N_MIX, sizeof *res), *ref = calloc(N_MIX, sizeof *ref);
+    eu_result *res = calloc(2 * N_MIX, sizeof *res), *ref = calloc(2 * N_MIX, sizeof *ref);
     di_engine_stats sd;
     CHECK(run_mix(m, &ep, x, ref, &sd)); /* without aborts */
     for (int i = 0; i < N_MIX; i += 2)
@@ -299,15 +311,15 @@ TEST(aborts_and_errors) {
     CHECK(run_mix(m, &ep, x, res, &sd));
     int aborted = 0;
     for (int i = 0; i < N_MIX; i++) {
-        CHECK(res[i].finished && res[i].n_final == 1);
-        if (res[i].reason == DI_ENGINE_FINISH_ABORT) {
+        const eu_result *r = &res[2 * i], *f = &ref[2 * i];
+        CHECK(r->finished && r->n_final == 1);
+        if (r->reason == DI_ENGINE_FINISH_ABORT) {
             CHECK(i % 2 == 0);
             /* what it produced before the abort is a prefix of its full output */
-            CHECK(res[i].n < ref[i].n &&
-                  memcmp(res[i].tokens, ref[i].tokens, (size_t)res[i].n * sizeof(int32_t)) == 0);
+            CHECK(r->n < f->n && memcmp(r->tokens, f->tokens, (size_t)r->n * sizeof(int32_t)) == 0);
             aborted++;
         } else {
-            CHECK(same(&res[i], &ref[i], x->reqs[i].sp.logprobs > 0));
+            CHECK(same(r, f, x->reqs[i].sp.logprobs > 0));
         }
     }
     CHECK(aborted >= 3);
