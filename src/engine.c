@@ -263,6 +263,11 @@ di_status di_engine_step(di_engine *e, di_engine_output *out, int64_t cap, int64
         st = e->p.disaggregate ? eng_step_disagg(e, &t_sched, &t_post)
              : e->p.overlap    ? step_overlap(e, &t_sched, &t_post)
                                : step_plain(e, &t_sched, &t_post);
+#ifndef NDEBUG
+    /* Debug builds check the scheduler's invariants (block counts, pending rows, slots)
+     * after every step, as the scheduler tests do. */
+    if (!st) st = di_sched_check(e->sched);
+#endif
     double t1 = di_time_now();
     *n_out = eng_deliver(e, out, cap);
     t_post += di_time_now() - t1;
