@@ -222,8 +222,15 @@ typedef struct di_engine_params {
                                    the determinism guarantee below no longer holds */
     bool overlap;               /* schedule / post-process on the calling thread while the
                                    forward runs on a compute thread (default false) */
-    bool disaggregate;          /* separate prefill and decode workers (default false;
-                                   DI_ERR_UNSUPPORTED when set, not implemented yet) */
+    bool disaggregate;          /* separate prefill and decode workers (default false): two
+                                   threads with their own thread pools and activation
+                                   buffers sharing the KV pool; decodes run every decode
+                                   step, never waiting for a prompt chunk; max_prefill_tokens
+                                   is the prefill worker's step. Same outputs as the unified
+                                   engine. Not with overlap (DI_ERR_INVALID_ARG) */
+    int32_t prefill_threads;    /* disaggregate: the prefill worker's threads, the decode
+                                   worker gets the rest of n_threads (at least 1);
+                                   <= 0: half (default 0) */
     /* tokenizer.json file or folder for text prompts, detokenized output and stop strings;
      * NULL: the model folder's, loaded lazily on the first need. Without one, text prompts
      * and stop strings fail at di_engine_add_request and outputs carry no text. */
@@ -353,6 +360,10 @@ typedef struct di_engine_stats {
      * (device time), post-processing (sampling, stop checks, detokenizing, outputs), and the
      * whole of di_engine_step. With overlap, device time runs concurrently with the others. */
     double time_schedule_s, time_device_s, time_postprocess_s, time_total_s;
+    /* Disaggregated mode: forward calls and busy seconds of each worker (device time is
+     * their sum; the two run concurrently). Zero otherwise. */
+    int64_t n_prefill_steps, n_decode_steps;
+    double time_prefill_busy_s, time_decode_busy_s;
 } di_engine_stats;
 
 DI_API di_status di_engine_get_stats(const di_engine *e, di_engine_stats *out);

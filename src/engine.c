@@ -46,6 +46,7 @@ di_engine_params di_engine_default_params(void) {
                           .batch_invariant = true,
                           .overlap = false,
                           .disaggregate = false,
+                          .prefill_threads = 0,
                           .tokenizer_path = NULL,
                           .tokenizer = NULL};
     return p;
@@ -72,7 +73,7 @@ const char *di_engine_finish_str(di_engine_finish r) {
 
 static void run_forward(di_engine *e, const eng_batch *b) {
     double t0 = di_time_now();
-    di_batch_args a = {.seqs = b->seqs, .n_seqs = b->sb->n_seqs, .logits = e->logits};
+    di_batch_args a = {.seqs = b->seqs, .n_seqs = b->sb->n_seqs, .logits = b->logits};
     e->model->arch->forward_batch(e->model->weights, e->state, &e->be, &a);
     /* A device reports its ops' first error at the sync. The step's logits are then not
      * trustworthy: they become NaN, so the sampler's guard finishes the step's requests with
@@ -138,7 +139,7 @@ static int64_t blocks_per_seq(const di_engine *e) {
     return (e->max_model_len + e->scfg.block_size - 1) / e->scfg.block_size;
 }
 
-static void build(di_engine *e, const di_sched_batch *sb, eng_batch *b) {
+void eng_build(di_engine *e, const di_sched_batch *sb, eng_batch *b) {
     const int64_t bps = blocks_per_seq(e);
     b->sb = sb;
     b->n_tokens = b->n_lrows = 0;
@@ -171,18 +172,18 @@ static void resolve_pending(di_engine *e, eng_batch *b) {
 }
 
 /* Each seq's rows are its last n_logit_rows positions; the sampled row is the last. */
-static void sample_batch(di_engine *e, const eng_batch *b) {
+void eng_sample_batch(di_engine *e, const eng_batch *b) {
     for (int32_t i = 0; i < b->sb->n_seqs; i++) {
         const di_sched_seq *q = &b->sb->seqs[i];
         if (b->lrow[i] < 0) continue;
-        const float *rows = e->logits + (int64_t)b->lrow[i] * e->vocab;
+        const float *rows = b->logits + (int64_t)b->lrow[i] * e->vocab;
         if (q->n_logit_rows > q->n_logits) eng_prompt_logprobs(e, q, rows);
         if (q->n_logits) eng_sample_row(e, q, i, rows + (q->n_logit_rows - 1) * e->vocab);
     }
 }
 
 /* Releases scheduler requests that no pending batch can reference any more. */
-static void release_finished(di_engine *e, bool all) {
+void eng_release_finished(di_engine *e, bool all) {
     for (int64_t i = 0; i < e->n_rel_old; i++)
         di_sched_release(e->sched, e->rel_old[i]);
     e->n_rel_old = 0;
@@ -212,17 +213,17 @@ static di_status step_plain(di_engine *e, double *t_sched, double *t_post) {
     di_status st = di_sched_schedule(e->sched, &sb);
     if (st) return st;
     eng_batch *b = &e->batches[0];
-    build(e, sb, b);
+    eng_build(e, sb, b);
     *t_sched += di_time_now() - t0;
     if (sb->n_seqs > 0) launch(e, b);
     double t1 = di_time_now();
     if (sb->n_seqs > 0) {
-        sample_batch(e, b);
+        eng_sample_batch(e, b);
         st = postprocess(e, b);
     } else {
         st = eng_after_postprocess(e, NULL);
     }
-    release_finished(e, true);
+    eng_release_finished(e, true);
     *t_post += di_time_now() - t1;
     return st;
 }
@@ -234,12 +235,12 @@ static di_status step_overlap(di_engine *e, double *t_sched, double *t_post) {
     const di_sched_batch *sb;
     di_status st = di_sched_schedule(e->sched, &sb);
     if (st) return st;
-    build(e, sb, next);
+    eng_build(e, sb, next);
     *t_sched += di_time_now() - t0;
 
     wait_forward(e);
     double t1 = di_time_now();
-    if (prev) sample_batch(e, prev);
+    if (prev) eng_sample_batch(e, prev);
     if (sb->n_seqs > 0) {
         resolve_pending(e, next);
         launch(e, next);
@@ -250,7 +251,7 @@ static di_status step_overlap(di_engine *e, double *t_sched, double *t_post) {
     } else {
         st = eng_after_postprocess(e, NULL);
     }
-    release_finished(e, !e->in_flight);
+    eng_release_finished(e, !e->in_flight);
     *t_post += di_time_now() - t1;
     return st;
 }
@@ -268,7 +269,14 @@ di_status di_engine_step(di_engine *e, di_engine_output *out, int64_t cap, int64
     di_status st = eng_drain_inbox(e);
     t_sched += di_time_now() - t0;
     if (!st)
-        st = e->p.overlap ? step_overlap(e, &t_sched, &t_post) : step_plain(e, &t_sched, &t_post);
+        st = e->p.disaggregate ? eng_step_disagg(e, &t_sched, &t_post)
+             : e->p.overlap    ? step_overlap(e, &t_sched, &t_post)
+                               : step_plain(e, &t_sched, &t_post);
+#ifndef NDEBUG
+    /* Debug builds check the scheduler's invariants (block counts, pending rows, slots)
+     * after every step, as the scheduler tests do. */
+    if (!st) st = di_sched_check(e->sched);
+#endif
     double t1 = di_time_now();
     *n_out = eng_deliver(e, out, cap);
     t_post += di_time_now() - t1;
@@ -289,7 +297,8 @@ bool di_engine_has_unfinished(di_engine *e) {
     pthread_mutex_lock(&e->lock);
     bool inbox = e->inbox_head != NULL || e->n_aborts > 0;
     pthread_mutex_unlock(&e->lock);
-    return inbox || e->in_flight || e->dirty_head < e->n_dirty || e->n_live_samples > 0;
+    return inbox || e->in_flight || eng_disagg_busy(e) || e->dirty_head < e->n_dirty ||
+           e->n_live_samples > 0;
 }
 
 di_status di_engine_get_stats(const di_engine *e, di_engine_stats *out) {
@@ -310,7 +319,7 @@ di_status di_engine_get_stats(const di_engine *e, di_engine_stats *out) {
 /* Create / free                                                                              */
 /* ---------------------------------------------------------------------------------------- */
 
-static di_status alloc_batch(eng_batch *b, int32_t max_running, int64_t max_tokens, int64_t bps) {
+di_status eng_alloc_batch(eng_batch *b, int32_t max_running, int64_t max_tokens, int64_t bps) {
     b->seqs = di_calloc((size_t)max_running, sizeof *b->seqs);
     b->ids = di_malloc((size_t)max_tokens * sizeof(int32_t));
     b->tables = di_malloc((size_t)(max_running * bps) * sizeof(int32_t));
@@ -320,7 +329,7 @@ static di_status alloc_batch(eng_batch *b, int32_t max_running, int64_t max_toke
     return DI_OK;
 }
 
-static void free_batch(eng_batch *b) {
+void eng_free_batch(eng_batch *b) {
     di_free(b->seqs);
     di_free(b->ids);
     di_free(b->tables);
@@ -338,9 +347,10 @@ static di_status check_params(const di_engine_params *p) {
                         p->block_size);
     if (p->kv_memory_bytes < 0)
         return di_error(DI_ERR_INVALID_ARG, "engine params: kv_memory_bytes must be >= 0");
-    if (p->disaggregate)
-        return di_error(DI_ERR_UNSUPPORTED,
-                        "engine params: disaggregated prefill/decode is not implemented yet");
+    if (p->disaggregate && p->overlap)
+        return di_error(DI_ERR_INVALID_ARG,
+                        "engine params: overlap and disaggregate exclude each other (the "
+                        "disaggregated workers already run apart from the scheduling thread)");
     return DI_OK;
 }
 
@@ -410,36 +420,43 @@ di_status di_engine_create(di_model *model, const di_engine_params *params, di_e
         e->scfg.enable_prefix_cache = p.enable_prefix_cache;
         e->scfg.replay_tokens = p.enable_prefix_cache ? arch->replay_tokens(model->weights) : 0;
         e->scfg.max_prompt_logits = ENG_PROMPT_LOGITS_ROWS;
+        e->scfg.disaggregate = p.disaggregate;
         st = di_sched_create(&e->scfg, &e->sched);
     }
-    di_pool *pool = model->pool;
-    if (!st && p.n_threads > 0 && p.n_threads != di_pool_size(model->pool)) {
-        e->own_pool = di_pool_create(p.n_threads);
-        if (!e->own_pool) st = DI_ERR_INTERNAL;
-        pool = e->own_pool;
+    di_batch_config bc = {.n_blocks = n_blocks,
+                          .block_size = p.block_size,
+                          .n_slots = p.max_running,
+                          .max_model_len = e->max_model_len,
+                          .max_batch_tokens = p.max_batch_tokens};
+    if (!st && p.disaggregate) {
+        st = eng_disagg_create(e, &bc, p.n_threads > 0 ? p.n_threads : di_pool_size(model->pool));
+    } else if (!st) {
+        di_pool *pool = model->pool;
+        if (p.n_threads > 0 && p.n_threads != di_pool_size(model->pool)) {
+            e->own_pool = di_pool_create(p.n_threads);
+            if (!e->own_pool) st = DI_ERR_INTERNAL;
+            pool = e->own_pool;
+        }
+        if (!st) st = di_model_backend_init(model, pool, e->max_model_len, &e->be);
+        if (!st) di_backend_cpu_set_batch_invariant(&e->be, p.batch_invariant);
+        if (!st) st = arch->batch_state_create(model->weights, &bc, &e->state);
+        const int64_t bps = (e->max_model_len + p.block_size - 1) / p.block_size;
+        for (int k = 0; k < 2 && !st; k++)
+            st = eng_alloc_batch(&e->batches[k], p.max_running, p.max_batch_tokens, bps);
+        if (!st) {
+            int64_t rows = p.max_running + e->scfg.max_prompt_logits;
+            e->logits = di_malloc((size_t)(rows * e->vocab) * sizeof(float));
+            if (!e->logits) st = di_error(DI_ERR_OUT_OF_MEMORY, "engine: out of memory for logits");
+            e->batches[0].logits = e->batches[1].logits = e->logits;
+        }
     }
-    if (!st) st = di_model_backend_init(model, pool, e->max_model_len, &e->be);
-    if (!st) di_backend_cpu_set_batch_invariant(&e->be, p.batch_invariant);
     if (!st) {
-        di_batch_config bc = {.n_blocks = n_blocks,
-                              .block_size = p.block_size,
-                              .n_slots = p.max_running,
-                              .max_model_len = e->max_model_len,
-                              .max_batch_tokens = p.max_batch_tokens};
-        st = arch->batch_state_create(model->weights, &bc, &e->state);
-    }
-    const int64_t bps = (e->max_model_len + p.block_size - 1) / p.block_size;
-    for (int k = 0; k < 2 && !st; k++)
-        st = alloc_batch(&e->batches[k], p.max_running, p.max_batch_tokens, bps);
-    if (!st) {
-        int64_t rows = p.max_running + e->scfg.max_prompt_logits;
-        e->logits = di_malloc((size_t)(rows * e->vocab) * sizeof(float));
         e->sampled = di_calloc((size_t)p.max_running, sizeof(int32_t));
         e->results = di_calloc((size_t)p.max_running, sizeof *e->results);
         e->row_ok = di_calloc((size_t)p.max_running, sizeof(bool));
         e->sscratch = di_malloc(di_sampler_scratch_size(e->vocab));
-        if (!e->logits || !e->sampled || !e->results || !e->row_ok || !e->sscratch)
-            st = di_error(DI_ERR_OUT_OF_MEMORY, "engine: out of memory for logits");
+        if (!e->sampled || !e->results || !e->row_ok || !e->sscratch)
+            st = di_error(DI_ERR_OUT_OF_MEMORY, "engine: out of memory for sampling");
     }
     if (!st) st = eng_map_init(&e->map);
     if (!st && p.tokenizer) { /* borrowed from the caller */
@@ -466,6 +483,7 @@ di_status di_engine_create(di_model *model, const di_engine_params *params, di_e
 
 void di_engine_free(di_engine *e) {
     if (!e) return;
+    eng_disagg_free(e); /* stops the workers first: they use the states below */
     if (e->thread_started) {
         wait_forward(e);
         pthread_mutex_lock(&e->tlock);
@@ -485,7 +503,7 @@ void di_engine_free(di_engine *e) {
     di_pool_free(e->own_pool);
     di_sched_free(e->sched);
     for (int k = 0; k < 2; k++)
-        free_batch(&e->batches[k]);
+        eng_free_batch(&e->batches[k]);
     di_free(e->logits);
     di_free(e->sampled);
     di_free(e->results);

@@ -97,7 +97,27 @@ typedef struct eng_batch {
     int32_t *lrow;            /* [max_running] first logits row of each seq, or -1 */
     int64_t n_lrows;
     int64_t n_tokens;
+    float *logits; /* where the forward writes its logits rows (the engine's or a worker's) */
 } eng_batch;
+
+/* Disaggregated mode: one worker per side, each a thread with its own thread pool, backend,
+ * runner state (activation buffers; the decode worker's shares the prefill worker's KV pool
+ * and slots, di_batch_config.share), logits buffer and batch copy. The calling thread
+ * schedules, samples and post-processes; a worker only runs forward_batch on the batch it
+ * was handed. `busy` belongs to the calling thread; work_ready / done / quit to e->tlock. */
+typedef struct eng_worker {
+    di_engine *e;
+    di_sched_side side;
+    di_pool *pool; /* owned */
+    di_backend be;
+    void *state;
+    float *logits;
+    eng_batch batch;
+    pthread_t thread;
+    bool started, busy;
+    bool work_ready, done, quit;
+    double work_time;
+} eng_worker;
 
 /* Open-addressing map from caller id to request (linear probing, tombstones). */
 enum { SLOT_EMPTY, SLOT_FULL, SLOT_TOMB };
@@ -168,8 +188,23 @@ struct di_engine {
     const eng_batch *work;
     double work_time;
 
+    eng_worker workers[2]; /* p.disaggregate: [DI_SCHED_PREFILL_SIDE], [DI_SCHED_DECODE_SIDE] */
+
     di_engine_stats stats;
 };
+
+/* engine.c: pieces of the step shared with the disaggregated loop */
+void eng_build(di_engine *e, const di_sched_batch *sb, eng_batch *b);
+void eng_sample_batch(di_engine *e, const eng_batch *b);
+void eng_release_finished(di_engine *e, bool all);
+di_status eng_alloc_batch(eng_batch *b, int32_t max_running, int64_t max_tokens, int64_t bps);
+void eng_free_batch(eng_batch *b);
+
+/* engine_disagg.c: the two workers */
+di_status eng_disagg_create(di_engine *e, const di_batch_config *bc, int32_t n_threads);
+void eng_disagg_free(di_engine *e);
+di_status eng_step_disagg(di_engine *e, double *t_sched, double *t_post);
+bool eng_disagg_busy(const di_engine *e);
 
 /* engine_req.c (requests, inbox, sampling) and engine_output.c (results -> outputs) */
 di_status eng_map_init(eng_map *m);

@@ -151,6 +151,7 @@ typedef struct ds_seg {
 typedef struct ds_state {
     const di_backend *mem;     /* the model's memory backend: allocated the buffers below */
     di_mla_cache cache;        /* the row pool: [n_layers][capacity] rows */
+    bool cache_shared;         /* borrowed from another state (di_batch_config.share) */
     int64_t block_size;        /* rows per block of the pool */
     int32_t ctx_table[1];      /* {0}: the context path's block table */
     int64_t max_tokens, chunk; /* chunk = C below */
@@ -208,7 +209,7 @@ static size_t total_of(const size_t *sizes, size_t n) {
 static void ds_state_free(void *state) {
     ds_state *s = state;
     if (!s) return;
-    di_mla_cache_free(&s->cache);
+    if (!s->cache_shared) di_mla_cache_free(&s->cache);
     if (s->dev) s->mem->ops->buf_free(s->mem->ctx, s->dev);
     di_aligned_free(s->host);
     di_free(s);
@@ -216,7 +217,8 @@ static void ds_state_free(void *state) {
 
 /* rows: rows of the pool per layer; chunk: rows per forward chunk. */
 static di_status state_create(const void *weights, int64_t rows, int64_t block_size,
-                              int64_t max_tokens, int64_t chunk, void **out) {
+                              int64_t max_tokens, int64_t chunk, const ds_state *share,
+                              void **out) {
     const ds_model *m = weights;
     const di_hparams *hp = m->hp;
     const di_backend *mem = m->be;
@@ -233,7 +235,19 @@ static di_status state_create(const void *weights, int64_t rows, int64_t block_s
     const int64_t C = s->chunk = chunk;
     /* ids, cos, sin, write rows (src, dst), then one block table per segment */
     s->in_words = C * (1 + dr + 2) + C * s->max_blocks;
-    di_status st = di_mla_cache_init(&s->cache, mem, hp->num_hidden_layers, rows, R, dr);
+    di_status st = DI_OK;
+    if (share) { /* the same pool: rows written by one state are read by the other */
+        if (share->cache.capacity != rows || share->block_size != block_size)
+            st = di_error(DI_ERR_INVALID_ARG,
+                          "batch state: the shared pool has %lld rows in blocks of %lld, "
+                          "this state needs %lld in blocks of %lld",
+                          (long long)share->cache.capacity, (long long)share->block_size,
+                          (long long)rows, (long long)block_size);
+        s->cache = share->cache;
+        s->cache_shared = true;
+    } else {
+        st = di_mla_cache_init(&s->cache, mem, hp->num_hidden_layers, rows, R, dr);
+    }
     if (st) {
         di_free(s);
         return st;
@@ -315,14 +329,15 @@ static di_status state_create(const void *weights, int64_t rows, int64_t block_s
 
 static di_status ds_state_create(const void *weights, int64_t max_tokens, void **out) {
     return state_create(weights, max_tokens, max_tokens, max_tokens,
-                        DI_MIN(max_tokens, DS_MAX_CHUNK), out);
+                        DI_MIN(max_tokens, DS_MAX_CHUNK), NULL, out);
 }
 
 static di_status ds_batch_state_create(const void *weights, const di_batch_config *cfg,
                                        void **out) {
     int64_t rows = cfg->n_blocks * cfg->block_size;
     return state_create(weights, rows, cfg->block_size, cfg->max_model_len,
-                        DI_MAX(DI_MIN(cfg->max_batch_tokens, DS_MAX_BATCH_CHUNK), 1), out);
+                        DI_MAX(DI_MIN(cfg->max_batch_tokens, DS_MAX_BATCH_CHUNK), 1), cfg->share,
+                        out);
 }
 
 /* ---------------------------------------------------------------------------------------- */

@@ -410,16 +410,19 @@ static void v4_forward(const void *weights, void *state, const di_backend *be,
  * each one's result is exactly that of a context. */
 typedef struct v4_batch_state {
     v4_ctx *ctx;          /* owned; its own kv is unused */
-    di_v4_state *slots;   /* [n_slots], owned */
+    di_v4_state *slots;   /* [n_slots], owned unless slots_shared */
     int32_t n_slots;
+    /* The slots are another state's (di_batch_config.share): a slot handed from the
+     * prefill worker to the decode worker moves, it is not copied. */
+    bool slots_shared;
 } v4_batch_state;
 
 static void v4_batch_state_free(void *state) {
     v4_batch_state *b = state;
     if (!b) return;
-    for (int32_t i = 0; b->slots && i < b->n_slots; i++)
+    for (int32_t i = 0; b->slots && !b->slots_shared && i < b->n_slots; i++)
         di_v4_state_free(&b->slots[i]);
-    di_free(b->slots);
+    if (!b->slots_shared) di_free(b->slots);
     v4_state_free(b->ctx);
     di_free(b);
 }
@@ -432,11 +435,19 @@ static di_status v4_batch_state_create(const void *weights, const di_batch_confi
     v4_batch_state *b = di_calloc(1, sizeof *b);
     if (!b) return di_error(DI_ERR_OUT_OF_MEMORY, "engine: out of memory");
     di_status st = v4_state_create(weights, cfg->max_model_len, (void **)&b->ctx);
-    if (!st) {
+    const v4_batch_state *share = cfg->share;
+    if (!st && share) {
+        if (share->n_slots != cfg->n_slots)
+            st = di_error(DI_ERR_INVALID_ARG, "batch state: the shared state has %d slots, not %d",
+                          (int)share->n_slots, (int)cfg->n_slots);
+        b->slots = share->slots;
+        b->n_slots = share->n_slots;
+        b->slots_shared = true;
+    } else if (!st) {
         b->slots = di_calloc((size_t)cfg->n_slots, sizeof *b->slots);
         if (!b->slots) st = di_error(DI_ERR_OUT_OF_MEMORY, "engine: out of memory");
     }
-    for (int32_t i = 0; !st && i < cfg->n_slots; i++, b->n_slots = i)
+    for (int32_t i = 0; !st && !b->slots_shared && i < cfg->n_slots; i++, b->n_slots = i)
         st = di_v4_state_init(&b->slots[i], hp->num_hidden_layers, v->layer_kind,
                               v->compress_rate, v->sliding_window, v->head_dim,
                               v->index_head_dim, cfg->max_model_len);

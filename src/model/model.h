@@ -67,6 +67,15 @@ typedef struct di_batch_config {
     int32_t n_slots;              /* per-sequence state slots (max_running) */
     int64_t max_model_len;        /* longest sequence */
     int64_t max_batch_tokens;     /* tokens per forward call */
+    /* NULL, or another batch state of the same weights and sizes whose KV pool and slot
+     * states this one uses instead of allocating its own (its activation buffers stay its
+     * own). The disaggregated engine gives its decode worker the prefill worker's state here:
+     * both address the same blocks and slots, so handing a finished prefill to the decode
+     * worker moves ownership of its block table and slot, not bytes. The scheduler keeps the
+     * two from touching the same blocks or slots at once. `share` must outlive this state. A
+     * runner whose workers have separate memories (two GPUs) would instead allocate its own
+     * pool here and copy a handed-off request's blocks and slot. */
+    const void *share;
 } di_batch_config;
 
 typedef struct di_arch_vtable {
@@ -86,10 +95,12 @@ typedef struct di_arch_vtable {
      * (ids in range, pos0 + n <= max_tokens). Allocates nothing. */
     void (*forward)(const void *weights, void *state, const di_backend *be,
                     const di_forward_args *args);
-    /* Batched runner: a state over a paged KV pool and cfg->n_slots sequence slots, and a
-     * forward that runs the tokens of several sequences in one pass (each weight read once
-     * per chunk of rows; attention per sequence through its block table). Each row's result
-     * is independent of the other rows of the batch (batch invariance). */
+    /* Batched runner: a state over a paged KV pool and cfg->n_slots sequence slots (or those
+     * of cfg->share), and a forward that runs the tokens of several sequences in one pass
+     * (each weight read once per chunk of rows; attention per sequence through its block
+     * table). Each row's result is independent of the other rows of the batch (batch
+     * invariance). Two states sharing a pool may run forward_batch concurrently (own
+     * backends) on disjoint blocks and slots. */
     di_status (*batch_state_create)(const void *weights, const di_batch_config *cfg, void **out);
     void (*batch_state_free)(void *state);
     void (*forward_batch)(const void *weights, void *state, const di_backend *be,

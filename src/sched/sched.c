@@ -226,7 +226,7 @@ static di_status reserve_request_room(di_sched *s) {
     return DI_OK;
 }
 
-static void finish(di_sched *s, di_sched_req *r, di_finish_reason reason) {
+void di_sched_finish_now(di_sched *s, di_sched_req *r, di_finish_reason reason) {
     if (r->state == DI_REQ_PREFILL || r->state == DI_REQ_DECODE) {
         di_sched_remove_running(s, r);
         di_sched_release_blocks(s, r);
@@ -240,6 +240,7 @@ static void finish(di_sched *s, di_sched_req *r, di_finish_reason reason) {
     }
     r->state = DI_REQ_FINISHED;
     r->finish_reason = reason;
+    r->finish_deferred = DI_FINISH_NONE;
 }
 
 di_status di_sched_add(di_sched *s, int64_t id, const int32_t *prompt, int64_t n_prompt,
@@ -302,10 +303,20 @@ di_status di_sched_add(di_sched *s, int64_t id, const int32_t *prompt, int64_t n
     return DI_OK;
 }
 
+/* Disaggregated: a request in flight on a side keeps its blocks and slot (the worker is
+ * writing its rows) and finishes when that side post-processes. */
+static void finish_or_defer(di_sched *s, di_sched_req *r, di_finish_reason reason) {
+    if (s->cfg.disaggregate && r->n_pending > 0) {
+        if (r->finish_deferred == DI_FINISH_NONE) r->finish_deferred = reason;
+        return;
+    }
+    di_sched_finish_now(s, r, reason);
+}
+
 di_status di_sched_finish(di_sched *s, int64_t id, di_finish_reason reason) {
     di_sched_req *r = find_req(s, id);
     if (!r) return di_error(DI_ERR_NOT_FOUND, "request %lld: no such request", (long long)id);
-    if (r->state != DI_REQ_FINISHED) finish(s, r, reason);
+    if (r->state != DI_REQ_FINISHED) finish_or_defer(s, r, reason);
     return DI_OK;
 }
 
@@ -374,10 +385,28 @@ static void register_full_blocks(di_sched *s, di_sched_req *r) {
     }
 }
 
+static di_status postprocess(di_sched *s, di_sched_pending *pb, const int32_t *sampled);
+
 di_status di_sched_postprocess(di_sched *s, const int32_t *sampled) {
+    if (s->cfg.disaggregate)
+        return di_error(DI_ERR_INVALID_ARG, "scheduler: disaggregated mode post-processes each "
+                                            "side with di_sched_postprocess_side");
     if (s->n_pending == 0)
         return di_error(DI_ERR_INVALID_ARG, "scheduler: postprocess without a scheduled batch");
-    di_sched_pending *pb = di_sched_oldest_pending(s);
+    return postprocess(s, di_sched_oldest_pending(s), sampled);
+}
+
+di_status di_sched_postprocess_side(di_sched *s, di_sched_side side, const int32_t *sampled) {
+    if (!s->cfg.disaggregate || (side != DI_SCHED_PREFILL_SIDE && side != DI_SCHED_DECODE_SIDE))
+        return di_error(DI_ERR_INVALID_ARG,
+                        "scheduler: di_sched_postprocess_side needs cfg.disaggregate and a side");
+    di_sched_pending *pb = &s->bufs[side == DI_SCHED_PREFILL_SIDE ? 0 : 1];
+    if (!pb->pending)
+        return di_error(DI_ERR_INVALID_ARG, "scheduler: postprocess without a scheduled batch");
+    return postprocess(s, pb, sampled);
+}
+
+static di_status postprocess(di_sched *s, di_sched_pending *pb, const int32_t *sampled) {
     for (int32_t i = 0; i < pb->batch.n_seqs; i++) /* check first: fail without changes */
         if (pb->seqs[i].n_logits && pb->reqs[i] && pb->reqs[i]->epoch == pb->epochs[i] &&
             sampled[i] < 0)
@@ -388,6 +417,10 @@ di_status di_sched_postprocess(di_sched *s, const int32_t *sampled) {
         const di_sched_seq *q = &pb->seqs[i];
         /* Released, finished or preempted since it was scheduled: nothing to apply. */
         if (!r || r->epoch != pb->epochs[i]) continue;
+        if (r->finish_deferred != DI_FINISH_NONE) { /* aborted while in flight: drop the row */
+            di_sched_finish_now(s, r, r->finish_deferred);
+            continue;
+        }
         r->n_computed += q->n_tokens;
         r->n_pending -= q->n_tokens;
         register_full_blocks(s, r);
@@ -398,7 +431,7 @@ di_status di_sched_postprocess(di_sched *s, const int32_t *sampled) {
         r->tokens[r->n_tokens++] = sampled[i]; /* replaces the placeholder, if any */
         r->state = DI_REQ_DECODE;
         di_finish_reason why = stop_reason(s, r);
-        if (why != DI_FINISH_NONE) finish(s, r, why);
+        if (why != DI_FINISH_NONE) di_sched_finish_now(s, r, why);
     }
     pb->pending = false; /* the rows stay readable until the buffer is reused */
     s->n_pending--;

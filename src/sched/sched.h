@@ -69,6 +69,10 @@ typedef struct di_sched_config {
     /* Logits rows per step for prompt logprobs, beyond the one row per sequence that
      * samples; 0: requests with prompt_logprobs are refused by di_sched_add. */
     int64_t max_prompt_logits;
+    /* Disaggregated prefill/decode: two sides, each with at most one pending batch, scheduled
+     * and post-processed independently (di_sched_schedule_side and friends; the unified calls
+     * are refused). See "Disaggregated mode" below. */
+    bool disaggregate;
 } di_sched_config;
 
 di_sched_config di_sched_default_config(void);
@@ -220,7 +224,35 @@ typedef struct di_sched_runner {
 di_status di_sched_step(di_sched *s, const di_sched_runner *runner, const di_sched_batch **out,
                         const int32_t **sampled_out);
 
-/* Finishes a request now (any state): its blocks are freed, full ones stay cached. */
+/* ---- Disaggregated mode (cfg.disaggregate) ---------------------------------------------
+ *
+ * Two workers run concurrently: the prefill side runs prompt chunks, recomputes and
+ * admissions (its batch is capped by max_prefill_tokens and max_prompt_logits), the decode
+ * side runs one token of every decoding request (max_batch_tokens). Each side has at most
+ * one batch pending and schedules / post-processes it whenever its worker is free, so the
+ * decode side never waits for a prefill chunk. Both sides share one block pool, prefix cache
+ * and slot set. A request is on the prefill side until its last prompt chunk samples a token
+ * (state DECODE): that post-process is the hand-off, which moves nothing (same blocks, same
+ * slot). A preempted request goes back to the waiting queue, i.e. the prefill side.
+ *
+ * Since the two batches run at the same time, a request in flight on one side is never
+ * preempted by the other (its rows are being written): preemption skips it, and a decode
+ * that finds no room and only in-flight newer requests to preempt waits one step instead.
+ * Abort / finish of a request in flight is deferred to its side's post-process (the request
+ * keeps its blocks and slot until its rows are written, then finishes with that reason). */
+typedef enum { DI_SCHED_PREFILL_SIDE = 0, DI_SCHED_DECODE_SIDE = 1 } di_sched_side;
+
+/* Schedules the side's next batch (refused while its previous one is pending). *out is valid
+ * until the side's next schedule; empty when it has nothing to run. */
+di_status di_sched_schedule_side(di_sched *s, di_sched_side side, const di_sched_batch **out);
+/* Applies the side's pending batch (sampled[i] as in di_sched_postprocess). */
+di_status di_sched_postprocess_side(di_sched *s, di_sched_side side, const int32_t *sampled);
+/* Gives up the side's pending batch: its requests are preempted (or finish, if an abort was
+ * deferred), as di_sched_discard does for the unified loop. */
+di_status di_sched_discard_side(di_sched *s, di_sched_side side);
+
+/* Finishes a request now (any state): its blocks are freed, full ones stay cached. In
+ * disaggregated mode a request in flight finishes when its side post-processes. */
 di_status di_sched_abort(di_sched *s, int64_t id);
 /* Same, with a reason chosen by the engine (a stop string matched by the detokenizer). */
 di_status di_sched_finish(di_sched *s, int64_t id, di_finish_reason reason);

@@ -51,6 +51,10 @@ typedef struct di_sched_req {
      * 0 when not asked); rows of [0, plp_done) were post-processed. */
     int64_t plp_end, plp_done;
 
+    /* Disaggregated mode: an abort / finish that arrived while the request was in flight on
+     * a side; applied by that side's post-process (DI_FINISH_NONE: none). */
+    di_finish_reason finish_deferred;
+
     bool admitted_once;
     int64_t n_cached_tokens;
     int64_t n_preemptions;
@@ -114,6 +118,12 @@ static inline bool di_sched_needs_prompt_logits(const di_sched_req *r) {
     return r->plp_done < r->plp_end;
 }
 
+/* Disaggregated mode: in a pending batch of the other side (scheduled by an earlier call),
+ * so its rows are being written right now: it must not be preempted or scheduled. */
+static inline bool di_sched_in_flight_elsewhere(const di_sched *s, const di_sched_req *r) {
+    return s->cfg.disaggregate && r->n_pending > 0 && r->sched_mark != s->sched_calls;
+}
+
 /* sched.c */
 int64_t di_sched_blocks_for(const di_sched *s, int64_t n_tokens);
 di_sched_req *di_sched_waiting_at(const di_sched *s, int64_t i);
@@ -121,6 +131,8 @@ void di_sched_waiting_push_front(di_sched *s, di_sched_req *r);
 void di_sched_waiting_remove(di_sched *s, int64_t i);
 void di_sched_release_blocks(di_sched *s, di_sched_req *r);
 void di_sched_remove_running(di_sched *s, di_sched_req *r);
+/* Finishes r at once (any state), freeing its blocks and slot. */
+void di_sched_finish_now(di_sched *s, di_sched_req *r, di_finish_reason reason);
 
 /* sched_step.c */
 di_sched_pending *di_sched_oldest_pending(di_sched *s);

@@ -148,21 +148,33 @@ void di_sched_preempt(di_sched *s, di_sched_req *r) {
     di_sched_waiting_push_front(s, r);
 }
 
-/* Preempts the newest running request, taking it out of this step's batch first. */
-static void preempt_newest(di_sched *s, budget *bud) {
-    di_sched_req *r = s->running[s->n_running - 1];
+/* Preempts a running request, taking it out of this step's batch first. */
+static void preempt_one(di_sched *s, di_sched_req *r, budget *bud) {
     if (r->sched_mark == s->sched_calls) batch_remove(s, r, bud);
     di_sched_preempt(s, r);
 }
 
+/* The newest running request newer than r that may be preempted now, or NULL. Unified: the
+ * newest. Disaggregated: requests in flight on the other side are skipped (their rows are
+ * being written), so an older one may find only those and have to wait. */
+static di_sched_req *newest_victim(const di_sched *s, const di_sched_req *r) {
+    for (int32_t i = s->n_running - 1; i >= 0; i--) {
+        di_sched_req *c = s->running[i];
+        if (c == r) return NULL;
+        if (!di_sched_in_flight_elsewhere(s, c)) return c;
+    }
+    return NULL;
+}
+
 /* Makes `need` blocks allocatable by preempting running requests newer than r. Returns false
- * when r itself is the newest and the blocks are still missing. need <= 0 happens while a
+ * when none is left to preempt and the blocks are still missing. need <= 0 happens while a
  * replay runs inside blocks shared from the prefix cache. */
 static bool make_room(di_sched *s, const di_sched_req *r, int64_t need, budget *bud) {
     if (need <= 0) return true;
     while (!di_block_pool_can_allocate(&s->pool, need)) {
-        if (s->running[s->n_running - 1] == r) return false;
-        preempt_newest(s, bud);
+        di_sched_req *v = newest_victim(s, r);
+        if (!v) return false;
+        preempt_one(s, v, bud);
     }
     return true;
 }
@@ -187,14 +199,17 @@ static bool is_decoding(const di_sched_req *r) {
 static void schedule_decodes(di_sched *s, budget *bud) {
     for (int32_t i = 0; i < s->n_running; i++) {
         di_sched_req *r = s->running[i];
-        if (!is_decoding(r)) continue;
+        if (di_sched_in_flight_elsewhere(s, r) || !is_decoding(r)) continue;
         /* Overlap: the token in flight already ends the request by length. */
         if (di_sched_eff_tokens(r) >= r->cap) continue;
         if (bud->tokens < 1) break; /* not reached: max_batch_tokens >= max_running */
         int64_t need = di_sched_blocks_for(s, di_sched_eff_computed(r) + 1) - r->n_blocks;
         if (!make_room(s, r, need, bud)) {
-            preempt_newest(s, bud); /* r is the newest: it yields to the older ones */
-            break;
+            if (s->running[s->n_running - 1] == r) {
+                preempt_one(s, r, bud); /* r is the newest: it yields to the older ones */
+                break;
+            }
+            continue; /* disaggregated: only requests in flight are newer; wait for them */
         }
         grow(s, r, need);
         batch_add(s, r, 1, true, bud);
@@ -205,7 +220,8 @@ static void schedule_prefill_chunks(di_sched *s, budget *bud) {
     int64_t bs = s->cfg.block_size;
     for (int32_t i = 0; i < s->n_running; i++) {
         di_sched_req *r = s->running[i];
-        if (is_decoding(r) || r->sched_mark == s->sched_calls) continue;
+        if (di_sched_in_flight_elsewhere(s, r) || is_decoding(r) || r->sched_mark == s->sched_calls)
+            continue;
         int64_t done = di_sched_eff_computed(r);
         int64_t chunk = DI_MIN(r->n_tokens - done, DI_MIN(bud->tokens, bud->prefill));
         if (chunk <= 0) break;
@@ -213,7 +229,7 @@ static void schedule_prefill_chunks(di_sched *s, budget *bud) {
         if (chunk <= 0) continue; /* out of prompt-logits rows this step */
         int64_t need = di_sched_blocks_for(s, done + chunk) - r->n_blocks;
         if (!make_room(s, r, need, bud)) {
-            /* r is the newest: take the part that fits and keep the blocks it has. */
+            /* Nothing newer to preempt: take the part that fits and keep the blocks it has. */
             int64_t room = (r->n_blocks + di_block_pool_n_available(&s->pool)) * bs;
             chunk = DI_MIN(chunk, room - done);
             if (chunk <= 0) continue;
@@ -280,28 +296,25 @@ static bool admit_one(di_sched *s, budget *bud) {
     return true;
 }
 
-di_status di_sched_schedule(di_sched *s, const di_sched_batch **out) {
-    if (s->n_pending == 2)
-        return di_error(DI_ERR_INVALID_ARG, "scheduler: two batches in flight; post-process the "
-                                            "older one first");
-    s->newest = 1 - s->newest; /* the other buffer is free: at most one batch is pending */
-    s->sched_calls++;
+/* Fills bufs[s->newest] (emptied first) with the passes asked for. */
+static void fill_batch(di_sched *s, budget bud, bool decodes, bool prefills) {
     di_sched_pending *pb = building(s);
     di_sched_batch *b = &pb->batch;
+    s->sched_calls++;
     memset(b, 0, sizeof *b);
     b->seqs = pb->seqs;
     b->step = s->n_steps;
-    budget bud = {s->cfg.max_batch_tokens, s->cfg.max_prefill_tokens, s->cfg.max_prompt_logits};
 
     int64_t preemptions_before = s->n_preemptions;
-    schedule_decodes(s, &bud);
-    schedule_prefill_chunks(s, &bud);
-    /* Memory was short enough to preempt: admitting now would only thrash. */
-    bool admit = s->n_preemptions == preemptions_before;
-    while (admit && s->n_waiting > 0 && s->n_running < s->cfg.max_running && bud.tokens > 0 &&
-           bud.prefill > 0 && admit_one(s, &bud)) {
+    if (decodes) schedule_decodes(s, &bud);
+    if (prefills) {
+        schedule_prefill_chunks(s, &bud);
+        /* Memory was short enough to preempt: admitting now would only thrash. */
+        bool admit = s->n_preemptions == preemptions_before;
+        while (admit && s->n_waiting > 0 && s->n_running < s->cfg.max_running && bud.tokens > 0 &&
+               bud.prefill > 0 && admit_one(s, &bud)) {
+        }
     }
-
     /* Rows are final now: remember where each request's next token will come from. */
     for (int32_t i = 0; i < b->n_seqs; i++)
         if (b->seqs[i].n_logits) pb->reqs[i]->future_row = i;
@@ -309,14 +322,81 @@ di_status di_sched_schedule(di_sched *s, const di_sched_batch **out) {
         pb->pending = true;
         s->n_pending++;
         s->n_steps++;
-    } else {
-        s->newest = 1 - s->newest; /* nothing scheduled: keep the pending one the newest */
     }
-    *out = b;
+}
+
+di_status di_sched_schedule(di_sched *s, const di_sched_batch **out) {
+    if (s->cfg.disaggregate)
+        return di_error(DI_ERR_INVALID_ARG,
+                        "scheduler: disaggregated mode schedules each side with "
+                        "di_sched_schedule_side");
+    if (s->n_pending == 2)
+        return di_error(DI_ERR_INVALID_ARG, "scheduler: two batches in flight; post-process the "
+                                            "older one first");
+    s->newest = 1 - s->newest; /* the other buffer is free: at most one batch is pending */
+    budget bud = {s->cfg.max_batch_tokens, s->cfg.max_prefill_tokens, s->cfg.max_prompt_logits};
+    fill_batch(s, bud, true, true);
+    *out = &building(s)->batch;
+    if ((*out)->n_seqs == 0)
+        s->newest = 1 - s->newest; /* nothing scheduled: keep the pending one the newest */
+    return DI_OK;
+}
+
+static di_status check_side(const di_sched *s, di_sched_side side, const char *what) {
+    if (!s->cfg.disaggregate)
+        return di_error(DI_ERR_INVALID_ARG, "scheduler: %s needs cfg.disaggregate", what);
+    if (side != DI_SCHED_PREFILL_SIDE && side != DI_SCHED_DECODE_SIDE)
+        return di_error(DI_ERR_INVALID_ARG, "scheduler: %s: no side %d", what, (int)side);
+    return DI_OK;
+}
+
+/* Disaggregated: bufs[side] is the side's only batch buffer. The prefill side runs chunks and
+ * admissions under max_prefill_tokens (its whole step); the decode side runs decodes only. */
+di_status di_sched_schedule_side(di_sched *s, di_sched_side side, const di_sched_batch **out) {
+    di_status st = check_side(s, side, "di_sched_schedule_side");
+    if (st) return st;
+    bool prefill = side == DI_SCHED_PREFILL_SIDE;
+    int32_t k = prefill ? DI_SCHED_PREFILL_SIDE : DI_SCHED_DECODE_SIDE;
+    if (s->bufs[k].pending)
+        return di_error(DI_ERR_INVALID_ARG,
+                        "scheduler: the %s side's batch is pending; post-process it first",
+                        prefill ? "prefill" : "decode");
+    s->newest = k;
+    budget bud = prefill ? (budget){s->cfg.max_prefill_tokens, s->cfg.max_prefill_tokens,
+                                    s->cfg.max_prompt_logits}
+                         : (budget){s->cfg.max_batch_tokens, 0, 0};
+    fill_batch(s, bud, !prefill, prefill);
+    *out = &s->bufs[k].batch;
+    return DI_OK;
+}
+
+di_status di_sched_discard_side(di_sched *s, di_sched_side side) {
+    di_status st = check_side(s, side, "di_sched_discard_side");
+    if (st) return st;
+    di_sched_pending *pb = &s->bufs[side == DI_SCHED_PREFILL_SIDE ? 0 : 1];
+    if (!pb->pending) return di_error(DI_ERR_INVALID_ARG, "scheduler: no pending batch to discard");
+    /* The side's live rows, newest request first (the waiting queue ends up oldest first). */
+    for (int32_t i = s->n_running - 1; i >= 0; i--) {
+        di_sched_req *r = s->running[i];
+        bool in_batch = false;
+        for (int32_t k = 0; k < pb->batch.n_seqs && !in_batch; k++)
+            in_batch = pb->reqs[k] == r && pb->epochs[k] == r->epoch;
+        if (!in_batch) continue;
+        if (r->finish_deferred != DI_FINISH_NONE)
+            di_sched_finish_now(s, r, r->finish_deferred);
+        else
+            di_sched_preempt(s, r);
+    }
+    pb->batch.n_seqs = 0;
+    pb->pending = false;
+    s->n_pending--;
     return DI_OK;
 }
 
 di_status di_sched_discard(di_sched *s) {
+    if (s->cfg.disaggregate)
+        return di_error(DI_ERR_INVALID_ARG, "scheduler: disaggregated mode discards each side "
+                                            "with di_sched_discard_side");
     if (s->n_pending == 0)
         return di_error(DI_ERR_INVALID_ARG, "scheduler: no pending batch to discard");
     /* Every request with a live row in a pending batch is preempted, newest first, so that

@@ -6,7 +6,9 @@
 #   - kill -9 in the middle of a run, then rerun on the same output: every custom_id exactly
 #     once and the results identical to an uninterrupted run; the same after a hand-made
 #     truncated last line;
-#   - progress lines on a non-terminal stderr; an unwritable output fails at start.
+#   - progress lines on a non-terminal stderr; an unwritable output fails at start;
+#   - --disaggregate (separate prefill and decode workers) gives the same results and reports
+#     each worker's steps and busy time.
 #
 # The tokenizer is a small byte-level BPE (256 ids, fits v2_lite's 400) in a temp folder with
 # a tokenizer_config.json holding a simple chat template, as test_generate_text.sh does.
@@ -225,6 +227,14 @@ check "bad --kv-memory is a usage error" "2" "$?"
     --max-running 2 --threads 1 --quiet
 check "--kv-memory 64M --max-batch-tokens --max-running --threads" "0 15" "$? $(wc -l <"$TMP/x.jsonl" | tr -d ' ')"
 check "same results with other engine limits" "$(norm "$OUT")" "$(norm "$TMP/x.jsonl")"
+"$BIN" batch --model "$MODEL" --tokenizer "$TOK" --input "$IN" --output "$TMP/d.jsonl" --disaggregate \
+    --threads 2 --prefill-threads 1 --max-prefill-tokens 4 --progress-interval 0 2>"$TMP/err4"
+check "--disaggregate --prefill-threads 1" "0 15" "$? $(wc -l <"$TMP/d.jsonl" | tr -d ' ')"
+check "--disaggregate: same results as the unified engine" "$(norm "$OUT")" "$(norm "$TMP/d.jsonl")"
+check "--disaggregate: worker stats reported" "1" \
+    "$(grep -Ec '^batch: prefill worker [1-9][0-9]* steps, [0-9.]+ s busy; decode worker [1-9][0-9]* steps' "$TMP/err4")"
+"$BIN" batch --model "$MODEL" --input "$IN" --output "$TMP/z.jsonl" --prefill-threads 1 >/dev/null 2>"$TMP/e"
+check "--prefill-threads without --disaggregate is a usage error" "2 1" "$? $(grep -c 'needs --disaggregate' "$TMP/e")"
 "$BIN" batch --model "$MODEL" --input "$IN" --output "$IN" >/dev/null 2>&1
 check "output == input is refused" "2" "$?"
 "$BIN" batch --model "$MODEL" --input "$TMP/none.jsonl" --output "$TMP/y.jsonl" >/dev/null 2>&1

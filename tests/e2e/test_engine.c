@@ -497,8 +497,9 @@ TEST(abort_and_errors) {
     CHECK(strcmp(di_engine_finish_str(DI_ENGINE_FINISH_LENGTH), "length") == 0);
     di_engine_params bp = ep;
     bp.disaggregate = true;
+    bp.overlap = true;
     di_engine *e2 = NULL;
-    CHECK(di_engine_create(m, &bp, &e2) == DI_ERR_UNSUPPORTED && !e2);
+    CHECK(di_engine_create(m, &bp, &e2) == DI_ERR_INVALID_ARG && !e2);
     bp = ep;
     bp.kv_memory_bytes = 100;
     CHECK(di_engine_create(m, &bp, &e2) == DI_ERR_INVALID_ARG && !e2);
