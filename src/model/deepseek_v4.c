@@ -2,7 +2,7 @@
  * deepseek_v4.c -- the DeepSeek-V4 (Flash / Pro) forward pass: embedding into n_hc streams,
  * per sublayer mHC (mixing weights with Sinkhorn, collapse, attention or MoE, stream update),
  * and the head with its own stream collapse. Attention lives in deepseek_v4_attn.c, tensor
- * binding in deepseek_v4_weights.c, the per-sequence state in src/kv/v4_state.c.
+ * binding in deepseek_v4_weights.c, the paged entries and window slots in src/kv/v4_state.c.
  *
  * Semantics are transformers 5.17's (docs/v4-reference-notes.md; tools/make_goldens_v4.py's
  * independent_forward() is the executable description):
@@ -14,8 +14,17 @@
  *     with the gate clamped above and the up projection clamped both ways at swiglu_limit,
  *     for the routed and the shared expert alike.
  *
- * The forward pass allocates nothing: every buffer is carved at context creation for
- * C = min(max_tokens, V4_MAX_CHUNK) rows; longer inputs run in chunks of C.
+ * Batches (the engine's runner, as in deepseek_v3.c): the tokens of several sequences are
+ * packed into chunks of rows, so every projection, expert and the head read their weights
+ * once per chunk; the compressed entries and indexer keys go to a paged pool through each
+ * sequence's block table, the bounded window state to the sequence's slot, and the
+ * per-sequence parts of attention run per segment (deepseek_v4_attn.c). A context is the
+ * batch of one sequence over a pool of one block and one slot, so both paths are the same
+ * code. Every row's result depends only on its own sequence (batch invariance).
+ *
+ * The forward pass allocates nothing: every buffer is carved at creation for C rows
+ * (min(max_tokens, V4_MAX_CHUNK) for a context, min(max_batch_tokens, V4_MAX_BATCH_CHUNK)
+ * for the engine); longer inputs run in chunks of C.
  */
 #include "model/deepseek_v4.h"
 
