@@ -542,6 +542,25 @@ static di_status v4_batch_state_create(const void *weights, const di_batch_confi
                       (v4_ctx **)out);
 }
 
+/* A second runner state over the storage of `owner` (a state from v4_batch_state_create):
+ * its own scratch for chunks of cfg's sizes, the same pool and slots. For two workers over
+ * one KV pool (disaggregated prefill / decode); the owner must outlive it, and the two must
+ * not run forwards on the same slot or write the same blocks at once. */
+di_status v4_batch_state_create_shared(const void *weights, void *owner,
+                                       const di_batch_config *cfg, void **out) {
+    const v4_ctx *o = owner;
+    if (cfg->block_size != o->kv->pool.block_size || cfg->n_blocks != o->kv->pool.n_blocks ||
+        cfg->n_slots > o->kv->slots.n_slots)
+        return di_error(DI_ERR_INVALID_ARG,
+                        "engine: a shared V4 state needs the owner's pool (%lld blocks of %lld) "
+                        "and at most its %lld slots",
+                        (long long)o->kv->pool.n_blocks, (long long)o->kv->pool.block_size,
+                        (long long)o->kv->slots.n_slots);
+    return ctx_create(weights, o->kv, false, cfg->max_model_len,
+                      DI_MAX(DI_MIN(cfg->max_batch_tokens, V4_MAX_BATCH_CHUNK), 1),
+                      (v4_ctx **)out);
+}
+
 /* Tokens to replay after a prefix-cache hit of H tokens (H a multiple of the block size,
  * hence of every rate) so that the window state at H is exactly the uninterrupted one; the
  * derivation is in docs/engine-design.md ("V4: window layers and bounded replay"). The

@@ -166,6 +166,10 @@ typedef struct v4_ctx {
  * and c->pos, writes c->y, the slots' window state and, outside replay, the pool's rows). */
 void v4_attention(const v4_model *m, const v4_block *L, int64_t il, v4_ctx *c, const di_backend *be,
                   int64_t n);
+/* deepseek_v4.c: a runner state sharing `owner`'s pool and slots (own scratch); for the
+ * engine's disaggregated workers, to be wired to the model.h hook that shares a KV pool. */
+di_status v4_batch_state_create_shared(const void *weights, void *owner,
+                                       const di_batch_config *cfg, void **out);
 /* y = x W^T whatever W's dtype (FP4 through matmul_fp4). */
 void v4_matmul(const di_backend *be, const di_weight *w, const float *x, int64_t n, float *y);
 

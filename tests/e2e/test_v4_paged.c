@@ -15,9 +15,14 @@
  *   - preempted at position 896 in a pool of 10 blocks and resumed from a prefix-cache hit
  *     of its own 7 blocks (with the plain and the overlap loop);
  *   - inside a mixed batch of 12 requests, with the overlap loop.
+ * And at the runner level: a second runner state sharing the first one's pool and slots
+ * (v4_batch_state_create_shared) replays 762 tokens over blocks the first one wrote, without
+ * changing a byte of the pool, and gives the first one's logits bitwise.
  */
 #define _POSIX_C_SOURCE 200809L
+#include "api_internal.h"
 #include "engine_util.h"
+#include "model/deepseek_v4.h"
 
 #define MODEL_DIR  DI_SOURCE_DIR "/models/deepseek-v4-tiny"
 #define N_PROMPT   1000
@@ -217,6 +222,54 @@ TEST(mixed_batch) {
     free(res);
 }
 
+/* The runner directly: state A prefills 1,000 tokens into 8 scattered blocks; state B,
+ * sharing A's storage, resumes the same sequence in another slot from a hit of 896 tokens
+ * (replay 134 .. 895, then 896 .. 999) over the same blocks. */
+TEST(shared_state_replay) {
+    const di_arch_vtable *arch = g_model->arch;
+    const void *w = g_model->weights;
+    const int64_t R = arch->replay_tokens(w), H = 7 * BLOCK;
+    CHECK_MSG(R == 6 * 127, "replay_tokens %lld, want 6 layers x (window 128 - 1)", (long long)R);
+    CHECK(arch->prefix_cache_ok(w) && arch->block_multiple(w) == BLOCK);
+    di_backend be;
+    CHECK(di_backend_cpu_init(&be, g_model->pool, MAX_LEN) == DI_OK);
+    di_batch_config cfg = {.n_blocks = 12, .block_size = BLOCK, .n_slots = 2,
+                           .max_model_len = MAX_LEN, .max_batch_tokens = 512};
+    void *a = NULL, *b = NULL;
+    CHECK(arch->batch_state_create(w, &cfg, &a) == DI_OK);
+    CHECK(a && v4_batch_state_create_shared(w, a, &cfg, &b) == DI_OK);
+    di_batch_config bad = cfg;
+    bad.block_size = 256;
+    void *c = NULL;
+    CHECK(a && v4_batch_state_create_shared(w, a, &bad, &c) == DI_ERR_INVALID_ARG && !c);
+    if (!a || !b) return;
+
+    static const int32_t table[8] = {9, 2, 11, 0, 5, 7, 3, 10};
+    float *lref = malloc((size_t)g_vocab * sizeof(float));
+    float *lg = malloc((size_t)g_vocab * sizeof(float));
+    di_batch_seq q = {.ids = g_prompt, .n = N_PROMPT, .block_table = table, .slot = 0,
+                      .reset_state = true, .n_logits = 1};
+    arch->forward_batch(w, a, &be, &(di_batch_args){.seqs = &q, .n_seqs = 1, .logits = lref});
+
+    const v4_ctx *ca = a;
+    const di_v4_pool *pool = &ca->kv->pool;
+    void *before = malloc(pool->bytes);
+    memcpy(before, pool->mem, pool->bytes);
+    di_batch_seq r = {.ids = g_prompt + (H - R), .n = N_PROMPT - (H - R), .pos0 = H - R,
+                      .n_replay = R, .block_table = table, .slot = 1, .reset_state = true,
+                      .n_logits = 1};
+    arch->forward_batch(w, b, &be, &(di_batch_args){.seqs = &r, .n_seqs = 1, .logits = lg});
+    CHECK_MSG(memcmp(lref, lg, (size_t)g_vocab * sizeof(float)) == 0,
+              "the replayed sequence's logits differ from the uninterrupted run's");
+    CHECK_MSG(memcmp(before, pool->mem, pool->bytes) == 0, "the replay changed the pool");
+    free(before);
+    free(lref);
+    free(lg);
+    arch->batch_state_free(b);
+    arch->batch_state_free(a);
+    di_backend_free(&be);
+}
+
 int main(void) {
     di_model_params mp = di_model_default_params();
     mp.n_threads = 2;
@@ -233,6 +286,7 @@ int main(void) {
         for (int k = 0; k < N_PROMPT + 40; k++)
             g_other[i][k] = i < 2 && k < 1024 ? g_prompt[k < N_PROMPT ? k : 0]
                                               : 2 + rnd((int32_t)g_vocab - 2);
+    RUN(shared_state_replay);
     RUN(reference);
     RUN(prefix_hit_with_replay);
     RUN(preemption_resume);
