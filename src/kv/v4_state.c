@@ -36,16 +36,15 @@ static size_t slot_layer_bytes(int kind, int64_t m, int64_t W, int64_t d, int64_
 }
 
 static di_v4_comp_state comp_carve(char **p, int64_t m, int64_t width, bool overlap) {
-    di_v4_comp_state cs = {.m = m, .width = width, .cw = overlap ? 2 * width : width,
-                           .overlap = overlap};
+    di_v4_comp_state cs = {
+        .m = m, .width = width, .cw = overlap ? 2 * width : width, .overlap = overlap};
     cs.c = carve(p, (size_t)(2 * m * cs.cw) * sizeof(float));
     cs.z = carve(p, (size_t)(2 * m * cs.cw) * sizeof(float));
     return cs;
 }
 
-di_status di_v4_slots_init(di_v4_slots *s, int64_t n_slots, int64_t n_layers,
-                           const uint8_t *kinds, const int64_t *rates, int64_t window,
-                           int64_t dim, int64_t index_dim) {
+di_status di_v4_slots_init(di_v4_slots *s, int64_t n_slots, int64_t n_layers, const uint8_t *kinds,
+                           const int64_t *rates, int64_t window, int64_t dim, int64_t index_dim) {
     memset(s, 0, sizeof *s);
     size_t per_slot = align64((size_t)n_layers * sizeof(di_v4_slot_layer));
     for (int64_t il = 0; il < n_layers; il++)
@@ -92,8 +91,10 @@ di_status di_v4_pool_init(di_v4_pool *p, int64_t n_layers, const uint8_t *kinds,
                           int64_t block_size) {
     memset(p, 0, sizeof *p);
     if (n_blocks <= 0 || block_size <= 0)
-        return di_error(DI_ERR_INVALID_ARG, "V4 state: n_blocks %lld and block_size %lld must be "
-                        "positive", (long long)n_blocks, (long long)block_size);
+        return di_error(DI_ERR_INVALID_ARG,
+                        "V4 state: n_blocks %lld and block_size %lld must be "
+                        "positive",
+                        (long long)n_blocks, (long long)block_size);
     size_t total = align64((size_t)n_layers * sizeof(di_v4_pool_layer));
     for (int64_t il = 0; il < n_layers; il++) {
         if (kinds[il] == KIND_SLIDING) continue;

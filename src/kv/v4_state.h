@@ -60,9 +60,8 @@ typedef struct di_v4_slots {
 /* Allocates n_slots window states for n_layers layers of the given kinds (uint8_t
  * di_v4_layer_kind per layer) and rates. On failure *s is left empty and the error names
  * the size. */
-di_status di_v4_slots_init(di_v4_slots *s, int64_t n_slots, int64_t n_layers,
-                           const uint8_t *kinds, const int64_t *rates, int64_t window,
-                           int64_t dim, int64_t index_dim);
+di_status di_v4_slots_init(di_v4_slots *s, int64_t n_slots, int64_t n_layers, const uint8_t *kinds,
+                           const int64_t *rates, int64_t window, int64_t dim, int64_t index_dim);
 void di_v4_slots_free(di_v4_slots *s);
 
 /* Starts a sequence in the slot at position base. Nothing is cleared: every row is written
@@ -107,14 +106,14 @@ void di_v4_pool_free(di_v4_pool *p);
 static inline float *di_v4_pool_entry(const di_v4_pool *p, int64_t il, const int32_t *table,
                                       int64_t w) {
     const di_v4_pool_layer *L = &p->layers[il];
-    return L->entries + ((int64_t)table[w / L->per_block] * L->per_block + w % L->per_block) *
-                            p->dim;
+    return L->entries +
+           ((int64_t)table[w / L->per_block] * L->per_block + w % L->per_block) * p->dim;
 }
 static inline float *di_v4_pool_ientry(const di_v4_pool *p, int64_t il, const int32_t *table,
                                        int64_t w) {
     const di_v4_pool_layer *L = &p->layers[il];
-    return L->ientries + ((int64_t)table[w / L->per_block] * L->per_block + w % L->per_block) *
-                             p->index_dim;
+    return L->ientries +
+           ((int64_t)table[w / L->per_block] * L->per_block + w % L->per_block) * p->index_dim;
 }
 
 /* Cache accounting for `deepinfer info` (bytes of float32 rows, per layer):

@@ -35,7 +35,7 @@
 
 #define V4_MAX_CHUNK       128
 #define V4_MAX_BATCH_CHUNK 256 /* rows per chunk of an engine batch */
-#define V4_PI        3.14159265358979323846
+#define V4_PI              3.14159265358979323846
 
 /* ---------------------------------------------------------------------------------------- */
 /* RoPE                                                                                       */
@@ -112,8 +112,8 @@ static void kv_free(v4_kv *kv) {
 }
 
 /* The shared storage: n_blocks blocks of block_size positions and n_slots window states. */
-static di_status kv_create(const v4_model *m, int64_t n_blocks, int64_t block_size,
-                           int64_t n_slots, v4_kv **out) {
+static di_status kv_create(const v4_model *m, int64_t n_blocks, int64_t block_size, int64_t n_slots,
+                           v4_kv **out) {
     const di_v4_hparams *v = m->v;
     const int64_t nl = m->hp->num_hidden_layers;
     v4_kv *kv = di_calloc(1, sizeof *kv);
@@ -538,16 +538,15 @@ static di_status v4_batch_state_create(const void *weights, const di_batch_confi
     di_status st = kv_create(m, cfg->n_blocks, cfg->block_size, cfg->n_slots, &kv);
     if (st) return st;
     return ctx_create(m, kv, true, cfg->max_model_len,
-                      DI_MAX(DI_MIN(cfg->max_batch_tokens, V4_MAX_BATCH_CHUNK), 1),
-                      (v4_ctx **)out);
+                      DI_MAX(DI_MIN(cfg->max_batch_tokens, V4_MAX_BATCH_CHUNK), 1), (v4_ctx **)out);
 }
 
 /* A second runner state over the storage of `owner` (a state from v4_batch_state_create):
  * its own scratch for chunks of cfg's sizes, the same pool and slots. For two workers over
  * one KV pool (disaggregated prefill / decode); the owner must outlive it, and the two must
  * not run forwards on the same slot or write the same blocks at once. */
-di_status v4_batch_state_create_shared(const void *weights, void *owner,
-                                       const di_batch_config *cfg, void **out) {
+di_status v4_batch_state_create_shared(const void *weights, void *owner, const di_batch_config *cfg,
+                                       void **out) {
     const v4_ctx *o = owner;
     if (cfg->block_size != o->kv->pool.block_size || cfg->n_blocks != o->kv->pool.n_blocks ||
         cfg->n_slots > o->kv->slots.n_slots)
@@ -557,8 +556,7 @@ di_status v4_batch_state_create_shared(const void *weights, void *owner,
                         (long long)o->kv->pool.n_blocks, (long long)o->kv->pool.block_size,
                         (long long)o->kv->slots.n_slots);
     return ctx_create(weights, o->kv, false, cfg->max_model_len,
-                      DI_MAX(DI_MIN(cfg->max_batch_tokens, V4_MAX_BATCH_CHUNK), 1),
-                      (v4_ctx **)out);
+                      DI_MAX(DI_MIN(cfg->max_batch_tokens, V4_MAX_BATCH_CHUNK), 1), (v4_ctx **)out);
 }
 
 /* Tokens to replay after a prefix-cache hit of H tokens (H a multiple of the block size,

@@ -121,14 +121,14 @@ typedef struct v4_seg {
  * the storage it works on. Shapes as above, plus rd2 = rd / 2, K = num_experts_per_tok,
  * MK = max keys per query, ME = max entries of any layer for one sequence. */
 typedef struct v4_ctx {
-    v4_kv *kv;         /* the storage (owned when own_kv) */
+    v4_kv *kv; /* the storage (owned when own_kv) */
     bool own_kv;
     int32_t ctx_table[1]; /* {0}: the single-sequence path's block table */
     int64_t max_tokens, chunk, max_keys, max_entries;
-    void *arena;                    /* owns every buffer below */
-    int32_t *ids;                   /* [C] token ids of the chunk */
-    int64_t *pos;                   /* [C] positions of the chunk's rows */
-    v4_seg *segs;                   /* [C] sequences of the chunk */
+    void *arena;  /* owns every buffer below */
+    int32_t *ids; /* [C] token ids of the chunk */
+    int64_t *pos; /* [C] positions of the chunk's rows */
+    v4_seg *segs; /* [C] sequences of the chunk */
     int64_t n_segs;
     float *x, *x2;                  /* [C][n][D] residual streams (ping-pong through hc_post) */
     float *h, *xn, *y;              /* [C][D] collapsed input, its norm, the sublayer output */
@@ -168,8 +168,8 @@ void v4_attention(const v4_model *m, const v4_block *L, int64_t il, v4_ctx *c, c
                   int64_t n);
 /* deepseek_v4.c: a runner state sharing `owner`'s pool and slots (own scratch); for the
  * engine's disaggregated workers, to be wired to the model.h hook that shares a KV pool. */
-di_status v4_batch_state_create_shared(const void *weights, void *owner,
-                                       const di_batch_config *cfg, void **out);
+di_status v4_batch_state_create_shared(const void *weights, void *owner, const di_batch_config *cfg,
+                                       void **out);
 /* y = x W^T whatever W's dtype (FP4 through matmul_fp4). */
 void v4_matmul(const di_backend *be, const di_weight *w, const float *x, int64_t n, float *y);
 

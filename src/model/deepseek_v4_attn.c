@@ -94,8 +94,7 @@ static void emit_entry(const v4_model *m, const v4_compressor *cw, const di_v4_c
  * `index`), except for replay positions. n_vis (or NULL) gets each row's visible count. */
 static void run_compressor(const v4_model *m, const v4_compressor *cw, const di_v4_comp_state *cs,
                            int64_t il, bool index, const v4_seg *sg, v4_ctx *c,
-                           const di_backend *be, const float *cc, const float *zz,
-                           int64_t *n_vis) {
+                           const di_backend *be, const float *cc, const float *zz, int64_t *n_vis) {
     const int64_t w_ = cs->cw, mm = cs->m;
     const di_v4_pool *pool = &c->kv->pool;
     for (int64_t t = 0; t < sg->n; t++) {
@@ -109,8 +108,8 @@ static void run_compressor(const v4_model *m, const v4_compressor *cw, const di_
             const int64_t w = p / mm;
             /* The rows pooled must be this sequence's: the replay reached back far enough
              * (v4_replay_tokens) for the windows it emits after the replay. */
-            assert(w * mm >= sg->slot->base && (!cs->overlap || w == 0 ||
-                                                (w - 1) * mm >= sg->slot->base));
+            assert(w * mm >= sg->slot->base &&
+                   (!cs->overlap || w == 0 || (w - 1) * mm >= sg->slot->base));
             float *out = index ? di_v4_pool_ientry(pool, il, sg->table, w)
                                : di_v4_pool_entry(pool, il, sg->table, w);
             emit_entry(m, cw, cs, c, be, w, out);
@@ -209,8 +208,8 @@ void v4_attention(const v4_model *m, const v4_block *L, int64_t il, v4_ctx *c, c
                            c->zz + sg->row0 * cw, c->n_vis + sg->row0);
             if (csa) {
                 const int64_t icw = L->icomp.cw;
-                run_compressor(m, &L->icomp, &S->icomp, il, true, sg, c, be,
-                               c->ic + sg->row0 * icw, c->iz + sg->row0 * icw, NULL);
+                run_compressor(m, &L->icomp, &S->icomp, il, true, sg, c, be, c->ic + sg->row0 * icw,
+                               c->iz + sg->row0 * icw, NULL);
             }
         }
     }
@@ -254,8 +253,8 @@ void v4_attention(const v4_model *m, const v4_block *L, int64_t il, v4_ctx *c, c
             for (int64_t s = DI_MAX(sg->slot->base, p - W + 1); s <= p; s++)
                 k[nk++] = s >= sg->pos0 ? c->kvr + (row + s - p) * d : ring + (s % W) * d;
             if (csa) {
-                int64_t ns = top_k(c->iscore + row * c->max_entries, c->n_vis[row],
-                                   v->index_topk, c->sel);
+                int64_t ns =
+                    top_k(c->iscore + row * c->max_entries, c->n_vis[row], v->index_topk, c->sel);
                 for (int64_t i = 0; i < ns; i++)
                     k[nk++] = di_v4_pool_entry(pool, il, sg->table, c->sel[i]);
             } else if (comp) {

@@ -24,11 +24,11 @@
 #include "engine_util.h"
 #include "model/deepseek_v4.h"
 
-#define MODEL_DIR  DI_SOURCE_DIR "/models/deepseek-v4-tiny"
-#define N_PROMPT   1000
-#define N_GEN      24
-#define BLOCK      128
-#define MAX_LEN    1280
+#define MODEL_DIR DI_SOURCE_DIR "/models/deepseek-v4-tiny"
+#define N_PROMPT  1000
+#define N_GEN     24
+#define BLOCK     128
+#define MAX_LEN   1280
 
 static uint32_t g_rng = 777u;
 static int32_t rnd(int32_t n) {
@@ -38,7 +38,7 @@ static int32_t rnd(int32_t n) {
 
 static di_model *g_model;
 static int64_t g_vocab;
-static int32_t g_prompt[N_PROMPT];       /* the target's prompt */
+static int32_t g_prompt[N_PROMPT];        /* the target's prompt */
 static int32_t g_other[4][N_PROMPT + 40]; /* [0], [1]: share the target's first 1,024 tokens */
 
 static di_sampling_params sampled(int64_t max_tokens, int64_t seed) {
@@ -179,12 +179,13 @@ TEST(preemption_resume) {
         ep.kv_memory_bytes = info.kv_bytes_per_token * BLOCK * (MAX_LEN / BLOCK);
         CHECK(run(ep, reqs, 2, &st));
         CHECK_MSG(st.n_preemptions > 0, "overlap %d: no preemption", overlap);
-        CHECK_MSG(st.prefix_cache_hit_tokens >= 7 * BLOCK, "overlap %d: resumed from %lld cached "
-                  "tokens", overlap, (long long)st.prefix_cache_hit_tokens);
+        CHECK_MSG(st.prefix_cache_hit_tokens >= 7 * BLOCK,
+                  "overlap %d: resumed from %lld cached "
+                  "tokens",
+                  overlap, (long long)st.prefix_cache_hit_tokens);
         CHECK_MSG(same(&rt, &g_ref), "overlap %d: the preempted target differs from alone",
                   overlap);
-        CHECK_MSG(same(&ra, &ra_ref), "overlap %d: the other request differs from alone",
-                  overlap);
+        CHECK_MSG(same(&ra, &ra_ref), "overlap %d: the other request differs from alone", overlap);
         printf("  overlap %d: %lld preemptions, %lld tokens from the cache\n", overlap,
                (long long)st.n_preemptions, (long long)st.prefix_cache_hit_tokens);
     }
@@ -216,8 +217,7 @@ TEST(mixed_batch) {
         ep.overlap = overlap;
         di_engine_stats st;
         CHECK(run(ep, reqs, N, &st));
-        CHECK_MSG(same(&res[0], &g_ref), "overlap %d: the target differs inside a batch",
-                  overlap);
+        CHECK_MSG(same(&res[0], &g_ref), "overlap %d: the target differs inside a batch", overlap);
     }
     free(res);
 }
@@ -233,8 +233,11 @@ TEST(shared_state_replay) {
     CHECK(arch->prefix_cache_ok(w) && arch->block_multiple(w) == BLOCK);
     di_backend be;
     CHECK(di_backend_cpu_init(&be, g_model->pool, MAX_LEN) == DI_OK);
-    di_batch_config cfg = {.n_blocks = 12, .block_size = BLOCK, .n_slots = 2,
-                           .max_model_len = MAX_LEN, .max_batch_tokens = 512};
+    di_batch_config cfg = {.n_blocks = 12,
+                           .block_size = BLOCK,
+                           .n_slots = 2,
+                           .max_model_len = MAX_LEN,
+                           .max_batch_tokens = 512};
     void *a = NULL, *b = NULL;
     CHECK(arch->batch_state_create(w, &cfg, &a) == DI_OK);
     CHECK(a && v4_batch_state_create_shared(w, a, &cfg, &b) == DI_OK);
@@ -247,16 +250,25 @@ TEST(shared_state_replay) {
     static const int32_t table[8] = {9, 2, 11, 0, 5, 7, 3, 10};
     float *lref = malloc((size_t)g_vocab * sizeof(float));
     float *lg = malloc((size_t)g_vocab * sizeof(float));
-    di_batch_seq q = {.ids = g_prompt, .n = N_PROMPT, .block_table = table, .slot = 0,
-                      .reset_state = true, .n_logits = 1};
+    di_batch_seq q = {.ids = g_prompt,
+                      .n = N_PROMPT,
+                      .block_table = table,
+                      .slot = 0,
+                      .reset_state = true,
+                      .n_logits = 1};
     arch->forward_batch(w, a, &be, &(di_batch_args){.seqs = &q, .n_seqs = 1, .logits = lref});
 
     const v4_ctx *ca = a;
     const di_v4_pool *pool = &ca->kv->pool;
     void *before = malloc(pool->bytes);
     memcpy(before, pool->mem, pool->bytes);
-    di_batch_seq r = {.ids = g_prompt + (H - R), .n = N_PROMPT - (H - R), .pos0 = H - R,
-                      .n_replay = R, .block_table = table, .slot = 1, .reset_state = true,
+    di_batch_seq r = {.ids = g_prompt + (H - R),
+                      .n = N_PROMPT - (H - R),
+                      .pos0 = H - R,
+                      .n_replay = R,
+                      .block_table = table,
+                      .slot = 1,
+                      .reset_state = true,
                       .n_logits = 1};
     arch->forward_batch(w, b, &be, &(di_batch_args){.seqs = &r, .n_seqs = 1, .logits = lg});
     CHECK_MSG(memcmp(lref, lg, (size_t)g_vocab * sizeof(float)) == 0,
@@ -284,8 +296,8 @@ int main(void) {
         g_prompt[k] = 2 + rnd((int32_t)g_vocab - 2);
     for (int i = 0; i < 4; i++)
         for (int k = 0; k < N_PROMPT + 40; k++)
-            g_other[i][k] = i < 2 && k < 1024 ? g_prompt[k < N_PROMPT ? k : 0]
-                                              : 2 + rnd((int32_t)g_vocab - 2);
+            g_other[i][k] =
+                i < 2 && k < 1024 ? g_prompt[k < N_PROMPT ? k : 0] : 2 + rnd((int32_t)g_vocab - 2);
     RUN(shared_state_replay);
     RUN(reference);
     RUN(prefix_hit_with_replay);
