@@ -481,6 +481,11 @@ static void v4_forward_batch(const void *weights, void *state, const di_backend 
         const di_batch_seq *q = &a->seqs[i];
         assert(q->slot >= 0 && q->slot < c->kv->slots.n_slots);
         assert(q->n_replay >= 0 && q->n_replay <= q->n);
+#ifndef NDEBUG
+        /* The table covers the sequence's blocks, all inside the pool. */
+        for (int64_t b = 0; b <= (q->pos0 + q->n - 1) / c->kv->pool.block_size; b++)
+            assert(q->block_table[b] >= 0 && q->block_table[b] < c->kv->pool.n_blocks);
+#endif
         di_v4_slot *slot = &c->kv->slots.slot[q->slot];
         if (q->reset_state) di_v4_slot_reset(slot, q->pos0);
         const int64_t lfirst = a->logits ? q->n - q->n_logits : q->n; /* seq token index */
