@@ -212,8 +212,8 @@ typedef struct di_engine_params {
     int64_t max_model_len;      /* prompt + output limit per sequence; <= 0: the model's
                                    context, capped at 4096 (default 0) */
     bool enable_prefix_cache;   /* reuse the KV of shared prompt prefixes (default true;
-                                   off for DeepSeek-V4 for now: its compressed rows are
-                                   kept per sequence, not paged) */
+                                   DeepSeek-V4 rebuilds its sliding-window state by
+                                   replaying a bounded number of tokens before a hit) */
     bool batch_invariant;       /* results independent of the batch (default true). false:
                                    the CPU matmul picks its kernel by the step's token count
                                    (faster for 5-8 tokens per weight on AVX-512: MoE experts

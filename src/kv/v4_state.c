@@ -1,9 +1,8 @@
 /*
- * v4_state.c -- DeepSeek-V4 per-sequence attention state (see v4_state.h).
+ * v4_state.c -- DeepSeek-V4 window slots and paged entry pool (see v4_state.h).
  *
- * One allocation holds every layer's rows; it is carved in layer order. Layer kinds use the
- * values of di_v4_layer_kind (0 sliding, 1 CSA, 2 HCA) without including the config header,
- * so that src/kv depends on core only.
+ * Each object is one allocation carved in order (slots, then layers, then rows), so that a
+ * failed init leaves nothing behind and the accounting is exact.
  */
 #include "kv/v4_state.h"
 
@@ -15,128 +14,129 @@ static size_t align64(size_t n) {
     return (n + 63) & ~(size_t)63;
 }
 
+static void *carve(char **p, size_t bytes) {
+    void *r = *p;
+    *p += align64(bytes);
+    return r;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Window slots                                                                               */
+/* ---------------------------------------------------------------------------------------- */
+
 static size_t comp_bytes(int64_t m, int64_t cw) {
     return 2 * align64((size_t)(2 * m * cw) * sizeof(float));
 }
 
-/* Bytes layer il needs; with base != NULL also carves them from *base into L. */
-static size_t layer_layout(di_v4_layer_state *L, char **base, int kind, int64_t m, int64_t W,
-                           int64_t d, int64_t dI, int64_t max_tokens) {
-    size_t total = align64((size_t)(W * d) * sizeof(float));
-    int64_t me = kind == KIND_SLIDING ? 0 : max_tokens / m;
-    int64_t cw = kind == KIND_CSA ? 2 * d : d, icw = 2 * dI;
-    if (kind != KIND_SLIDING)
-        total += align64((size_t)(me * d) * sizeof(float)) + comp_bytes(m, cw);
-    if (kind == KIND_CSA) total += align64((size_t)(me * dI) * sizeof(float)) + comp_bytes(m, icw);
-    if (!base) return total;
-
-    char *p = *base;
-    memset(L, 0, sizeof *L);
-    L->kind = kind;
-    L->m = m;
-    L->max_entries = me;
-    L->ring = (float *)p;
-    p += align64((size_t)(W * d) * sizeof(float));
-    if (kind != KIND_SLIDING) {
-        L->entries = (float *)p;
-        p += align64((size_t)(me * d) * sizeof(float));
-        L->comp = (di_v4_comp_state){.m = m, .width = d, .cw = cw, .overlap = kind == KIND_CSA};
-        L->comp.c = (float *)p;
-        p += align64((size_t)(2 * m * cw) * sizeof(float));
-        L->comp.z = (float *)p;
-        p += align64((size_t)(2 * m * cw) * sizeof(float));
-    }
-    if (kind == KIND_CSA) {
-        L->ientries = (float *)p;
-        p += align64((size_t)(me * dI) * sizeof(float));
-        L->icomp = (di_v4_comp_state){.m = m, .width = dI, .cw = icw, .overlap = true};
-        L->icomp.c = (float *)p;
-        p += align64((size_t)(2 * m * icw) * sizeof(float));
-        L->icomp.z = (float *)p;
-        p += align64((size_t)(2 * m * icw) * sizeof(float));
-    }
-    *base = p;
-    return total;
+static size_t slot_layer_bytes(int kind, int64_t m, int64_t W, int64_t d, int64_t dI) {
+    size_t b = align64((size_t)(W * d) * sizeof(float));
+    if (kind != KIND_SLIDING) b += comp_bytes(m, kind == KIND_CSA ? 2 * d : d);
+    if (kind == KIND_CSA) b += comp_bytes(m, 2 * dI);
+    return b;
 }
 
-di_status di_v4_state_init(di_v4_state *s, int64_t n_layers, const uint8_t *kinds,
-                           const int64_t *rates, int64_t window, int64_t dim, int64_t index_dim,
-                           int64_t max_tokens) {
+static di_v4_comp_state comp_carve(char **p, int64_t m, int64_t width, bool overlap) {
+    di_v4_comp_state cs = {
+        .m = m, .width = width, .cw = overlap ? 2 * width : width, .overlap = overlap};
+    cs.c = carve(p, (size_t)(2 * m * cs.cw) * sizeof(float));
+    cs.z = carve(p, (size_t)(2 * m * cs.cw) * sizeof(float));
+    return cs;
+}
+
+di_status di_v4_slots_init(di_v4_slots *s, int64_t n_slots, int64_t n_layers, const uint8_t *kinds,
+                           const int64_t *rates, int64_t window, int64_t dim, int64_t index_dim) {
     memset(s, 0, sizeof *s);
-    size_t total = align64((size_t)n_layers * sizeof(di_v4_layer_state));
+    size_t per_slot = align64((size_t)n_layers * sizeof(di_v4_slot_layer));
     for (int64_t il = 0; il < n_layers; il++)
-        total += layer_layout(NULL, NULL, kinds[il], rates[il], window, dim, index_dim, max_tokens);
+        per_slot += slot_layer_bytes(kinds[il], rates[il], window, dim, index_dim);
+    size_t total = align64((size_t)n_slots * sizeof(di_v4_slot)) + (size_t)n_slots * per_slot;
     s->mem = di_aligned_alloc(total);
     if (!s->mem)
-        return di_error(DI_ERR_OUT_OF_MEMORY, "context: cannot allocate %zu bytes of V4 state",
-                        total);
+        return di_error(DI_ERR_OUT_OF_MEMORY,
+                        "V4 state: cannot allocate %zu bytes of window state (%lld slots)", total,
+                        (long long)n_slots);
     memset(s->mem, 0, total);
     s->bytes = total;
+    s->n_slots = n_slots;
     s->n_layers = n_layers;
     s->window = window;
-    s->dim = dim;
-    s->index_dim = index_dim;
-    s->max_tokens = max_tokens;
-    s->layers = s->mem;
-    char *p = (char *)s->mem + align64((size_t)n_layers * sizeof(di_v4_layer_state));
-    for (int64_t il = 0; il < n_layers; il++)
-        layer_layout(&s->layers[il], &p, kinds[il], rates[il], window, dim, index_dim, max_tokens);
+    char *p = s->mem;
+    s->slot = carve(&p, (size_t)n_slots * sizeof(di_v4_slot));
+    for (int64_t i = 0; i < n_slots; i++) {
+        di_v4_slot *sl = &s->slot[i];
+        sl->layers = carve(&p, (size_t)n_layers * sizeof(di_v4_slot_layer));
+        for (int64_t il = 0; il < n_layers; il++) {
+            di_v4_slot_layer *L = &sl->layers[il];
+            L->ring = carve(&p, (size_t)(window * dim) * sizeof(float));
+            if (kinds[il] != KIND_SLIDING)
+                L->comp = comp_carve(&p, rates[il], dim, kinds[il] == KIND_CSA);
+            if (kinds[il] == KIND_CSA) L->icomp = comp_carve(&p, rates[il], index_dim, true);
+        }
+    }
     return DI_OK;
 }
 
-void di_v4_state_free(di_v4_state *s) {
+void di_v4_slots_free(di_v4_slots *s) {
     if (!s) return;
     di_aligned_free(s->mem);
     memset(s, 0, sizeof *s);
 }
 
-static void comp_reset(di_v4_comp_state *cs) {
-    cs->open = 0;
-    cs->fill = 0;
-    cs->has_prev = false;
-}
+/* ---------------------------------------------------------------------------------------- */
+/* Paged entries                                                                              */
+/* ---------------------------------------------------------------------------------------- */
 
-void di_v4_state_reset(di_v4_state *s) {
-    for (int64_t il = 0; il < s->n_layers; il++) {
-        s->layers[il].n_entries = 0;
-        comp_reset(&s->layers[il].comp);
-        comp_reset(&s->layers[il].icomp);
+di_status di_v4_pool_init(di_v4_pool *p, int64_t n_layers, const uint8_t *kinds,
+                          const int64_t *rates, int64_t dim, int64_t index_dim, int64_t n_blocks,
+                          int64_t block_size) {
+    memset(p, 0, sizeof *p);
+    if (n_blocks <= 0 || block_size <= 0)
+        return di_error(DI_ERR_INVALID_ARG,
+                        "V4 state: n_blocks %lld and block_size %lld must be "
+                        "positive",
+                        (long long)n_blocks, (long long)block_size);
+    size_t total = align64((size_t)n_layers * sizeof(di_v4_pool_layer));
+    for (int64_t il = 0; il < n_layers; il++) {
+        if (kinds[il] == KIND_SLIDING) continue;
+        if (rates[il] <= 0 || block_size % rates[il] != 0)
+            return di_error(DI_ERR_INVALID_ARG,
+                            "V4 state: block_size %lld is not a multiple of layer %lld's "
+                            "compress rate %lld",
+                            (long long)block_size, (long long)il, (long long)rates[il]);
+        int64_t rows = n_blocks * (block_size / rates[il]);
+        total += align64((size_t)(rows * dim) * sizeof(float));
+        if (kinds[il] == KIND_CSA) total += align64((size_t)(rows * index_dim) * sizeof(float));
     }
+    p->mem = di_aligned_alloc(total);
+    if (!p->mem)
+        return di_error(DI_ERR_OUT_OF_MEMORY,
+                        "V4 state: cannot allocate %zu bytes of compressed rows (%lld blocks)",
+                        total, (long long)n_blocks);
+    memset(p->mem, 0, total);
+    p->bytes = total;
+    p->n_layers = n_layers;
+    p->n_blocks = n_blocks;
+    p->block_size = block_size;
+    p->dim = dim;
+    p->index_dim = index_dim;
+    char *q = p->mem;
+    p->layers = carve(&q, (size_t)n_layers * sizeof(di_v4_pool_layer));
+    for (int64_t il = 0; il < n_layers; il++) {
+        di_v4_pool_layer *L = &p->layers[il];
+        if (kinds[il] == KIND_SLIDING) continue;
+        L->m = rates[il];
+        L->per_block = block_size / rates[il];
+        L->entries = carve(&q, (size_t)(n_blocks * L->per_block * dim) * sizeof(float));
+        if (kinds[il] == KIND_CSA)
+            L->ientries = carve(&q, (size_t)(n_blocks * L->per_block * index_dim) * sizeof(float));
+    }
+    return DI_OK;
 }
 
-/* ---------------------------------------------------------------------------------------- */
-/* Compressor windows                                                                         */
-/* ---------------------------------------------------------------------------------------- */
-
-static float *row(float *buf, const di_v4_comp_state *cs, int64_t half, int64_t i) {
-    return buf + (half * cs->m + i) * cs->cw;
-}
-
-float *di_v4_comp_next_c(di_v4_comp_state *cs) {
-    return row(cs->c, cs, cs->open, cs->fill);
-}
-
-float *di_v4_comp_next_z(di_v4_comp_state *cs) {
-    return row(cs->z, cs, cs->open, cs->fill);
-}
-
-bool di_v4_comp_commit(di_v4_comp_state *cs) {
-    cs->fill++;
-    return cs->fill == cs->m;
-}
-
-const float *di_v4_comp_row_c(const di_v4_comp_state *cs, bool prev, int64_t i) {
-    return row(cs->c, cs, prev ? 1 - cs->open : cs->open, i);
-}
-
-const float *di_v4_comp_row_z(const di_v4_comp_state *cs, bool prev, int64_t i) {
-    return row(cs->z, cs, prev ? 1 - cs->open : cs->open, i);
-}
-
-void di_v4_comp_advance(di_v4_comp_state *cs) {
-    cs->open = 1 - cs->open;
-    cs->fill = 0;
-    cs->has_prev = true;
+void di_v4_pool_free(di_v4_pool *p) {
+    if (!p) return;
+    di_aligned_free(p->mem);
+    memset(p, 0, sizeof *p);
 }
 
 /* ---------------------------------------------------------------------------------------- */

@@ -1,21 +1,26 @@
 /*
- * v4_state.h -- one sequence's DeepSeek-V4 attention state: bounded sliding-window rings,
- * compressed entries, Lightning-indexer keys and the compressors' open windows.
+ * v4_state.h -- DeepSeek-V4 attention state, split the way the engine shares it:
  *
- * Per layer (d = head_dim, dI = index_head_dim, W = sliding_window, m = compress rate):
- *   - ring: the K=V rows of the last W positions, position p in slot p mod W. Exactly W rows
- *     whatever the context length (the bounded part of the state).
- *   - entries (CSA, HCA): one normalised, roped d-row per completed window of m tokens,
- *     appended in order; CSA also keeps one dI-row indexer key per window.
- *   - compressor state (CSA, HCA; CSA also for the indexer): the projected (c, z + ape) rows
- *     of the open window's tokens, and for the overlapping CSA compressor the previous
- *     complete window's rows, whose first halves join the next entry. Two halves of one
- *     buffer alternate as "open" and "previous", so completing a window copies nothing.
+ *   - di_v4_pool: what grows with the context. Per CSA / HCA layer, one normalised, roped
+ *     d-row per completed window of m tokens ("entry"), and per CSA layer one dI-row indexer
+ *     key per window, stored in paged blocks: block b holds the entries of the windows that
+ *     start inside its block_size positions, rows b * (block_size / m) .. + block_size / m.
+ *     block_size is a multiple of every rate, so a window never straddles two blocks and a
+ *     block's entries depend only on the tokens up to its end (prefix-cacheable, shareable).
+ *   - di_v4_slots: the bounded window state of one running sequence per slot. Per layer the
+ *     ring of the last W K=V rows (position p in row p mod W) and the compressors' rows
+ *     (projected c, z + ape) of the open window and the one before it (the overlapping CSA
+ *     compressor pools the previous window's first halves into the next entry). Compressor
+ *     rows are position-addressed too: position p's row is row p mod m of half (p / m) mod 2,
+ *     so completing a window copies nothing and the state needs no counters.
+ *
+ * A slot remembers `base`, the first position it has seen since its reset: positions below
+ * it are not in the ring (a replay after a prefix-cache hit starts mid-sequence, and the
+ * rows it would read there belong to another sequence).
  *
  * Design stance: plain float rows, no tensors and no backend (src/kv rule); the model fills
- * and reads the rows. Capacity is fixed at init from max_tokens. The state does not track
- * the sequence length: the model's context does (n_past), and the state is consistent with
- * it after each forward call. Rows are float32 (what the CPU forward reads).
+ * and reads the rows. Sizes are fixed at init. Layer kinds use the values of
+ * di_v4_layer_kind (0 sliding, 1 CSA, 2 HCA) without including the config header.
  */
 #ifndef DI_V4_STATE_H
 #define DI_V4_STATE_H
@@ -25,56 +30,91 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+/* ---- Window state (per slot) ---------------------------------------------------------- */
+
 typedef struct di_v4_comp_state {
     int64_t m;     /* window length (tokens) */
     int64_t width; /* entry width (d or dI) */
     int64_t cw;    /* channels per token row: 2 width (overlapping) or width */
     bool overlap;  /* CSA: entry w also pools window w-1's first halves */
-    float *c, *z;  /* [2][m][cw] each: half `open` is the open window, the other the previous */
-    int64_t open;  /* 0 or 1 */
-    int64_t fill;  /* tokens in the open window */
-    bool has_prev; /* the previous half holds a complete window */
+    float *c, *z;  /* [2][m][cw] each, position-addressed (see above) */
 } di_v4_comp_state;
 
-typedef struct di_v4_layer_state {
-    int kind;          /* di_v4_layer_kind */
-    int64_t m;         /* compress rate (0: sliding) */
-    float *ring;       /* [W][d] */
-    float *entries;    /* [max_entries][d] (CSA, HCA) */
-    float *ientries;   /* [max_entries][dI] (CSA) */
-    int64_t n_entries; /* completed windows so far */
-    int64_t max_entries;
-    di_v4_comp_state comp, icomp;
-} di_v4_layer_state;
+typedef struct di_v4_slot_layer {
+    float *ring;                  /* [W][d] */
+    di_v4_comp_state comp, icomp; /* CSA, HCA; CSA's indexer (m == 0: none) */
+} di_v4_slot_layer;
 
-typedef struct di_v4_state {
-    int64_t n_layers, window, dim, index_dim, max_tokens;
-    di_v4_layer_state *layers; /* [n_layers], inside mem */
-    void *mem;                 /* owns everything */
+typedef struct di_v4_slot {
+    int64_t base;             /* first position seen since the reset */
+    di_v4_slot_layer *layers; /* [n_layers] */
+} di_v4_slot;
+
+typedef struct di_v4_slots {
+    int64_t n_slots, n_layers, window;
+    di_v4_slot *slot; /* [n_slots], inside mem */
+    void *mem;        /* owns everything */
     size_t bytes;
-} di_v4_state;
+} di_v4_slots;
 
-/* Allocates the state for n_layers layers of the given kinds and rates (kinds: uint8_t
- * di_v4_layer_kind per layer). On failure *s is left empty and the error names the size. */
-di_status di_v4_state_init(di_v4_state *s, int64_t n_layers, const uint8_t *kinds,
-                           const int64_t *rates, int64_t window, int64_t dim, int64_t index_dim,
-                           int64_t max_tokens);
-void di_v4_state_free(di_v4_state *s);
-/* Forgets the sequence (entries and open windows); the rings need no clearing because a
- * slot is always written before it is read. */
-void di_v4_state_reset(di_v4_state *s);
+/* Allocates n_slots window states for n_layers layers of the given kinds (uint8_t
+ * di_v4_layer_kind per layer) and rates. On failure *s is left empty and the error names
+ * the size. */
+di_status di_v4_slots_init(di_v4_slots *s, int64_t n_slots, int64_t n_layers, const uint8_t *kinds,
+                           const int64_t *rates, int64_t window, int64_t dim, int64_t index_dim);
+void di_v4_slots_free(di_v4_slots *s);
 
-/* Row of the open window for its next token (c and z rows of cw floats), and the commit:
- * returns true when the window is now complete (the caller emits the entry, then calls
- * di_v4_comp_advance). */
-float *di_v4_comp_next_c(di_v4_comp_state *cs);
-float *di_v4_comp_next_z(di_v4_comp_state *cs);
-bool di_v4_comp_commit(di_v4_comp_state *cs);
-/* Row i of the open (prev == false) or previous window. */
-const float *di_v4_comp_row_c(const di_v4_comp_state *cs, bool prev, int64_t i);
-const float *di_v4_comp_row_z(const di_v4_comp_state *cs, bool prev, int64_t i);
-/* The open window becomes the previous one; a new window opens empty. */
-void di_v4_comp_advance(di_v4_comp_state *cs);
+/* Starts a sequence in the slot at position base. Nothing is cleared: every row is written
+ * before it is read, and rows of positions below base are never read. */
+static inline void di_v4_slot_reset(di_v4_slot *s, int64_t base) {
+    s->base = base;
+}
+
+/* The c / z row of position p (cw floats). */
+static inline float *di_v4_comp_c(const di_v4_comp_state *cs, int64_t p) {
+    return cs->c + (((p / cs->m) & 1) * cs->m + p % cs->m) * cs->cw;
+}
+static inline float *di_v4_comp_z(const di_v4_comp_state *cs, int64_t p) {
+    return cs->z + (((p / cs->m) & 1) * cs->m + p % cs->m) * cs->cw;
+}
+
+/* ---- Paged entries (shared, refcounted blocks) ----------------------------------------- */
+
+typedef struct di_v4_pool_layer {
+    int64_t m;         /* compress rate (0: sliding, no rows) */
+    int64_t per_block; /* entries per block: block_size / m */
+    float *entries;    /* [n_blocks * per_block][d] (CSA, HCA) */
+    float *ientries;   /* [n_blocks * per_block][dI] (CSA) */
+} di_v4_pool_layer;
+
+typedef struct di_v4_pool {
+    int64_t n_layers, n_blocks, block_size, dim, index_dim;
+    di_v4_pool_layer *layers; /* [n_layers], inside mem */
+    void *mem;
+    size_t bytes;
+} di_v4_pool;
+
+/* Allocates the entry rows of n_blocks blocks of block_size positions. Fails with
+ * DI_ERR_INVALID_ARG naming block_size when it is not a multiple of every layer's rate. */
+di_status di_v4_pool_init(di_v4_pool *p, int64_t n_layers, const uint8_t *kinds,
+                          const int64_t *rates, int64_t dim, int64_t index_dim, int64_t n_blocks,
+                          int64_t block_size);
+void di_v4_pool_free(di_v4_pool *p);
+
+/* Entry w of layer il of the sequence with block table `table` (d floats), and its indexer
+ * key (dI floats, CSA layers). */
+static inline float *di_v4_pool_entry(const di_v4_pool *p, int64_t il, const int32_t *table,
+                                      int64_t w) {
+    const di_v4_pool_layer *L = &p->layers[il];
+    return L->entries +
+           ((int64_t)table[w / L->per_block] * L->per_block + w % L->per_block) * p->dim;
+}
+static inline float *di_v4_pool_ientry(const di_v4_pool *p, int64_t il, const int32_t *table,
+                                       int64_t w) {
+    const di_v4_pool_layer *L = &p->layers[il];
+    return L->ientries +
+           ((int64_t)table[w / L->per_block] * L->per_block + w % L->per_block) * p->index_dim;
+}
 
 /* Cache accounting for `deepinfer info` (bytes of float32 rows, per layer):
  * the fixed part (ring + compressor windows) and the growth per token of context. */

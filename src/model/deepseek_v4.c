@@ -2,7 +2,7 @@
  * deepseek_v4.c -- the DeepSeek-V4 (Flash / Pro) forward pass: embedding into n_hc streams,
  * per sublayer mHC (mixing weights with Sinkhorn, collapse, attention or MoE, stream update),
  * and the head with its own stream collapse. Attention lives in deepseek_v4_attn.c, tensor
- * binding in deepseek_v4_weights.c, the per-sequence state in src/kv/v4_state.c.
+ * binding in deepseek_v4_weights.c, the paged entries and window slots in src/kv/v4_state.c.
  *
  * Semantics are transformers 5.17's (docs/v4-reference-notes.md; tools/make_goldens_v4.py's
  * independent_forward() is the executable description):
@@ -14,17 +14,28 @@
  *     with the gate clamped above and the up projection clamped both ways at swiglu_limit,
  *     for the routed and the shared expert alike.
  *
- * The forward pass allocates nothing: every buffer is carved at context creation for
- * C = min(max_tokens, V4_MAX_CHUNK) rows; longer inputs run in chunks of C.
+ * Batches (the engine's runner, as in deepseek_v3.c): the tokens of several sequences are
+ * packed into chunks of rows, so every projection, expert and the head read their weights
+ * once per chunk; the compressed entries and indexer keys go to a paged pool through each
+ * sequence's block table, the bounded window state to the sequence's slot, and the
+ * per-sequence parts of attention run per segment (deepseek_v4_attn.c). A context is the
+ * batch of one sequence over a pool of one block and one slot, so both paths are the same
+ * code. Every row's result depends only on its own sequence (batch invariance).
+ *
+ * The forward pass allocates nothing: every buffer is carved at creation for C rows
+ * (min(max_tokens, V4_MAX_CHUNK) for a context, min(max_batch_tokens, V4_MAX_BATCH_CHUNK)
+ * for the engine); longer inputs run in chunks of C.
  */
 #include "model/deepseek_v4.h"
 
+#include <assert.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 
-#define V4_MAX_CHUNK 128
-#define V4_PI        3.14159265358979323846
+#define V4_MAX_CHUNK       128
+#define V4_MAX_BATCH_CHUNK 256 /* rows per chunk of an engine batch */
+#define V4_PI              3.14159265358979323846
 
 /* ---------------------------------------------------------------------------------------- */
 /* RoPE                                                                                       */
@@ -55,12 +66,12 @@ static void rope_inv_freq(const di_v4_rope *rp, int64_t rd, float *inv) {
     }
 }
 
-/* cos, sin and -sin [n][rd / 2] for positions pos0 .. pos0 + n - 1. */
-static void rope_tables(const float *inv, int64_t rd2, int64_t pos0, int64_t n, float *cs,
+/* cos, sin and -sin [n][rd / 2] for the positions pos[0 .. n). */
+static void rope_tables(const float *inv, int64_t rd2, const int64_t *pos, int64_t n, float *cs,
                         float *sn, float *nsn) {
     for (int64_t t = 0; t < n; t++)
         for (int64_t i = 0; i < rd2; i++) {
-            float ang = (float)(pos0 + t) * inv[i];
+            float ang = (float)pos[t] * inv[i];
             cs[t * rd2 + i] = (float)cos((double)ang);
             sn[t * rd2 + i] = (float)sin((double)ang);
             nsn[t * rd2 + i] = -sn[t * rd2 + i];
@@ -77,8 +88,60 @@ static void *carve(char **p, size_t bytes) {
     return r;
 }
 
-static di_status v4_state_create(const void *weights, int64_t max_tokens, void **out) {
-    const v4_model *m = weights;
+/* Least common multiple of the compress rates: block sizes must be a multiple of it. */
+static int64_t rate_multiple(const v4_model *m) {
+    int64_t r = 1;
+    for (int64_t il = 0; il < m->hp->num_hidden_layers; il++) {
+        if (m->v->layer_kind[il] == DI_V4_SLIDING) continue;
+        int64_t a = r, b = m->v->compress_rate[il];
+        while (b) {
+            int64_t t = a % b;
+            a = b;
+            b = t;
+        }
+        r = r / a * m->v->compress_rate[il];
+    }
+    return r;
+}
+
+static void kv_free(v4_kv *kv) {
+    if (!kv) return;
+    di_v4_pool_free(&kv->pool);
+    di_v4_slots_free(&kv->slots);
+    di_free(kv);
+}
+
+/* The shared storage: n_blocks blocks of block_size positions and n_slots window states. */
+static di_status kv_create(const v4_model *m, int64_t n_blocks, int64_t block_size, int64_t n_slots,
+                           v4_kv **out) {
+    const di_v4_hparams *v = m->v;
+    const int64_t nl = m->hp->num_hidden_layers;
+    v4_kv *kv = di_calloc(1, sizeof *kv);
+    if (!kv) return di_error(DI_ERR_OUT_OF_MEMORY, "V4 state: out of memory");
+    di_status st = di_v4_pool_init(&kv->pool, nl, v->layer_kind, v->compress_rate, v->head_dim,
+                                   v->index_head_dim, n_blocks, block_size);
+    if (!st)
+        st = di_v4_slots_init(&kv->slots, n_slots, nl, v->layer_kind, v->compress_rate,
+                              v->sliding_window, v->head_dim, v->index_head_dim);
+    if (st) {
+        kv_free(kv);
+        return st;
+    }
+    *out = kv;
+    return DI_OK;
+}
+
+static void ctx_free(v4_ctx *c) {
+    if (!c) return;
+    if (c->own_kv) kv_free(c->kv);
+    di_aligned_free(c->arena);
+    di_free(c);
+}
+
+/* Scratch for chunks of `chunk` rows of sequences up to max_tokens positions, working on kv
+ * (taken over when own_kv; on failure an owned kv is freed). */
+static di_status ctx_create(const v4_model *m, v4_kv *kv, bool own_kv, int64_t max_tokens,
+                            int64_t chunk, v4_ctx **out) {
     const di_hparams *hp = m->hp;
     const di_v4_hparams *v = m->v;
     const int64_t D = hp->hidden_size, H = hp->num_attention_heads, d = v->head_dim;
@@ -86,9 +149,14 @@ static di_status v4_state_create(const void *weights, int64_t max_tokens, void *
     const int64_t I = hp->moe_intermediate_size, nI = v->index_n_heads, dI = v->index_head_dim;
     const int64_t rd2 = v->rope_dim / 2;
     v4_ctx *c = di_calloc(1, sizeof *c);
-    if (!c) return di_error(DI_ERR_OUT_OF_MEMORY, "context: out of memory");
+    if (!c) {
+        if (own_kv) kv_free(kv);
+        return di_error(DI_ERR_OUT_OF_MEMORY, "context: out of memory");
+    }
+    c->kv = kv;
+    c->own_kv = own_kv;
     c->max_tokens = max_tokens;
-    const int64_t C = c->chunk = DI_MIN(max_tokens, V4_MAX_CHUNK);
+    const int64_t C = c->chunk = chunk;
 
     /* Largest key list of a query: the window plus the most entries a layer can add. */
     int64_t extra = 0, m_max = 1;
@@ -104,12 +172,6 @@ static di_status v4_state_create(const void *weights, int64_t max_tokens, void *
     c->max_keys = DI_MIN(v->sliding_window, max_tokens) + extra;
     const int64_t MK = c->max_keys, ME = DI_MAX(c->max_entries, 1);
 
-    di_status st = di_v4_state_init(&c->kv, hp->num_hidden_layers, v->layer_kind, v->compress_rate,
-                                    v->sliding_window, d, dI, max_tokens);
-    if (st) {
-        di_free(c);
-        return st;
-    }
     const size_t f = sizeof(float), pz = sizeof(void *);
     size_t sizes[] = {C * n * D * f,
                       C * n * D * f,
@@ -135,6 +197,7 @@ static di_status v4_state_create(const void *weights, int64_t max_tokens, void *
                       C * 2 * dI * f,
                       C * nI * dI * f,
                       C * nI * f,
+                      ME * dI * f,
                       C * ME * f,
                       DI_MAX(C, 64) * MK * f,
                       C * MK * pz,
@@ -153,14 +216,16 @@ static di_status v4_state_create(const void *weights, int64_t max_tokens, void *
                       C * K * D * f,
                       C * K * sizeof(int32_t),
                       (E + 1) * sizeof(int64_t),
-                      C * K * sizeof(int32_t)};
+                      C * K * sizeof(int32_t),
+                      C * sizeof(int32_t),
+                      C * sizeof(int64_t),
+                      C * sizeof(v4_seg)};
     size_t total = 0;
     for (size_t i = 0; i < DI_ARRAY_LEN(sizes); i++)
         total += (sizes[i] + 63) & ~(size_t)63;
     c->arena = di_aligned_alloc(total);
     if (!c->arena) {
-        di_v4_state_free(&c->kv);
-        di_free(c);
+        ctx_free(c);
         return di_error(DI_ERR_OUT_OF_MEMORY, "context: cannot allocate %zu bytes of buffers",
                         total);
     }
@@ -191,6 +256,7 @@ static di_status v4_state_create(const void *weights, int64_t max_tokens, void *
     c->iz = carve(&p, sizes[k++]);
     c->qi = carve(&p, sizes[k++]);
     c->iw = carve(&p, sizes[k++]);
+    c->ikeys = carve(&p, sizes[k++]);
     c->iscore = carve(&p, sizes[k++]);
     c->ascratch = carve(&p, sizes[k++]);
     c->scratch_rows = DI_MAX(C, 64);
@@ -211,16 +277,26 @@ static di_status v4_state_create(const void *weights, int64_t max_tokens, void *
     c->sel_id = carve(&p, sizes[k++]);
     c->cnt = carve(&p, sizes[k++]);
     c->ent = carve(&p, sizes[k++]);
+    c->ids = carve(&p, sizes[k++]);
+    c->pos = carve(&p, sizes[k++]);
+    c->segs = carve(&p, sizes[k++]);
     *out = c;
     return DI_OK;
 }
 
+/* A context is the batch of one sequence in slot 0 over a pool of one block that holds the
+ * whole context (rounded up to the rates' multiple), so both paths run the same code. */
+static di_status v4_state_create(const void *weights, int64_t max_tokens, void **out) {
+    const v4_model *m = weights;
+    const int64_t mult = rate_multiple(m);
+    v4_kv *kv;
+    di_status st = kv_create(m, 1, (max_tokens + mult - 1) / mult * mult, 1, &kv);
+    if (st) return st;
+    return ctx_create(m, kv, true, max_tokens, DI_MIN(max_tokens, V4_MAX_CHUNK), (v4_ctx **)out);
+}
+
 static void v4_state_free(void *state) {
-    v4_ctx *c = state;
-    if (!c) return;
-    di_v4_state_free(&c->kv);
-    di_aligned_free(c->arena);
-    di_free(c);
+    ctx_free(state);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -337,35 +413,47 @@ static void hc_post(const v4_model *m, v4_ctx *c, const di_backend *be, int64_t 
     c->x2 = t;
 }
 
-static void forward_chunk(const v4_model *m, v4_ctx *c, const di_backend *be, const int32_t *ids,
-                          int64_t n, int64_t pos0, float *logits, int64_t lrow0) {
+/* One chunk of n rows holding c->segs[0 .. n_segs). The logits rows of its sequences go to
+ * logits[0 ..) in order; returns their count. */
+static int64_t forward_chunk(const v4_model *m, v4_ctx *c, const di_backend *be, int64_t n,
+                             float *logits) {
     const di_hparams *hp = m->hp;
     const int64_t D = hp->hidden_size, nh = m->v->hc_mult, rd2 = m->v->rope_dim / 2;
     void *bc = be->ctx;
 
-    be->ops->embed(bc, &m->embed, ids, n, c->y);
+    be->ops->embed(bc, &m->embed, c->ids, n, c->y);
     for (int64_t t = 0; t < n; t++)
         for (int64_t j = 0; j < nh; j++)
             be->ops->copy2d(bc, c->x + (t * nh + j) * D, D, c->y + t * D, D, 1, D);
-    rope_tables(m->inv_main, rd2, pos0, n, c->cos_m, c->sin_m, c->nsin_m);
-    rope_tables(m->inv_comp, rd2, pos0, n, c->cos_c, c->sin_c, c->nsin_c);
+    rope_tables(m->inv_main, rd2, c->pos, n, c->cos_m, c->sin_m, c->nsin_m);
+    rope_tables(m->inv_comp, rd2, c->pos, n, c->cos_c, c->sin_c, c->nsin_c);
 
     for (int64_t il = 0; il < hp->num_hidden_layers; il++) {
         const v4_block *L = &m->blocks[il];
         hc_pre(m, c, be, n, L->hc_attn_fn, L->hc_attn_base, L->hc_attn_scale, L->attn_norm);
-        v4_attention(m, L, il, c, be, n, pos0);
+        v4_attention(m, L, il, c, be, n);
         hc_post(m, c, be, n);
         hc_pre(m, c, be, n, L->hc_ffn_fn, L->hc_ffn_base, L->hc_ffn_scale, L->ffn_norm);
-        moe(m, L, c, be, ids, n);
+        moe(m, L, c, be, c->ids, n);
         hc_post(m, c, be, n);
     }
-    if (!logits || lrow0 >= n) return;
+
+    /* Gather the rows that need logits into x2 (free after the last hc_post). */
+    int64_t k = 0;
+    for (int64_t g = 0; g < c->n_segs; g++) {
+        const v4_seg *sg = &c->segs[g];
+        if (sg->lcnt <= 0) continue;
+        memcpy(c->x2 + k * nh * D, c->x + sg->lrow0 * nh * D,
+               (size_t)(sg->lcnt * nh * D) * sizeof(float));
+        k += sg->lcnt;
+    }
+    if (k == 0 || !logits) return k;
 
     /* Head: collapse with its own weights (no Sinkhorn), final norm, lm head. */
-    di_v4_hc_params p = {.n_tokens = n - lrow0,
+    di_v4_hc_params p = {.n_tokens = k,
                          .n_hc = nh,
                          .dim = D,
-                         .x = c->x + lrow0 * nh * D,
+                         .x = c->x2,
                          .fn = m->hc_head_fn,
                          .base = m->hc_head_base,
                          .scale = m->hc_head_scale,
@@ -374,126 +462,139 @@ static void forward_chunk(const v4_model *m, v4_ctx *c, const di_backend *be, co
                          .hc_eps = (float)m->v->hc_eps,
                          .h = c->h};
     be->ops->v4_hc_pre(bc, &p);
-    be->ops->rmsnorm(bc, c->h, D, m->norm, n - lrow0, D, (float)hp->rms_norm_eps, c->xn, D);
-    v4_matmul(be, &m->head, c->xn, n - lrow0, logits);
+    be->ops->rmsnorm(bc, c->h, D, m->norm, k, D, (float)hp->rms_norm_eps, c->xn, D);
+    v4_matmul(be, &m->head, c->xn, k, logits);
+    return k;
 }
 
-/* Runs n tokens of the sequence whose state is in c->kv. */
-static void run_seq(const v4_model *m, v4_ctx *c, const di_backend *be, const int32_t *ids,
-                    int64_t n, int64_t pos0, float *logits, int64_t n_logits) {
+/* Packs the batch's tokens into chunks of at most C rows (a sequence may span chunks: its
+ * earlier rows are in its slot and the pool by then) and runs them. Every projection and
+ * expert reads its weights once per chunk; the per-sequence parts run per segment. */
+static void v4_forward_batch(const void *weights, void *state, const di_backend *be,
+                             const di_batch_args *a) {
+    const v4_model *m = weights;
+    v4_ctx *c = state;
     const int64_t V = m->hp->vocab_size;
-    const int64_t first = logits ? n - n_logits : n;
-    for (int64_t c0 = 0; c0 < n; c0 += c->chunk) {
-        int64_t cn = DI_MIN(c->chunk, n - c0);
-        int64_t lrow0 = DI_MAX(first - c0, 0);
-        float *lg = logits && lrow0 < cn ? logits + (c0 + lrow0 - first) * V : NULL;
-        forward_chunk(m, c, be, ids + c0, cn, pos0 + c0, lg, lrow0);
+    int64_t rows = 0, lrow = 0;
+    c->n_segs = 0;
+    for (int64_t i = 0; i < a->n_seqs; i++) {
+        const di_batch_seq *q = &a->seqs[i];
+        assert(q->slot >= 0 && q->slot < c->kv->slots.n_slots);
+        assert(q->n_replay >= 0 && q->n_replay <= q->n);
+#ifndef NDEBUG
+        /* The table covers the sequence's blocks, all inside the pool. */
+        for (int64_t b = 0; b <= (q->pos0 + q->n - 1) / c->kv->pool.block_size; b++)
+            assert(q->block_table[b] >= 0 && q->block_table[b] < c->kv->pool.n_blocks);
+#endif
+        di_v4_slot *slot = &c->kv->slots.slot[q->slot];
+        if (q->reset_state) di_v4_slot_reset(slot, q->pos0);
+        const int64_t lfirst = a->logits ? q->n - q->n_logits : q->n; /* seq token index */
+        for (int64_t off = 0; off < q->n;) {
+            int64_t take = DI_MIN(q->n - off, c->chunk - rows);
+            v4_seg *sg = &c->segs[c->n_segs++];
+            int64_t first = DI_MAX(lfirst, off);
+            *sg = (v4_seg){.table = q->block_table,
+                           .slot = slot,
+                           .pos0 = q->pos0 + off,
+                           .n = take,
+                           .row0 = rows,
+                           .replay_end = q->pos0 + q->n_replay,
+                           .lrow0 = rows + first - off,
+                           .lcnt = DI_MAX(off + take - first, 0)};
+            for (int64_t t = 0; t < take; t++) {
+                c->ids[rows + t] = q->ids[off + t];
+                c->pos[rows + t] = q->pos0 + off + t;
+            }
+            rows += take, off += take;
+            if (rows == c->chunk) {
+                lrow += forward_chunk(m, c, be, rows, a->logits ? a->logits + lrow * V : NULL);
+                rows = c->n_segs = 0;
+            }
+        }
     }
+    if (rows > 0) forward_chunk(m, c, be, rows, a->logits ? a->logits + lrow * V : NULL);
 }
 
 static void v4_forward(const void *weights, void *state, const di_backend *be,
                        const di_forward_args *a) {
     v4_ctx *c = state;
     /* A call at position 0 starts a new sequence (di_context_reset rewinds to 0). */
-    if (a->pos0 == 0) di_v4_state_reset(&c->kv);
-    run_seq(weights, c, be, a->ids, a->n, a->pos0, a->logits, a->logits ? a->n_logits : 0);
+    di_batch_seq q = {.ids = a->ids,
+                      .n = a->n,
+                      .pos0 = a->pos0,
+                      .block_table = c->ctx_table,
+                      .slot = 0,
+                      .reset_state = a->pos0 == 0,
+                      .n_logits = a->logits ? a->n_logits : 0};
+    di_batch_args b = {.seqs = &q, .n_seqs = 1, .logits = a->logits};
+    v4_forward_batch(weights, state, be, &b);
 }
 
 /* ---------------------------------------------------------------------------------------- */
 /* Batched runner                                                                             */
 /* ---------------------------------------------------------------------------------------- */
 
-/* The engine's V4 state: one activation context and a full attention state per slot. The
- * compressed entries live in the slot too (not in the paged pool yet), so a sequence that
- * loses its slot is recomputed from position 0 and prefix reuse is off for V4 (see
- * v4_prefix_cache_ok). Sequences run one after another through the per-sequence path, so
- * each one's result is exactly that of a context. */
-typedef struct v4_batch_state {
-    v4_ctx *ctx;          /* owned; its own kv is unused */
-    di_v4_state *slots;   /* [n_slots], owned unless slots_shared */
-    int32_t n_slots;
-    /* The slots are another state's (di_batch_config.share): a slot handed from the
-     * prefill worker to the decode worker moves, it is not copied. */
-    bool slots_shared;
-} v4_batch_state;
-
-static void v4_batch_state_free(void *state) {
-    v4_batch_state *b = state;
-    if (!b) return;
-    for (int32_t i = 0; b->slots && !b->slots_shared && i < b->n_slots; i++)
-        di_v4_state_free(&b->slots[i]);
-    if (!b->slots_shared) di_free(b->slots);
-    v4_state_free(b->ctx);
-    di_free(b);
-}
-
+/* The engine's V4 state: the shared storage (paged entries over cfg's blocks, one window
+ * slot per running sequence) and the scratch for chunks of up to V4_MAX_BATCH_CHUNK rows. */
 static di_status v4_batch_state_create(const void *weights, const di_batch_config *cfg,
                                        void **out) {
     const v4_model *m = weights;
-    const di_hparams *hp = m->hp;
-    const di_v4_hparams *v = m->v;
-    v4_batch_state *b = di_calloc(1, sizeof *b);
-    if (!b) return di_error(DI_ERR_OUT_OF_MEMORY, "engine: out of memory");
-    di_status st = v4_state_create(weights, cfg->max_model_len, (void **)&b->ctx);
-    const v4_batch_state *share = cfg->share;
-    if (!st && share) {
-        if (share->n_slots != cfg->n_slots)
-            st = di_error(DI_ERR_INVALID_ARG, "batch state: the shared state has %d slots, not %d",
-                          (int)share->n_slots, (int)cfg->n_slots);
-        b->slots = share->slots;
-        b->n_slots = share->n_slots;
-        b->slots_shared = true;
-    } else if (!st) {
-        b->slots = di_calloc((size_t)cfg->n_slots, sizeof *b->slots);
-        if (!b->slots) st = di_error(DI_ERR_OUT_OF_MEMORY, "engine: out of memory");
-    }
-    for (int32_t i = 0; !st && !b->slots_shared && i < cfg->n_slots; i++, b->n_slots = i)
-        st = di_v4_state_init(&b->slots[i], hp->num_hidden_layers, v->layer_kind,
-                              v->compress_rate, v->sliding_window, v->head_dim,
-                              v->index_head_dim, cfg->max_model_len);
-    if (st) {
-        v4_batch_state_free(b);
-        return st;
-    }
-    *out = b;
-    return DI_OK;
+    /* A second state over another's pool and slots (disaggregated workers, model.h). */
+    if (cfg->share) return v4_batch_state_create_shared(weights, (void *)cfg->share, cfg, out);
+    v4_kv *kv;
+    di_status st = kv_create(m, cfg->n_blocks, cfg->block_size, cfg->n_slots, &kv);
+    if (st) return st;
+    return ctx_create(m, kv, true, cfg->max_model_len,
+                      DI_MAX(DI_MIN(cfg->max_batch_tokens, V4_MAX_BATCH_CHUNK), 1), (v4_ctx **)out);
 }
 
-static void v4_forward_batch(const void *weights, void *state, const di_backend *be,
-                             const di_batch_args *a) {
-    const v4_model *m = weights;
-    v4_batch_state *b = state;
-    const int64_t V = m->hp->vocab_size;
-    di_v4_state own = b->ctx->kv;
-    int64_t lrow = 0;
-    for (int64_t i = 0; i < a->n_seqs; i++) {
-        const di_batch_seq *q = &a->seqs[i];
-        b->ctx->kv = b->slots[q->slot];
-        if (q->reset_state) di_v4_state_reset(&b->ctx->kv);
-        run_seq(m, b->ctx, be, q->ids, q->n, q->pos0,
-                q->n_logits > 0 && a->logits ? a->logits + lrow * V : NULL, q->n_logits);
-        b->slots[q->slot] = b->ctx->kv;
-        lrow += q->n_logits;
-    }
-    b->ctx->kv = own;
+/* A second runner state over the storage of `owner` (a state from v4_batch_state_create):
+ * its own scratch for chunks of cfg's sizes, the same pool and slots. For two workers over
+ * one KV pool (disaggregated prefill / decode); the owner must outlive it, and the two must
+ * not run forwards on the same slot or write the same blocks at once. */
+di_status v4_batch_state_create_shared(const void *weights, void *owner, const di_batch_config *cfg,
+                                       void **out) {
+    const v4_ctx *o = owner;
+    if (cfg->block_size != o->kv->pool.block_size || cfg->n_blocks != o->kv->pool.n_blocks ||
+        cfg->n_slots > o->kv->slots.n_slots)
+        return di_error(DI_ERR_INVALID_ARG,
+                        "engine: a shared V4 state needs the owner's pool (%lld blocks of %lld) "
+                        "and at most its %lld slots",
+                        (long long)o->kv->pool.n_blocks, (long long)o->kv->pool.block_size,
+                        (long long)o->kv->slots.n_slots);
+    return ctx_create(weights, o->kv, false, cfg->max_model_len,
+                      DI_MAX(DI_MIN(cfg->max_batch_tokens, V4_MAX_BATCH_CHUNK), 1), (v4_ctx **)out);
 }
 
+/* Tokens to replay after a prefix-cache hit of H tokens (H a multiple of the block size,
+ * hence of every rate) so that the window state at H is exactly the uninterrupted one; the
+ * derivation is in docs/engine-design.md ("V4: window layers and bounded replay"). The
+ * replay starts at S = H - R with the slot's base at S. The input of layer k at position p
+ * is exact once p - S >= k (W - 1): layer 0's input is the embedding, and each window layer
+ * reads the W - 1 positions before p of the layer below (entries come from the pool and
+ * are exact). After the replay, layer k needs
+ *   - its ring: K=V rows of positions H - W + 1 .. H - 1, so R >= (k + 1)(W - 1);
+ *   - the overlapping (CSA) compressors: the c / z rows of the window before H, positions
+ *     H - m .. H - 1, pooled into the first entry after H, so R >= m + k (W - 1);
+ *   - the compressors' open window: empty at H (m divides H), so nothing more. */
 static int64_t v4_replay_tokens(const void *weights) {
     const v4_model *m = weights;
-    return (m->hp->num_hidden_layers + 1) * m->v->sliding_window;
+    const int64_t W1 = m->v->sliding_window - 1;
+    int64_t r = 0;
+    for (int64_t k = 0; k < m->hp->num_hidden_layers; k++) {
+        r = DI_MAX(r, (k + 1) * W1);
+        if (m->v->layer_kind[k] == DI_V4_CSA) r = DI_MAX(r, m->v->compress_rate[k] + k * W1);
+    }
+    return r;
 }
 
 static bool v4_prefix_cache_ok(const void *weights) {
     (void)weights;
-    return false; /* compressed entries are per slot, not paged (see v4_batch_state) */
+    return true; /* entries are paged; window state is rebuilt by the replay */
 }
 
 static int64_t v4_block_multiple(const void *weights) {
-    const v4_model *m = weights;
-    int64_t r = 1;
-    for (int64_t il = 0; il < m->hp->num_hidden_layers; il++)
-        if (m->v->layer_kind[il] != DI_V4_SLIDING) r = DI_MAX(r, m->v->compress_rate[il]);
-    return r;
+    return rate_multiple(weights);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -575,7 +676,7 @@ const di_arch_vtable di_arch_deepseek_v4 = {
     .state_free = v4_state_free,
     .forward = v4_forward,
     .batch_state_create = v4_batch_state_create,
-    .batch_state_free = v4_batch_state_free,
+    .batch_state_free = v4_state_free,
     .forward_batch = v4_forward_batch,
     .replay_tokens = v4_replay_tokens,
     .prefix_cache_ok = v4_prefix_cache_ok,

@@ -97,13 +97,39 @@ typedef struct v4_model {
     int64_t n_owned, cap_owned;
 } v4_model;
 
-/* Per-sequence context: the attention state plus every activation buffer, carved once from
- * C = chunk rows (longer inputs run in chunks of C). Shapes as above, plus rd2 = rd / 2,
- * K = num_experts_per_tok, MK = max keys per query, ME = max entries of any layer. */
+/* The attention storage a runner reads and writes: the paged entry pool (compressed rows and
+ * indexer keys, addressed through block tables) and the window slots (rings, compressor
+ * windows). It is separate from the per-forward scratch (v4_ctx) so that a second runner
+ * state can share it. */
+typedef struct v4_kv {
+    di_v4_pool pool;
+    di_v4_slots slots;
+} v4_kv;
+
+/* The rows of one sequence inside a chunk. */
+typedef struct v4_seg {
+    const int32_t *table; /* the sequence's block table */
+    di_v4_slot *slot;     /* its window state */
+    int64_t pos0;         /* position of the segment's first row */
+    int64_t n, row0;      /* rows, first chunk row */
+    int64_t replay_end;   /* positions below it are replay: the pool is not written */
+    int64_t lrow0, lcnt;  /* chunk rows lrow0 .. + lcnt need logits */
+} v4_seg;
+
+/* Per-forward scratch: every activation buffer, carved once for C = chunk rows (longer
+ * batches run in chunks of C rows, each holding segments of one or more sequences), plus
+ * the storage it works on. Shapes as above, plus rd2 = rd / 2, K = num_experts_per_tok,
+ * MK = max keys per query, ME = max entries of any layer for one sequence. */
 typedef struct v4_ctx {
-    di_v4_state kv;
+    v4_kv *kv; /* the storage (owned when own_kv) */
+    bool own_kv;
+    int32_t ctx_table[1]; /* {0}: the single-sequence path's block table */
     int64_t max_tokens, chunk, max_keys, max_entries;
-    void *arena;                    /* owns every buffer below */
+    void *arena;  /* owns every buffer below */
+    int32_t *ids; /* [C] token ids of the chunk */
+    int64_t *pos; /* [C] positions of the chunk's rows */
+    v4_seg *segs; /* [C] sequences of the chunk */
+    int64_t n_segs;
     float *x, *x2;                  /* [C][n][D] residual streams (ping-pong through hc_post) */
     float *h, *xn, *y;              /* [C][D] collapsed input, its norm, the sublayer output */
     float *post, *mix;              /* [C][n], [C][n][n] */
@@ -116,6 +142,7 @@ typedef struct v4_ctx {
     float *cc, *zz;                 /* [C][2 d] main compressor projections */
     float *ic, *iz;                 /* [C][2 dI] indexer compressor projections */
     float *qi, *iw;                 /* [C][nI dI], [C][nI] indexer queries and head weights */
+    float *ikeys;                   /* [ME][dI] one sequence's indexer keys, gathered */
     float *iscore;                  /* [C][ME] indexer scores */
     float *ascratch;                /* [scratch_rows][MK] attention score rows */
     int64_t scratch_rows;           /* max(C, 64): also one row per worker for up to 64 workers */
@@ -135,10 +162,14 @@ typedef struct v4_ctx {
     int32_t *ent;        /* [C K] */
 } v4_ctx;
 
-/* deepseek_v4_attn.c: one layer's attention for n tokens at pos0 (reads c->xn, writes c->y
- * and the layer's state). */
+/* deepseek_v4_attn.c: one layer's attention for the chunk's n rows (c->segs; reads c->xn
+ * and c->pos, writes c->y, the slots' window state and, outside replay, the pool's rows). */
 void v4_attention(const v4_model *m, const v4_block *L, int64_t il, v4_ctx *c, const di_backend *be,
-                  int64_t n, int64_t pos0);
+                  int64_t n);
+/* deepseek_v4.c: a runner state sharing `owner`'s pool and slots (own scratch); for the
+ * engine's disaggregated workers, to be wired to the model.h hook that shares a KV pool. */
+di_status v4_batch_state_create_shared(const void *weights, void *owner, const di_batch_config *cfg,
+                                       void **out);
 /* y = x W^T whatever W's dtype (FP4 through matmul_fp4). */
 void v4_matmul(const di_backend *be, const di_weight *w, const float *x, int64_t n, float *y);
 

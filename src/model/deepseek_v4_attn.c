@@ -5,19 +5,27 @@
  * per-head sinks, partial interleaved RoPE (inverse RoPE on the output) and the grouped
  * output projection. Semantics: docs/v4-reference-notes.md, "Attention".
  *
- * Chunking and state (why the result does not depend on how the input is split):
- *   - The chunk's K=V rows live in c->kvr while the chunk attends; the layer's ring still
- *     holds the W positions before the chunk. Query p reads window position s from the
- *     chunk if s >= pos0, else from ring slot s mod W (s > p - W >= pos0 - W, so the slot
- *     still holds s). The ring is updated after the attention.
- *   - Compressor rows are pushed token by token into the state's open window; a window that
- *     completes emits its entry at once, before the chunk's attention, so query p sees
- *     exactly the entries w < (p + 1) / m whatever the chunking (n_vis[t]).
+ * Chunks, sequences and state (why the result does not depend on how the input is split
+ * or batched):
+ *   - A chunk holds segments of one or more sequences (c->segs). Projections run over all
+ *     rows; compressors, the indexer, key lists and the ring update run per segment.
+ *   - A segment's K=V rows live in c->kvr while the chunk attends; its slot's ring still
+ *     holds the W positions before the segment. Query p reads window position s from the
+ *     chunk if s >= pos0 (the segment's first position), else from ring row s mod W
+ *     (s > p - W >= pos0 - W, so the row still holds s). Positions below the slot's base
+ *     (a replay started there) are not read. The ring is updated after the attention.
+ *   - Compressor rows are stored at their position in the slot; the window a token
+ *     completes emits its entry into the paged pool at once, before the chunk's attention,
+ *     so query p sees exactly the entries w < (p + 1) / m whatever the chunking (n_vis[t]).
+ *     Replay rows (positions below the segment's replay_end) rebuild the compressor rows
+ *     but emit nothing: their entries exist in shared blocks.
  *   - Every key list is built in a fixed order (window by position, then entries by index)
- *     and every op is row-invariant, so a token's logits are bitwise the same in any chunk.
+ *     and every op is row-invariant, so a token's logits are bitwise the same in any chunk
+ *     and next to any other sequences.
  */
 #include "model/deepseek_v4.h"
 
+#include <assert.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,22 +57,22 @@ static void rope(const v4_model *m, const di_backend *be, float *x, int64_t n, i
 /* Compressor                                                                                 */
 /* ---------------------------------------------------------------------------------------- */
 
-/* Emits the entry of the window that just completed in cs into out ([width]): softmax
+/* Emits the entry of window w, which just completed in cs, into out ([width]): softmax
  * pooling over its slots (CSA: the previous window's first halves, then this window's
  * second halves), RMSNorm, RoPE (compress) at position w m. */
-static void emit_entry(const v4_model *m, const v4_compressor *cw, di_v4_comp_state *cs, v4_ctx *c,
-                       const di_backend *be, int64_t w, float *out) {
+static void emit_entry(const v4_model *m, const v4_compressor *cw, const di_v4_comp_state *cs,
+                       v4_ctx *c, const di_backend *be, int64_t w, float *out) {
     const int64_t mm = cs->m, width = cs->width;
     int64_t ns = 0;
-    if (cs->overlap && cs->has_prev)
+    if (cs->overlap && w > 0)
         for (int64_t i = 0; i < mm; i++, ns++) {
-            c->slot_c[ns] = di_v4_comp_row_c(cs, true, i);
-            c->slot_z[ns] = di_v4_comp_row_z(cs, true, i);
+            c->slot_c[ns] = di_v4_comp_c(cs, (w - 1) * mm + i);
+            c->slot_z[ns] = di_v4_comp_z(cs, (w - 1) * mm + i);
         }
     const int64_t off = cs->overlap ? width : 0;
     for (int64_t i = 0; i < mm; i++, ns++) {
-        c->slot_c[ns] = di_v4_comp_row_c(cs, false, i) + off;
-        c->slot_z[ns] = di_v4_comp_row_z(cs, false, i) + off;
+        c->slot_c[ns] = di_v4_comp_c(cs, w * mm + i) + off;
+        c->slot_z[ns] = di_v4_comp_z(cs, w * mm + i) + off;
     }
     di_v4_pool_params pp = {
         .n_slots = ns, .width = width, .c = c->slot_c, .z = c->slot_z, .out = out};
@@ -81,26 +89,32 @@ static void emit_entry(const v4_model *m, const v4_compressor *cw, di_v4_comp_st
     rope(m, be, out, 1, 1, width, width, cs_, sn_);
 }
 
-/* Pushes the chunk's compressor rows (cc, zz: [n][cw]) through the open window, emitting
- * every entry that completes into entries ([max_entries][width]). */
-static void run_compressor(const v4_model *m, const v4_compressor *cw, di_v4_comp_state *cs,
-                           float *entries, int64_t *n_entries, v4_ctx *c, const di_backend *be,
-                           const float *cc, const float *zz, int64_t n, int64_t pos0,
-                           int64_t *n_vis) {
-    const int64_t w_ = cs->cw;
-    for (int64_t t = 0; t < n; t++) {
-        const int64_t p = pos0 + t;
-        float *rc = di_v4_comp_next_c(cs), *rz = di_v4_comp_next_z(cs);
+/* Stores one segment's compressor rows (cc, zz: [n][cw], the segment's rows) in the slot
+ * and emits the entry of every window they complete into the pool (index keys when
+ * `index`), except for replay positions. n_vis (or NULL) gets each row's visible count. */
+static void run_compressor(const v4_model *m, const v4_compressor *cw, const di_v4_comp_state *cs,
+                           int64_t il, bool index, const v4_seg *sg, v4_ctx *c,
+                           const di_backend *be, const float *cc, const float *zz, int64_t *n_vis) {
+    const int64_t w_ = cs->cw, mm = cs->m;
+    const di_v4_pool *pool = &c->kv->pool;
+    for (int64_t t = 0; t < sg->n; t++) {
+        const int64_t p = sg->pos0 + t;
+        float *rc = di_v4_comp_c(cs, p), *rz = di_v4_comp_z(cs, p);
         memcpy(rc, cc + t * w_, (size_t)w_ * sizeof(float));
-        const float *ape = cw->ape + (p % cs->m) * w_;
+        const float *ape = cw->ape + (p % mm) * w_;
         for (int64_t i = 0; i < w_; i++)
             rz[i] = zz[t * w_ + i] + ape[i];
-        if (di_v4_comp_commit(cs)) {
-            emit_entry(m, cw, cs, c, be, *n_entries, entries + *n_entries * cs->width);
-            (*n_entries)++;
-            di_v4_comp_advance(cs);
+        if (p % mm == mm - 1 && p >= sg->replay_end) {
+            const int64_t w = p / mm;
+            /* The rows pooled must be this sequence's: the replay reached back far enough
+             * (v4_replay_tokens) for the windows it emits after the replay. */
+            assert(w * mm >= sg->slot->base &&
+                   (!cs->overlap || w == 0 || (w - 1) * mm >= sg->slot->base));
+            float *out = index ? di_v4_pool_ientry(pool, il, sg->table, w)
+                               : di_v4_pool_entry(pool, il, sg->table, w);
+            emit_entry(m, cw, cs, c, be, w, out);
         }
-        if (n_vis) n_vis[t] = *n_entries;
+        if (n_vis) n_vis[t] = (p + 1) / mm;
     }
 }
 
@@ -154,7 +168,7 @@ static int64_t top_k(const float *scores, int64_t nv, int64_t k, int32_t *sel) {
 /* ---------------------------------------------------------------------------------------- */
 
 void v4_attention(const v4_model *m, const v4_block *L, int64_t il, v4_ctx *c, const di_backend *be,
-                  int64_t n, int64_t pos0) {
+                  int64_t n) {
     const di_v4_hparams *v = m->v;
     const int64_t H = m->hp->num_attention_heads, d = v->head_dim, W = v->sliding_window;
     const int64_t ql = v->q_lora_rank, g = v->o_groups, r = v->o_lora_rank;
@@ -162,7 +176,7 @@ void v4_attention(const v4_model *m, const v4_block *L, int64_t il, v4_ctx *c, c
     const bool comp = L->kind != DI_V4_SLIDING, csa = L->kind == DI_V4_CSA;
     const float *cs = comp ? c->cos_c : c->cos_m, *sn = comp ? c->sin_c : c->sin_m;
     const float *nsn = comp ? c->nsin_c : c->nsin_m;
-    di_v4_layer_state *S = &c->kv.layers[il];
+    const di_v4_pool *pool = &c->kv->pool;
     void *bc = be->ctx;
 
     /* 1. Queries: q LoRA (normed), heads normalised without weight, RoPE at t. */
@@ -180,55 +194,75 @@ void v4_attention(const v4_model *m, const v4_block *L, int64_t il, v4_ctx *c, c
     /* 3. Compressed entries (and indexer keys) of every window this chunk completes. */
     if (comp) {
         const v4_compressor *cp = &L->comp;
+        const int64_t cw = cp->cw;
         v4_matmul(be, &cp->wkv, c->xn, n, c->cc);
         v4_matmul(be, &cp->wgate, c->xn, n, c->zz);
-        int64_t ne = S->n_entries;
-        run_compressor(m, cp, &S->comp, S->entries, &ne, c, be, c->cc, c->zz, n, pos0, c->n_vis);
         if (csa) {
-            int64_t ni = S->n_entries;
             v4_matmul(be, &L->icomp.wkv, c->xn, n, c->ic);
             v4_matmul(be, &L->icomp.wgate, c->xn, n, c->iz);
-            run_compressor(m, &L->icomp, &S->icomp, S->ientries, &ni, c, be, c->ic, c->iz, n, pos0,
-                           NULL);
         }
-        S->n_entries = ne;
+        for (int64_t gi = 0; gi < c->n_segs; gi++) {
+            const v4_seg *sg = &c->segs[gi];
+            const di_v4_slot_layer *S = &sg->slot->layers[il];
+            run_compressor(m, cp, &S->comp, il, false, sg, c, be, c->cc + sg->row0 * cw,
+                           c->zz + sg->row0 * cw, c->n_vis + sg->row0);
+            if (csa) {
+                const int64_t icw = L->icomp.cw;
+                run_compressor(m, &L->icomp, &S->icomp, il, true, sg, c, be, c->ic + sg->row0 * icw,
+                               c->iz + sg->row0 * icw, NULL);
+            }
+        }
     }
 
-    /* 4. Indexer scores of the visible entries (CSA). */
+    /* 4. Indexer scores of the visible entries (CSA), per sequence over its gathered keys. */
     if (csa) {
         const int64_t nI = v->index_n_heads, dI = v->index_head_dim;
         v4_matmul(be, &L->idx_wq_b, c->qr, n, c->qi);
         rope(m, be, c->qi, n, nI, dI, nI * dI, cs, sn);
         v4_matmul(be, &L->idx_weights, c->xn, n, c->iw);
-        di_v4_index_params ip = {.n_tokens = n,
-                                 .n_heads = nI,
-                                 .dim = dI,
-                                 .scale = (float)(1.0 / sqrt((double)nI) / sqrt((double)dI)),
-                                 .q = c->qi,
-                                 .weights = c->iw,
-                                 .keys = S->ientries,
-                                 .n_visible = c->n_vis,
-                                 .out = c->iscore,
-                                 .out_stride = c->max_entries};
-        be->ops->v4_index_scores(bc, &ip);
+        for (int64_t gi = 0; gi < c->n_segs; gi++) {
+            const v4_seg *sg = &c->segs[gi];
+            const int64_t nv = c->n_vis[sg->row0 + sg->n - 1]; /* the most any row sees */
+            for (int64_t w = 0; w < nv; w++)
+                memcpy(c->ikeys + w * dI, di_v4_pool_ientry(pool, il, sg->table, w),
+                       (size_t)dI * sizeof(float));
+            di_v4_index_params ip = {.n_tokens = sg->n,
+                                     .n_heads = nI,
+                                     .dim = dI,
+                                     .scale = (float)(1.0 / sqrt((double)nI) / sqrt((double)dI)),
+                                     .q = c->qi + sg->row0 * nI * dI,
+                                     .weights = c->iw + sg->row0 * nI,
+                                     .keys = c->ikeys,
+                                     .n_visible = c->n_vis + sg->row0,
+                                     .out = c->iscore + sg->row0 * c->max_entries,
+                                     .out_stride = c->max_entries};
+            be->ops->v4_index_scores(bc, &ip);
+        }
     }
 
     /* 5. Key lists: window (by position), then the visible / selected entries. */
-    for (int64_t t = 0; t < n; t++) {
-        const int64_t p = pos0 + t;
-        const float **k = c->keys + t * c->max_keys;
-        int64_t nk = 0;
-        for (int64_t s = DI_MAX(0, p - W + 1); s <= p; s++)
-            k[nk++] = s >= pos0 ? c->kvr + (s - pos0) * d : S->ring + (s % W) * d;
-        if (csa) {
-            int64_t ns = top_k(c->iscore + t * c->max_entries, c->n_vis[t], v->index_topk, c->sel);
-            for (int64_t i = 0; i < ns; i++)
-                k[nk++] = S->entries + (int64_t)c->sel[i] * d;
-        } else if (comp) {
-            for (int64_t w = 0; w < c->n_vis[t]; w++)
-                k[nk++] = S->entries + w * d;
+    for (int64_t gi = 0; gi < c->n_segs; gi++) {
+        const v4_seg *sg = &c->segs[gi];
+        const float *ring = sg->slot->layers[il].ring;
+        for (int64_t t = 0; t < sg->n; t++) {
+            const int64_t p = sg->pos0 + t, row = sg->row0 + t;
+            const float **k = c->keys + row * c->max_keys;
+            int64_t nk = 0;
+            /* Outside replay the window never reaches below the slot's base. */
+            assert(p < sg->replay_end || DI_MAX(0, p - W + 1) >= sg->slot->base);
+            for (int64_t s = DI_MAX(sg->slot->base, p - W + 1); s <= p; s++)
+                k[nk++] = s >= sg->pos0 ? c->kvr + (row + s - p) * d : ring + (s % W) * d;
+            if (csa) {
+                int64_t ns =
+                    top_k(c->iscore + row * c->max_entries, c->n_vis[row], v->index_topk, c->sel);
+                for (int64_t i = 0; i < ns; i++)
+                    k[nk++] = di_v4_pool_entry(pool, il, sg->table, c->sel[i]);
+            } else if (comp) {
+                for (int64_t w = 0; w < c->n_vis[row]; w++)
+                    k[nk++] = di_v4_pool_entry(pool, il, sg->table, w);
+            }
+            c->n_keys[row] = (int32_t)nk;
         }
-        c->n_keys[t] = (int32_t)nk;
     }
 
     di_v4_attn_params ap = {.n_tokens = n,
@@ -247,9 +281,14 @@ void v4_attention(const v4_model *m, const v4_block *L, int64_t il, v4_ctx *c, c
                             .scratch_rows = c->scratch_rows};
     be->ops->v4_attention(bc, &ap);
 
-    /* The ring now takes the chunk's last W rows (after every query has read it). */
-    for (int64_t t = DI_MAX(0, n - W); t < n; t++)
-        memcpy(S->ring + ((pos0 + t) % W) * d, c->kvr + t * d, (size_t)d * sizeof(float));
+    /* Each ring now takes its segment's last W rows (after every query has read it). */
+    for (int64_t gi = 0; gi < c->n_segs; gi++) {
+        const v4_seg *sg = &c->segs[gi];
+        float *ring = sg->slot->layers[il].ring;
+        for (int64_t t = DI_MAX(0, sg->n - W); t < sg->n; t++)
+            memcpy(ring + ((sg->pos0 + t) % W) * d, c->kvr + (sg->row0 + t) * d,
+                   (size_t)d * sizeof(float));
+    }
 
     /* 6. Inverse RoPE at t (values carried rope), grouped output projection. */
     rope(m, be, c->o, n, H, d, H * d, cs, nsn);

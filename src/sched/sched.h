@@ -63,8 +63,9 @@ typedef struct di_sched_config {
     int64_t max_model_len;      /* prompt + output limit; n_blocks * block_size must hold it */
     int32_t eos_token_id;       /* -1: none */
     bool enable_prefix_cache;
-    /* V4 bounded replay: tokens of window state to rebuild after a prefix-cache hit, i.e.
-     * (n_layers + 1) * sliding_window; 0 for models without window layers. */
+    /* V4 bounded replay: tokens of window state to rebuild after a prefix-cache hit (the
+     * runner's di_arch_vtable.replay_tokens, its window layers' receptive field: see
+     * docs/engine-design.md); 0 for models without window layers. */
     int64_t replay_tokens;
     /* Logits rows per step for prompt logprobs, beyond the one row per sequence that
      * samples; 0: requests with prompt_logprobs are refused by di_sched_add. */

@@ -4,8 +4,9 @@
  *   - mixed batches (prompt lengths, arrival steps, max_tokens) give every request the
  *     greedy tokens it gets alone through di_context (V2, V3, V3-fp8, V4), with and without
  *     the overlap loop;
- *   - a tiny KV budget forces preemptions; outputs are unchanged (V3 and V4: V4 resumes by
- *     recomputing its window state, which must reproduce the uninterrupted run);
+ *   - a tiny KV budget forces preemptions; outputs are unchanged (V3 and V4: V4 resumes from
+ *     its blocks still cached and replays its window state, which must reproduce the
+ *     uninterrupted run);
  *   - prefix reuse: a second request sharing a long prefix reports cached tokens and the
  *     same output as alone;
  *   - prompt logprobs equal the log-softmax of the context's logits of the whole prompt, and
@@ -127,7 +128,7 @@ static di_engine_params tiny_kv(const char *model_name) {
     if (eu_load(model_name, 1, &m)) {
         di_model_info info;
         di_model_get_info(m, &info);
-        /* V4 blocks are at least 128 tokens (its compression ratio): one block of them */
+        /* V4 blocks are a multiple of its compression ratios: count in 128 tokens */
         int64_t bs = strncmp(model_name, "v4", 2) == 0 ? 128 : ep.block_size;
         ep.kv_memory_bytes = info.kv_bytes_per_token * bs * ((ep.max_model_len + bs - 1) / bs);
         di_model_free(m);
@@ -140,9 +141,9 @@ TEST(preemption) {
     di_engine_params ep = tiny_kv("v2_lite");
     ep.overlap = true;
     check_mixed("v2_lite", ep, 8, true);
-    /* V4 (blocks of 128 tokens): a pool of two blocks and prompts that cross a block
-     * boundary while decoding; a preempted sequence rebuilds its window state from position
-     * 0, which must give the uninterrupted tokens. */
+    /* V4 (v4_hc3_plain: blocks of 16 tokens, the multiple of its ratios 4 and 16): a pool
+     * of 256 tokens and prompts of 100 to 170; a preempted sequence resumes from its blocks
+     * still cached and replays its window state, which must give the uninterrupted tokens. */
     ep = small_params();
     ep.max_model_len = 256;
     ep.max_prefill_tokens = 64;
