@@ -1,8 +1,9 @@
 /*
  * v4_state.c -- DeepSeek-V4 window slots and paged entry pool (see v4_state.h).
  *
- * Each object is one allocation carved in order (slots, then layers, then rows), so that a
- * failed init leaves nothing behind and the accounting is exact.
+ * Each object is two allocations carved in order: the bookkeeping (slots, layers) in host
+ * memory and the rows in one block of backend memory (host memory without a backend), so
+ * that a failed init leaves nothing behind and the accounting is exact.
  */
 #include "kv/v4_state.h"
 
@@ -18,6 +19,22 @@ static void *carve(char **p, size_t bytes) {
     void *r = *p;
     *p += align64(bytes);
     return r;
+}
+
+/* Zero-filled rows of `bytes` in be's memory (host memory when be is NULL). */
+static void *rows_alloc(const di_backend *be, size_t bytes) {
+    if (be) return be->ops->buf_alloc(be->ctx, bytes ? bytes : 64);
+    void *p = di_aligned_alloc(bytes ? bytes : 64);
+    if (p) memset(p, 0, bytes ? bytes : 64);
+    return p;
+}
+
+static void rows_free(const di_backend *be, void *p) {
+    if (!p) return;
+    if (be)
+        be->ops->buf_free(be->ctx, p);
+    else
+        di_aligned_free(p);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -45,32 +62,46 @@ static di_v4_comp_state comp_carve(char **p, int64_t m, int64_t width, bool over
 
 di_status di_v4_slots_init(di_v4_slots *s, int64_t n_slots, int64_t n_layers, const uint8_t *kinds,
                            const int64_t *rates, int64_t window, int64_t dim, int64_t index_dim) {
+    return di_v4_slots_init_on(s, NULL, n_slots, n_layers, kinds, rates, window, dim, index_dim);
+}
+
+di_status di_v4_slots_init_on(di_v4_slots *s, const di_backend *be, int64_t n_slots,
+                              int64_t n_layers, const uint8_t *kinds, const int64_t *rates,
+                              int64_t window, int64_t dim, int64_t index_dim) {
     memset(s, 0, sizeof *s);
-    size_t per_slot = align64((size_t)n_layers * sizeof(di_v4_slot_layer));
+    size_t per_slot = 0;
     for (int64_t il = 0; il < n_layers; il++)
         per_slot += slot_layer_bytes(kinds[il], rates[il], window, dim, index_dim);
-    size_t total = align64((size_t)n_slots * sizeof(di_v4_slot)) + (size_t)n_slots * per_slot;
-    s->mem = di_aligned_alloc(total);
-    if (!s->mem)
+    const size_t meta = align64((size_t)n_slots * sizeof(di_v4_slot)) +
+                        (size_t)n_slots * align64((size_t)n_layers * sizeof(di_v4_slot_layer));
+    const size_t rows = (size_t)n_slots * per_slot;
+    s->mem = di_aligned_alloc(meta);
+    s->rows = s->mem ? rows_alloc(be, rows) : NULL;
+    if (!s->rows) {
+        di_aligned_free(s->mem);
+        s->mem = NULL;
         return di_error(DI_ERR_OUT_OF_MEMORY,
-                        "V4 state: cannot allocate %zu bytes of window state (%lld slots)", total,
-                        (long long)n_slots);
-    memset(s->mem, 0, total);
-    s->bytes = total;
+                        "V4 state: cannot allocate %zu bytes of window state (%lld slots)",
+                        meta + rows, (long long)n_slots);
+    }
+    memset(s->mem, 0, meta);
+    s->be = be;
+    s->bytes = meta + rows;
+    s->rows_bytes = rows;
     s->n_slots = n_slots;
     s->n_layers = n_layers;
     s->window = window;
-    char *p = s->mem;
+    char *p = s->mem, *r = s->rows;
     s->slot = carve(&p, (size_t)n_slots * sizeof(di_v4_slot));
     for (int64_t i = 0; i < n_slots; i++) {
         di_v4_slot *sl = &s->slot[i];
         sl->layers = carve(&p, (size_t)n_layers * sizeof(di_v4_slot_layer));
         for (int64_t il = 0; il < n_layers; il++) {
             di_v4_slot_layer *L = &sl->layers[il];
-            L->ring = carve(&p, (size_t)(window * dim) * sizeof(float));
+            L->ring = carve(&r, (size_t)(window * dim) * sizeof(float));
             if (kinds[il] != KIND_SLIDING)
-                L->comp = comp_carve(&p, rates[il], dim, kinds[il] == KIND_CSA);
-            if (kinds[il] == KIND_CSA) L->icomp = comp_carve(&p, rates[il], index_dim, true);
+                L->comp = comp_carve(&r, rates[il], dim, kinds[il] == KIND_CSA);
+            if (kinds[il] == KIND_CSA) L->icomp = comp_carve(&r, rates[il], index_dim, true);
         }
     }
     return DI_OK;
@@ -78,6 +109,7 @@ di_status di_v4_slots_init(di_v4_slots *s, int64_t n_slots, int64_t n_layers, co
 
 void di_v4_slots_free(di_v4_slots *s) {
     if (!s) return;
+    rows_free(s->be, s->rows);
     di_aligned_free(s->mem);
     memset(s, 0, sizeof *s);
 }
@@ -89,13 +121,21 @@ void di_v4_slots_free(di_v4_slots *s) {
 di_status di_v4_pool_init(di_v4_pool *p, int64_t n_layers, const uint8_t *kinds,
                           const int64_t *rates, int64_t dim, int64_t index_dim, int64_t n_blocks,
                           int64_t block_size) {
+    return di_v4_pool_init_on(p, NULL, n_layers, kinds, rates, dim, index_dim, n_blocks,
+                              block_size);
+}
+
+di_status di_v4_pool_init_on(di_v4_pool *p, const di_backend *be, int64_t n_layers,
+                             const uint8_t *kinds, const int64_t *rates, int64_t dim,
+                             int64_t index_dim, int64_t n_blocks, int64_t block_size) {
     memset(p, 0, sizeof *p);
     if (n_blocks <= 0 || block_size <= 0)
         return di_error(DI_ERR_INVALID_ARG,
                         "V4 state: n_blocks %lld and block_size %lld must be "
                         "positive",
                         (long long)n_blocks, (long long)block_size);
-    size_t total = align64((size_t)n_layers * sizeof(di_v4_pool_layer));
+    const size_t meta = align64((size_t)n_layers * sizeof(di_v4_pool_layer));
+    size_t total = 0;
     for (int64_t il = 0; il < n_layers; il++) {
         if (kinds[il] == KIND_SLIDING) continue;
         if (rates[il] <= 0 || block_size % rates[il] != 0)
@@ -107,34 +147,41 @@ di_status di_v4_pool_init(di_v4_pool *p, int64_t n_layers, const uint8_t *kinds,
         total += align64((size_t)(rows * dim) * sizeof(float));
         if (kinds[il] == KIND_CSA) total += align64((size_t)(rows * index_dim) * sizeof(float));
     }
-    p->mem = di_aligned_alloc(total);
-    if (!p->mem)
+    p->mem = di_aligned_alloc(meta);
+    p->rows = p->mem ? rows_alloc(be, total) : NULL;
+    if (!p->rows) {
+        di_aligned_free(p->mem);
+        p->mem = NULL;
         return di_error(DI_ERR_OUT_OF_MEMORY,
                         "V4 state: cannot allocate %zu bytes of compressed rows (%lld blocks)",
-                        total, (long long)n_blocks);
-    memset(p->mem, 0, total);
-    p->bytes = total;
+                        meta + total, (long long)n_blocks);
+    }
+    memset(p->mem, 0, meta);
+    p->be = be;
+    p->bytes = meta + total;
+    p->rows_bytes = total;
     p->n_layers = n_layers;
     p->n_blocks = n_blocks;
     p->block_size = block_size;
     p->dim = dim;
     p->index_dim = index_dim;
-    char *q = p->mem;
+    char *q = p->mem, *r = p->rows;
     p->layers = carve(&q, (size_t)n_layers * sizeof(di_v4_pool_layer));
     for (int64_t il = 0; il < n_layers; il++) {
         di_v4_pool_layer *L = &p->layers[il];
         if (kinds[il] == KIND_SLIDING) continue;
         L->m = rates[il];
         L->per_block = block_size / rates[il];
-        L->entries = carve(&q, (size_t)(n_blocks * L->per_block * dim) * sizeof(float));
+        L->entries = carve(&r, (size_t)(n_blocks * L->per_block * dim) * sizeof(float));
         if (kinds[il] == KIND_CSA)
-            L->ientries = carve(&q, (size_t)(n_blocks * L->per_block * index_dim) * sizeof(float));
+            L->ientries = carve(&r, (size_t)(n_blocks * L->per_block * index_dim) * sizeof(float));
     }
     return DI_OK;
 }
 
 void di_v4_pool_free(di_v4_pool *p) {
     if (!p) return;
+    rows_free(p->be, p->rows);
     di_aligned_free(p->mem);
     memset(p, 0, sizeof *p);
 }

@@ -18,13 +18,17 @@
  * it are not in the ring (a replay after a prefix-cache hit starts mid-sequence, and the
  * rows it would read there belong to another sequence).
  *
- * Design stance: plain float rows, no tensors and no backend (src/kv rule); the model fills
- * and reads the rows. Sizes are fixed at init. Layer kinds use the values of
+ * Design stance: plain float rows, no tensors; the model fills and reads the rows (through
+ * backend ops when they live in device memory). The rows are allocated in one piece through
+ * the backend given at init (NULL: host memory); the bookkeeping (slot and layer structs)
+ * is always host memory, so the model computes row addresses on the host either way. Sizes
+ * are fixed at init. Layer kinds use the values of
  * di_v4_layer_kind (0 sliding, 1 CSA, 2 HCA) without including the config header.
  */
 #ifndef DI_V4_STATE_H
 #define DI_V4_STATE_H
 
+#include "backend/backend.h"
 #include "core/core.h"
 
 #include <stdbool.h>
@@ -53,8 +57,11 @@ typedef struct di_v4_slot {
 typedef struct di_v4_slots {
     int64_t n_slots, n_layers, window;
     di_v4_slot *slot; /* [n_slots], inside mem */
-    void *mem;        /* owns everything */
-    size_t bytes;
+    void *mem;        /* owns the bookkeeping (host memory) */
+    void *rows;       /* owns every row (backend memory) */
+    const di_backend *be; /* allocated rows (NULL: host memory) */
+    size_t bytes;         /* both allocations */
+    size_t rows_bytes;    /* the rows alone */
 } di_v4_slots;
 
 /* Allocates n_slots window states for n_layers layers of the given kinds (uint8_t
@@ -62,6 +69,10 @@ typedef struct di_v4_slots {
  * the size. */
 di_status di_v4_slots_init(di_v4_slots *s, int64_t n_slots, int64_t n_layers, const uint8_t *kinds,
                            const int64_t *rates, int64_t window, int64_t dim, int64_t index_dim);
+/* The same with the rows in `be`'s memory (borrowed, must outlive s; NULL: host). */
+di_status di_v4_slots_init_on(di_v4_slots *s, const di_backend *be, int64_t n_slots,
+                              int64_t n_layers, const uint8_t *kinds, const int64_t *rates,
+                              int64_t window, int64_t dim, int64_t index_dim);
 void di_v4_slots_free(di_v4_slots *s);
 
 /* Starts a sequence in the slot at position base. Nothing is cleared: every row is written
@@ -89,9 +100,12 @@ typedef struct di_v4_pool_layer {
 
 typedef struct di_v4_pool {
     int64_t n_layers, n_blocks, block_size, dim, index_dim;
-    di_v4_pool_layer *layers; /* [n_layers], inside mem */
+    di_v4_pool_layer *layers; /* [n_layers], inside mem (host memory) */
     void *mem;
-    size_t bytes;
+    void *rows;           /* owns every entry row (backend memory) */
+    const di_backend *be; /* allocated rows (NULL: host memory) */
+    size_t bytes;         /* both allocations */
+    size_t rows_bytes;    /* the rows alone */
 } di_v4_pool;
 
 /* Allocates the entry rows of n_blocks blocks of block_size positions. Fails with
@@ -99,6 +113,10 @@ typedef struct di_v4_pool {
 di_status di_v4_pool_init(di_v4_pool *p, int64_t n_layers, const uint8_t *kinds,
                           const int64_t *rates, int64_t dim, int64_t index_dim, int64_t n_blocks,
                           int64_t block_size);
+/* The same with the rows in `be`'s memory (borrowed, must outlive p; NULL: host). */
+di_status di_v4_pool_init_on(di_v4_pool *p, const di_backend *be, int64_t n_layers,
+                             const uint8_t *kinds, const int64_t *rates, int64_t dim,
+                             int64_t index_dim, int64_t n_blocks, int64_t block_size);
 void di_v4_pool_free(di_v4_pool *p);
 
 /* Entry w of layer il of the sequence with block table `table` (d floats), and its indexer

@@ -118,11 +118,13 @@ static di_status kv_create(const v4_model *m, int64_t n_blocks, int64_t block_si
     const int64_t nl = m->hp->num_hidden_layers;
     v4_kv *kv = di_calloc(1, sizeof *kv);
     if (!kv) return di_error(DI_ERR_OUT_OF_MEMORY, "V4 state: out of memory");
-    di_status st = di_v4_pool_init(&kv->pool, nl, v->layer_kind, v->compress_rate, v->head_dim,
-                                   v->index_head_dim, n_blocks, block_size);
+    /* The rows live in the model's memory backend; a CPU model keeps them on the host. */
+    const di_backend *be = m->be->ops->host_memory ? NULL : m->be;
+    di_status st = di_v4_pool_init_on(&kv->pool, be, nl, v->layer_kind, v->compress_rate,
+                                      v->head_dim, v->index_head_dim, n_blocks, block_size);
     if (!st)
-        st = di_v4_slots_init(&kv->slots, n_slots, nl, v->layer_kind, v->compress_rate,
-                              v->sliding_window, v->head_dim, v->index_head_dim);
+        st = di_v4_slots_init_on(&kv->slots, be, n_slots, nl, v->layer_kind, v->compress_rate,
+                                 v->sliding_window, v->head_dim, v->index_head_dim);
     if (st) {
         kv_free(kv);
         return st;
@@ -134,20 +136,42 @@ static di_status kv_create(const v4_model *m, int64_t n_blocks, int64_t block_si
 static void ctx_free(v4_ctx *c) {
     if (!c) return;
     if (c->own_kv) kv_free(c->kv);
-    di_aligned_free(c->arena);
+    if (c->dev) c->mem->ops->buf_free(c->mem->ctx, c->dev);
+    di_aligned_free(c->host);
     di_free(c);
 }
 
+/* One buffer of the scratch: where its pointer goes and its size. */
+typedef struct v4_buf {
+    void **ptr;
+    size_t bytes;
+} v4_buf;
+
+/* Carves the buffers of list[0 .. n) from one block (64-byte aligned each). */
+static size_t bufs_total(const v4_buf *list, int n) {
+    size_t t = 0;
+    for (int i = 0; i < n; i++)
+        t += (list[i].bytes + 63) & ~(size_t)63;
+    return t;
+}
+static void bufs_carve(const v4_buf *list, int n, char *p) {
+    for (int i = 0; i < n; i++)
+        *list[i].ptr = carve(&p, list[i].bytes);
+}
+
 /* Scratch for chunks of `chunk` rows of sequences up to max_tokens positions, working on kv
- * (taken over when own_kv; on failure an owned kv is freed). */
+ * (taken over when own_kv; on failure an owned kv is freed). Backend buffers come from the
+ * model's memory backend, host-side ones from the heap (see v4_ctx). */
 static di_status ctx_create(const v4_model *m, v4_kv *kv, bool own_kv, int64_t max_tokens,
                             int64_t chunk, v4_ctx **out) {
     const di_hparams *hp = m->hp;
     const di_v4_hparams *v = m->v;
+    const di_backend *mem = m->be;
+    const bool same = mem->ops->host_memory; /* mirrors are the buffers themselves */
     const int64_t D = hp->hidden_size, H = hp->num_attention_heads, d = v->head_dim;
     const int64_t n = v->hc_mult, E = hp->n_routed_experts, K = hp->num_experts_per_tok;
     const int64_t I = hp->moe_intermediate_size, nI = v->index_n_heads, dI = v->index_head_dim;
-    const int64_t rd2 = v->rope_dim / 2;
+    const int64_t rd2 = v->rope_dim / 2, V = hp->vocab_size;
     v4_ctx *c = di_calloc(1, sizeof *c);
     if (!c) {
         if (own_kv) kv_free(kv);
@@ -155,6 +179,7 @@ static di_status ctx_create(const v4_model *m, v4_kv *kv, bool own_kv, int64_t m
     }
     c->kv = kv;
     c->own_kv = own_kv;
+    c->mem = mem;
     c->max_tokens = max_tokens;
     const int64_t C = c->chunk = chunk;
 
@@ -171,115 +196,97 @@ static di_status ctx_create(const v4_model *m, v4_kv *kv, bool own_kv, int64_t m
     }
     c->max_keys = DI_MIN(v->sliding_window, max_tokens) + extra;
     const int64_t MK = c->max_keys, ME = DI_MAX(c->max_entries, 1);
-
-    const size_t f = sizeof(float), pz = sizeof(void *);
-    size_t sizes[] = {C * n * D * f,
-                      C * n * D * f,
-                      C * D * f,
-                      C * D * f,
-                      C * D * f,
-                      C * n * f,
-                      C * n * n * f,
-                      C * v->q_lora_rank * f,
-                      C * H * d * f,
-                      C * H * d * f,
-                      C * d * f,
-                      C * v->o_groups * v->o_lora_rank * f,
-                      C * rd2 * f,
-                      C * rd2 * f,
-                      C * rd2 * f,
-                      C * rd2 * f,
-                      C * rd2 * f,
-                      C * rd2 * f,
-                      C * 2 * d * f,
-                      C * 2 * d * f,
-                      C * 2 * dI * f,
-                      C * 2 * dI * f,
-                      C * nI * dI * f,
-                      C * nI * f,
-                      ME * dI * f,
-                      C * ME * f,
-                      DI_MAX(C, 64) * MK * f,
-                      C * MK * pz,
-                      C * sizeof(int32_t),
-                      C * sizeof(int64_t),
-                      (size_t)DI_MAX(v->index_topk, 1) * sizeof(int32_t),
-                      2 * m_max * pz,
-                      2 * m_max * pz,
-                      C * E * f,
-                      C * K * f,
-                      3 * E * f,
-                      C * K * I * f,
-                      C * K * I * f,
-                      C * K * D * f,
-                      C * K * D * f,
-                      C * K * D * f,
-                      C * K * sizeof(int32_t),
-                      (E + 1) * sizeof(int64_t),
-                      C * K * sizeof(int32_t),
-                      C * sizeof(int32_t),
-                      C * sizeof(int64_t),
-                      C * sizeof(v4_seg)};
-    size_t total = 0;
-    for (size_t i = 0; i < DI_ARRAY_LEN(sizes); i++)
-        total += (sizes[i] + 63) & ~(size_t)63;
-    c->arena = di_aligned_alloc(total);
-    if (!c->arena) {
-        ctx_free(c);
-        return di_error(DI_ERR_OUT_OF_MEMORY, "context: cannot allocate %zu bytes of buffers",
-                        total);
-    }
-    memset(c->arena, 0, total);
-    char *p = c->arena;
-    size_t k = 0;
-    c->x = carve(&p, sizes[k++]);
-    c->x2 = carve(&p, sizes[k++]);
-    c->h = carve(&p, sizes[k++]);
-    c->xn = carve(&p, sizes[k++]);
-    c->y = carve(&p, sizes[k++]);
-    c->post = carve(&p, sizes[k++]);
-    c->mix = carve(&p, sizes[k++]);
-    c->qr = carve(&p, sizes[k++]);
-    c->q = carve(&p, sizes[k++]);
-    c->o = carve(&p, sizes[k++]);
-    c->kvr = carve(&p, sizes[k++]);
-    c->z = carve(&p, sizes[k++]);
-    c->cos_m = carve(&p, sizes[k++]);
-    c->sin_m = carve(&p, sizes[k++]);
-    c->nsin_m = carve(&p, sizes[k++]);
-    c->cos_c = carve(&p, sizes[k++]);
-    c->sin_c = carve(&p, sizes[k++]);
-    c->nsin_c = carve(&p, sizes[k++]);
-    c->cc = carve(&p, sizes[k++]);
-    c->zz = carve(&p, sizes[k++]);
-    c->ic = carve(&p, sizes[k++]);
-    c->iz = carve(&p, sizes[k++]);
-    c->qi = carve(&p, sizes[k++]);
-    c->iw = carve(&p, sizes[k++]);
-    c->ikeys = carve(&p, sizes[k++]);
-    c->iscore = carve(&p, sizes[k++]);
-    c->ascratch = carve(&p, sizes[k++]);
     c->scratch_rows = DI_MAX(C, 64);
-    c->keys = carve(&p, sizes[k++]);
-    c->n_keys = carve(&p, sizes[k++]);
-    c->n_vis = carve(&p, sizes[k++]);
-    c->sel = carve(&p, sizes[k++]);
-    c->slot_c = carve(&p, sizes[k++]);
-    c->slot_z = carve(&p, sizes[k++]);
-    c->rlogits = carve(&p, sizes[k++]);
-    c->sel_w = carve(&p, sizes[k++]);
-    c->rscratch = carve(&p, sizes[k++]);
-    c->gate = carve(&p, sizes[k++]);
-    c->up = carve(&p, sizes[k++]);
-    c->xe = carve(&p, sizes[k++]);
-    c->moe_out = carve(&p, sizes[k++]);
-    c->eo = carve(&p, sizes[k++]);
-    c->sel_id = carve(&p, sizes[k++]);
-    c->cnt = carve(&p, sizes[k++]);
-    c->ent = carve(&p, sizes[k++]);
-    c->ids = carve(&p, sizes[k++]);
-    c->pos = carve(&p, sizes[k++]);
-    c->segs = carve(&p, sizes[k++]);
+
+    const size_t f = sizeof(float), pz = sizeof(void *), i32 = sizeof(int32_t);
+    const size_t i64 = sizeof(int64_t);
+    const v4_buf dev[] = {
+        {(void **)&c->x, C * n * D * f},
+        {(void **)&c->x2, C * n * D * f},
+        {(void **)&c->h, C * D * f},
+        {(void **)&c->xn, C * D * f},
+        {(void **)&c->y, C * D * f},
+        {(void **)&c->post, C * n * f},
+        {(void **)&c->mix, C * n * n * f},
+        {(void **)&c->qr, C * v->q_lora_rank * f},
+        {(void **)&c->q, C * H * d * f},
+        {(void **)&c->o, C * H * d * f},
+        {(void **)&c->kvr, C * d * f},
+        {(void **)&c->z, C * v->o_groups * v->o_lora_rank * f},
+        {(void **)&c->rope, 6 * C * rd2 * f},
+        {(void **)&c->ecs, 2 * rd2 * f},
+        {(void **)&c->cc, C * 2 * d * f},
+        {(void **)&c->zz, C * 2 * d * f},
+        {(void **)&c->ic, C * 2 * dI * f},
+        {(void **)&c->iz, C * 2 * dI * f},
+        {(void **)&c->qi, C * nI * dI * f},
+        {(void **)&c->iw, C * nI * f},
+        {(void **)&c->ikeys, ME * dI * f},
+        {(void **)&c->iscore, C * ME * f},
+        {(void **)&c->ascratch, c->scratch_rows * MK * f},
+        {(void **)&c->keys, C * MK * pz},
+        {(void **)&c->n_keys, C * i32},
+        {(void **)&c->n_vis, C * i64},
+        {(void **)&c->slot_c, 2 * m_max * pz},
+        {(void **)&c->slot_z, 2 * m_max * pz},
+        {(void **)&c->rlogits, C * E * f},
+        {(void **)&c->gate, C * K * I * f},
+        {(void **)&c->up, C * K * I * f},
+        {(void **)&c->xe, C * K * D * f},
+        {(void **)&c->moe_out, C * K * D * f},
+        {(void **)&c->eo, C * K * D * f},
+        {(void **)&c->ids_d, C * i32},
+        {(void **)&c->logits, same ? 0 : C * V * f},
+    };
+    /* Host-side buffers; the mirrors (last nine) only when backend memory is not host. */
+    const v4_buf host[] = {
+        {(void **)&c->ids, C * i32},
+        {(void **)&c->pos, C * i64},
+        {(void **)&c->segs, C * sizeof(v4_seg)},
+        {(void **)&c->sel, (size_t)DI_MAX(v->index_topk, 1) * i32},
+        {(void **)&c->sel_w, C * K * f},
+        {(void **)&c->rscratch, 3 * E * f},
+        {(void **)&c->sel_id, C * K * i32},
+        {(void **)&c->cnt, (E + 1) * i64},
+        {(void **)&c->ent, C * K * i32},
+        {(void **)&c->rope_h, 6 * C * rd2 * f},
+        {(void **)&c->ecs_h, 2 * rd2 * f},
+        {(void **)&c->iscore_h, C * ME * f},
+        {(void **)&c->keys_h, C * MK * pz},
+        {(void **)&c->n_keys_h, C * i32},
+        {(void **)&c->n_vis_h, C * i64},
+        {(void **)&c->slot_c_h, 2 * m_max * pz},
+        {(void **)&c->slot_z_h, 2 * m_max * pz},
+        {(void **)&c->rlogits_h, C * E * f},
+    };
+    const int n_dev = (int)DI_ARRAY_LEN(dev), n_host = (int)DI_ARRAY_LEN(host) - (same ? 9 : 0);
+    const size_t dev_bytes = bufs_total(dev, n_dev), host_bytes = bufs_total(host, n_host);
+    c->dev = mem->ops->buf_alloc(mem->ctx, dev_bytes); /* zero-filled */
+    c->host = di_aligned_alloc(host_bytes);
+    if (!c->dev || !c->host) {
+        ctx_free(c);
+        return di_error(DI_ERR_OUT_OF_MEMORY, "context: cannot allocate %zu + %zu bytes of buffers",
+                        dev_bytes, host_bytes);
+    }
+    memset(c->host, 0, host_bytes);
+    bufs_carve(dev, n_dev, c->dev);
+    bufs_carve(host, n_host, c->host);
+    if (same) {
+        c->logits = NULL;
+        c->rope_h = c->rope;
+        c->ecs_h = c->ecs;
+        c->iscore_h = c->iscore;
+        c->keys_h = c->keys;
+        c->n_keys_h = c->n_keys;
+        c->n_vis_h = c->n_vis;
+        c->slot_c_h = c->slot_c;
+        c->slot_z_h = c->slot_z;
+        c->rlogits_h = c->rlogits;
+        c->ids_d = c->ids;
+    }
+    float **tabs[6] = {&c->cos_m, &c->sin_m, &c->nsin_m, &c->cos_c, &c->sin_c, &c->nsin_c};
+    for (int i = 0; i < 6; i++)
+        *tabs[i] = c->rope + i * C * rd2;
     *out = c;
     return DI_OK;
 }
@@ -344,14 +351,15 @@ static void moe(const v4_model *m, const v4_block *L, v4_ctx *c, const di_backen
     const int64_t D = hp->hidden_size, E = hp->n_routed_experts, K = hp->num_experts_per_tok;
     void *bc = be->ctx;
     v4_matmul(be, &L->gate, c->xn, n, c->rlogits);
+    v4_down(be, c->rlogits_h, c->rlogits, (size_t)(n * E) * sizeof(float));
     /* V4's rules (plain top-k of score + bias, always renormalised) are in the hparams. */
     di_router_params rp = di_router_params_from_hparams(hp);
     rp.bias = L->gate_bias;
     for (int64_t t = 0; t < n; t++) {
         if (L->hash)
-            route_hash(m, L, c->rlogits + t * E, tok[t], c->sel_id + t * K, c->sel_w + t * K);
+            route_hash(m, L, c->rlogits_h + t * E, tok[t], c->sel_id + t * K, c->sel_w + t * K);
         else
-            di_router_select(&rp, c->rlogits + t * E, c->sel_id + t * K, c->sel_w + t * K,
+            di_router_select(&rp, c->rlogits_h + t * E, c->sel_id + t * K, c->sel_w + t * K,
                              c->rscratch);
     }
     memset(c->cnt, 0, (size_t)(E + 1) * sizeof *c->cnt);
@@ -372,7 +380,7 @@ static void moe(const v4_model *m, const v4_block *L, v4_ctx *c, const di_backen
             be->ops->copy2d(bc, c->eo + (int64_t)ent[i] * D, D, c->moe_out + i * D, D, 1, D);
     }
     expert(m, &L->shared, c, be, c->xn, n, c->y);
-    memset(c->moe_out, 0, (size_t)(n * D) * sizeof(float));
+    be->ops->fill_zero(bc, c->moe_out, (size_t)(n * D) * sizeof(float));
     for (int64_t t = 0; t < n; t++)
         for (int64_t k = 0; k < K; k++)
             be->ops->axpy(bc, c->sel_w[t * K + k], c->eo + (t * K + k) * D, D, c->moe_out + t * D);
@@ -421,12 +429,17 @@ static int64_t forward_chunk(const v4_model *m, v4_ctx *c, const di_backend *be,
     const int64_t D = hp->hidden_size, nh = m->v->hc_mult, rd2 = m->v->rope_dim / 2;
     void *bc = be->ctx;
 
-    be->ops->embed(bc, &m->embed, c->ids, n, c->y);
+    v4_up(be, c->ids_d, c->ids, (size_t)n * sizeof(int32_t));
+    be->ops->embed(bc, &m->embed, c->ids_d, n, c->y);
     for (int64_t t = 0; t < n; t++)
         for (int64_t j = 0; j < nh; j++)
             be->ops->copy2d(bc, c->x + (t * nh + j) * D, D, c->y + t * D, D, 1, D);
-    rope_tables(m->inv_main, rd2, c->pos, n, c->cos_m, c->sin_m, c->nsin_m);
-    rope_tables(m->inv_comp, rd2, c->pos, n, c->cos_c, c->sin_c, c->nsin_c);
+    /* The rope tables are built on the host and moved in one upload. */
+    const int64_t tab = c->chunk * rd2;
+    float *rt = c->rope_h;
+    rope_tables(m->inv_main, rd2, c->pos, n, rt, rt + tab, rt + 2 * tab);
+    rope_tables(m->inv_comp, rd2, c->pos, n, rt + 3 * tab, rt + 4 * tab, rt + 5 * tab);
+    v4_up(be, c->rope, c->rope_h, (size_t)(6 * tab) * sizeof(float));
 
     for (int64_t il = 0; il < hp->num_hidden_layers; il++) {
         const v4_block *L = &m->blocks[il];
@@ -443,8 +456,8 @@ static int64_t forward_chunk(const v4_model *m, v4_ctx *c, const di_backend *be,
     for (int64_t g = 0; g < c->n_segs; g++) {
         const v4_seg *sg = &c->segs[g];
         if (sg->lcnt <= 0) continue;
-        memcpy(c->x2 + k * nh * D, c->x + sg->lrow0 * nh * D,
-               (size_t)(sg->lcnt * nh * D) * sizeof(float));
+        be->ops->copy2d(bc, c->x2 + k * nh * D, nh * D, c->x + sg->lrow0 * nh * D, nh * D,
+                        sg->lcnt, nh * D);
         k += sg->lcnt;
     }
     if (k == 0 || !logits) return k;
@@ -463,7 +476,12 @@ static int64_t forward_chunk(const v4_model *m, v4_ctx *c, const di_backend *be,
                          .h = c->h};
     be->ops->v4_hc_pre(bc, &p);
     be->ops->rmsnorm(bc, c->h, D, m->norm, k, D, (float)hp->rms_norm_eps, c->xn, D);
-    v4_matmul(be, &m->head, c->xn, k, logits);
+    if (!c->logits) {
+        v4_matmul(be, &m->head, c->xn, k, logits);
+    } else {
+        v4_matmul(be, &m->head, c->xn, k, c->logits);
+        v4_down(be, logits, c->logits, (size_t)(k * hp->vocab_size) * sizeof(float));
+    }
     return k;
 }
 
@@ -601,31 +619,37 @@ static int64_t v4_block_multiple(const void *weights) {
 /* vtable                                                                                     */
 /* ---------------------------------------------------------------------------------------- */
 
+static void v4_free(void *weights);
+
 static di_status v4_load(const di_hparams *hp, const di_st_set *st, const char *dir,
                          const di_backend *be, void **out) {
-    /* The V4 forward reads host buffers directly (its own ops are CPU-only so far). */
-    if (!be->ops->host_memory)
-        return di_error(DI_ERR_UNSUPPORTED, "%s: DeepSeek-V4 is not supported on %s yet", dir,
-                        be->ops->name);
     v4_model *m;
     di_status s = v4_model_bind(hp, st, dir, &m);
     if (s) return s;
+    m->be = be;
     const di_v4_hparams *v = m->v;
     rope_inv_freq(&v->rope_main, v->rope_dim, m->inv_main);
     rope_inv_freq(&v->rope_compress, v->rope_dim, m->inv_comp);
     int64_t n1 = DI_MAX(v->head_dim, hp->hidden_size);
-    m->ones = v4_own(m, di_malloc((size_t)n1 * sizeof(float)));
-    if (!m->ones) {
+    float *ones = v4_own(m, di_malloc((size_t)n1 * sizeof(float)));
+    if (!ones) {
         v4_model_free(m);
         return di_error(DI_ERR_OUT_OF_MEMORY, "out of memory");
     }
     for (int64_t i = 0; i < n1; i++)
-        m->ones[i] = 1.0f;
+        ones[i] = 1.0f;
+    m->ones = ones;
+    s = v4_model_upload(m);
+    if (s) {
+        v4_free(m);
+        return s;
+    }
     *out = m;
     return DI_OK;
 }
 
 static void v4_free(void *weights) {
+    if (weights) v4_model_release_device(weights);
     v4_model_free(weights);
 }
 

@@ -87,7 +87,7 @@ typedef struct v4_model {
 
     /* derived at load */
     float inv_main[256], inv_comp[256]; /* [rd / 2] inverse frequencies */
-    float *ones;                        /* [max(d, D)] weight of the unweighted RMSNorms */
+    const float *ones;                  /* [max(d, D)] weight of the unweighted RMSNorms */
 
     /* info */
     int64_t n_params_total, n_params_routed, n_params_active, n_params_mtp, weight_bytes;
@@ -95,6 +95,14 @@ typedef struct v4_model {
 
     void **owned;
     int64_t n_owned, cap_owned;
+
+    /* The memory backend (borrowed from load). With weight_upload (CUDA) every tensor the
+     * forward reads was replaced by a backend copy (deepseek_v4_device.c), owned here. */
+    const di_backend *be;
+    di_weight *dev_w;
+    int64_t n_dev_w, cap_dev_w;
+    void **dev_buf;
+    int64_t n_dev_buf, cap_dev_buf;
 } v4_model;
 
 /* The attention storage a runner reads and writes: the paged entry pool (compressed rows and
@@ -119,16 +127,26 @@ typedef struct v4_seg {
 /* Per-forward scratch: every activation buffer, carved once for C = chunk rows (longer
  * batches run in chunks of C rows, each holding segments of one or more sequences), plus
  * the storage it works on. Shapes as above, plus rd2 = rd / 2, K = num_experts_per_tok,
- * MK = max keys per query, ME = max entries of any layer for one sequence. */
+ * MK = max keys per query, ME = max entries of any layer for one sequence.
+ *
+ * Memories: `dev` is backend memory (what the ops read and write), `host` is host memory
+ * (what the host-side logic reads and writes: routing, top-k, key lists, compressor
+ * bookkeeping). A buffer both sides use has a host mirror (the _h fields) moved with one
+ * upload / download where the logic needs it; when backend memory is host memory (CPU) the
+ * mirrors are the buffers themselves and nothing moves. Row pointers handed to the ops
+ * (key lists, pooling slots) always point into backend memory. */
 typedef struct v4_ctx {
     v4_kv *kv; /* the storage (owned when own_kv) */
     bool own_kv;
-    int32_t ctx_table[1]; /* {0}: the single-sequence path's block table */
+    const di_backend *mem; /* allocated dev and the storage (the model's memory backend) */
+    int32_t ctx_table[1];  /* {0}: the single-sequence path's block table */
     int64_t max_tokens, chunk, max_keys, max_entries;
-    void *arena;  /* owns every buffer below */
-    int32_t *ids; /* [C] token ids of the chunk */
-    int64_t *pos; /* [C] positions of the chunk's rows */
-    v4_seg *segs; /* [C] sequences of the chunk */
+    void *dev;    /* owns every backend buffer below */
+    void *host;   /* owns every host buffer below */
+    int32_t *ids; /* [C] token ids of the chunk (host) */
+    int32_t *ids_d; /* [C] the same in backend memory (embed) */
+    int64_t *pos; /* [C] positions of the chunk's rows (host) */
+    v4_seg *segs; /* [C] sequences of the chunk (host) */
     int64_t n_segs;
     float *x, *x2;                  /* [C][n][D] residual streams (ping-pong through hc_post) */
     float *h, *xn, *y;              /* [C][D] collapsed input, its norm, the sublayer output */
@@ -137,30 +155,44 @@ typedef struct v4_ctx {
     float *q, *o;                   /* [C][H d] queries, attention outputs */
     float *kvr;                     /* [C][d] this chunk's K=V rows */
     float *z;                       /* [C][g r] grouped output projection */
+    float *rope, *rope_h;           /* the six tables below, contiguous, and their host mirror */
     float *cos_m, *sin_m, *nsin_m;  /* [C][rd2] main rope (nsin: inverse rotation) */
     float *cos_c, *sin_c, *nsin_c;  /* [C][rd2] compress rope */
+    float *ecs, *ecs_h;             /* [2][rd2] cos, sin of one compressed entry */
     float *cc, *zz;                 /* [C][2 d] main compressor projections */
     float *ic, *iz;                 /* [C][2 dI] indexer compressor projections */
     float *qi, *iw;                 /* [C][nI dI], [C][nI] indexer queries and head weights */
     float *ikeys;                   /* [ME][dI] one sequence's indexer keys, gathered */
-    float *iscore;                  /* [C][ME] indexer scores */
+    float *iscore, *iscore_h;       /* [C][ME] indexer scores */
     float *ascratch;                /* [scratch_rows][MK] attention score rows */
     int64_t scratch_rows;           /* max(C, 64): also one row per worker for up to 64 workers */
-    const float **keys;             /* [C][MK] key rows per query */
-    int32_t *n_keys;                /* [C] */
-    int64_t *n_vis;                 /* [C] entries visible to each query */
-    int32_t *sel;                   /* [MK] indexer top-k scratch */
+    const float **keys, **keys_h;   /* [C][MK] key rows per query */
+    int32_t *n_keys, *n_keys_h;     /* [C] */
+    int64_t *n_vis, *n_vis_h;       /* [C] entries visible to each query */
+    int32_t *sel;                   /* [MK] indexer top-k scratch (host) */
     const float **slot_c, **slot_z; /* [2 m_max] compressor pooling slots */
-    float *rlogits, *sel_w;         /* [C][E], [C][K] */
-    float *rscratch;                /* [3 E] */
+    const float **slot_c_h, **slot_z_h;
+    float *rlogits, *rlogits_h;     /* [C][E] */
+    float *sel_w;                   /* [C][K] (host) */
+    float *rscratch;                /* [3 E] (host) */
     /* an expert may get every (token, slot) pair if tid2eid repeats ids: K C rows */
     float *gate, *up;    /* [K C][I] */
     float *xe, *moe_out; /* [K C][D] */
     float *eo;           /* [C][K][D] */
-    int32_t *sel_id;     /* [C][K] */
-    int64_t *cnt;        /* [E + 1] */
-    int32_t *ent;        /* [C K] */
+    float *logits;       /* [C][V] head output, unless backend memory is host memory (NULL) */
+    int32_t *sel_id;     /* [C][K] (host) */
+    int64_t *cnt;        /* [E + 1] (host) */
+    int32_t *ent;        /* [C K] (host) */
 } v4_ctx;
+
+/* Host -> backend / backend -> host for a mirrored buffer; nothing when they are the same
+ * memory (CPU). Ordered after the ops enqueued before (backend.h). */
+static inline void v4_up(const di_backend *be, void *dst, const void *src, size_t bytes) {
+    if (dst != src && bytes) (void)be->ops->upload(be->ctx, dst, src, bytes);
+}
+static inline void v4_down(const di_backend *be, void *dst, const void *src, size_t bytes) {
+    if (dst != src && bytes) (void)be->ops->download(be->ctx, dst, src, bytes);
+}
 
 /* deepseek_v4_attn.c: one layer's attention for the chunk's n rows (c->segs; reads c->xn
  * and c->pos, writes c->y, the slots' window state and, outside replay, the pool's rows). */
@@ -172,6 +204,11 @@ di_status v4_batch_state_create_shared(const void *weights, void *owner, const d
                                        void **out);
 /* y = x W^T whatever W's dtype (FP4 through matmul_fp4). */
 void v4_matmul(const di_backend *be, const di_weight *w, const float *x, int64_t n, float *y);
+
+/* deepseek_v4_device.c: backend copies of the weights the forward reads (no-op for a backend
+ * without weight_upload); the release frees them. */
+di_status v4_model_upload(v4_model *m);
+void v4_model_release_device(v4_model *m);
 
 /* deepseek_v4_weights.c */
 di_status v4_model_bind(const di_hparams *hp, const di_st_set *st, const char *dir, v4_model **out);

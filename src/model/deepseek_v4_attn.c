@@ -22,6 +22,13 @@
  *   - Every key list is built in a fixed order (window by position, then entries by index)
  *     and every op is row-invariant, so a token's logits are bitwise the same in any chunk
  *     and next to any other sequences.
+ *
+ * Backend memory (CUDA): the rows (activations, pool, slots) live where the ops run; the
+ * host keeps the bookkeeping and computes row addresses, never reading a row. Per layer it
+ * downloads the indexer scores (CSA) for the top-k and uploads the key lists (row pointers),
+ * their counts and the visible counts; each emitted entry uploads its pooling slots and
+ * rope angles. Row copies (compressor rows, ring, gathered index keys) are copy2d ops. On
+ * the CPU the mirrors are the buffers, nothing moves, and the arithmetic is unchanged.
  */
 #include "model/deepseek_v4.h"
 
@@ -66,27 +73,29 @@ static void emit_entry(const v4_model *m, const v4_compressor *cw, const di_v4_c
     int64_t ns = 0;
     if (cs->overlap && w > 0)
         for (int64_t i = 0; i < mm; i++, ns++) {
-            c->slot_c[ns] = di_v4_comp_c(cs, (w - 1) * mm + i);
-            c->slot_z[ns] = di_v4_comp_z(cs, (w - 1) * mm + i);
+            c->slot_c_h[ns] = di_v4_comp_c(cs, (w - 1) * mm + i);
+            c->slot_z_h[ns] = di_v4_comp_z(cs, (w - 1) * mm + i);
         }
     const int64_t off = cs->overlap ? width : 0;
     for (int64_t i = 0; i < mm; i++, ns++) {
-        c->slot_c[ns] = di_v4_comp_c(cs, w * mm + i) + off;
-        c->slot_z[ns] = di_v4_comp_z(cs, w * mm + i) + off;
+        c->slot_c_h[ns] = di_v4_comp_c(cs, w * mm + i) + off;
+        c->slot_z_h[ns] = di_v4_comp_z(cs, w * mm + i) + off;
     }
+    v4_up(be, c->slot_c, c->slot_c_h, (size_t)ns * sizeof(float *));
+    v4_up(be, c->slot_z, c->slot_z_h, (size_t)ns * sizeof(float *));
     di_v4_pool_params pp = {
         .n_slots = ns, .width = width, .c = c->slot_c, .z = c->slot_z, .out = out};
     be->ops->v4_pool(be->ctx, &pp);
     be->ops->rmsnorm(be->ctx, out, width, cw->norm, 1, width, (float)m->hp->rms_norm_eps, out,
                      width);
     const int64_t rd2 = m->v->rope_dim / 2;
-    float cs_[256], sn_[256];
     for (int64_t i = 0; i < rd2; i++) {
         float ang = (float)(w * mm) * m->inv_comp[i];
-        cs_[i] = (float)cos((double)ang);
-        sn_[i] = (float)sin((double)ang);
+        c->ecs_h[i] = (float)cos((double)ang);
+        c->ecs_h[rd2 + i] = (float)sin((double)ang);
     }
-    rope(m, be, out, 1, 1, width, width, cs_, sn_);
+    v4_up(be, c->ecs, c->ecs_h, (size_t)(2 * rd2) * sizeof(float));
+    rope(m, be, out, 1, 1, width, width, c->ecs, c->ecs + rd2);
 }
 
 /* Stores one segment's compressor rows (cc, zz: [n][cw], the segment's rows) in the slot
@@ -100,10 +109,10 @@ static void run_compressor(const v4_model *m, const v4_compressor *cw, const di_
     for (int64_t t = 0; t < sg->n; t++) {
         const int64_t p = sg->pos0 + t;
         float *rc = di_v4_comp_c(cs, p), *rz = di_v4_comp_z(cs, p);
-        memcpy(rc, cc + t * w_, (size_t)w_ * sizeof(float));
-        const float *ape = cw->ape + (p % mm) * w_;
-        for (int64_t i = 0; i < w_; i++)
-            rz[i] = zz[t * w_ + i] + ape[i];
+        be->ops->copy2d(be->ctx, rc, w_, cc + t * w_, w_, 1, w_);
+        /* rz = zz + ape: the copy, then + 1 * ape (the same rounding as the sum). */
+        be->ops->copy2d(be->ctx, rz, w_, zz + t * w_, w_, 1, w_);
+        be->ops->axpy(be->ctx, 1.0f, cw->ape + (p % mm) * w_, w_, rz);
         if (p % mm == mm - 1 && p >= sg->replay_end) {
             const int64_t w = p / mm;
             /* The rows pooled must be this sequence's: the replay reached back far enough
@@ -205,13 +214,14 @@ void v4_attention(const v4_model *m, const v4_block *L, int64_t il, v4_ctx *c, c
             const v4_seg *sg = &c->segs[gi];
             const di_v4_slot_layer *S = &sg->slot->layers[il];
             run_compressor(m, cp, &S->comp, il, false, sg, c, be, c->cc + sg->row0 * cw,
-                           c->zz + sg->row0 * cw, c->n_vis + sg->row0);
+                           c->zz + sg->row0 * cw, c->n_vis_h + sg->row0);
             if (csa) {
                 const int64_t icw = L->icomp.cw;
                 run_compressor(m, &L->icomp, &S->icomp, il, true, sg, c, be, c->ic + sg->row0 * icw,
                                c->iz + sg->row0 * icw, NULL);
             }
         }
+        v4_up(be, c->n_vis, c->n_vis_h, (size_t)n * sizeof(int64_t));
     }
 
     /* 4. Indexer scores of the visible entries (CSA), per sequence over its gathered keys. */
@@ -222,10 +232,10 @@ void v4_attention(const v4_model *m, const v4_block *L, int64_t il, v4_ctx *c, c
         v4_matmul(be, &L->idx_weights, c->xn, n, c->iw);
         for (int64_t gi = 0; gi < c->n_segs; gi++) {
             const v4_seg *sg = &c->segs[gi];
-            const int64_t nv = c->n_vis[sg->row0 + sg->n - 1]; /* the most any row sees */
+            const int64_t nv = c->n_vis_h[sg->row0 + sg->n - 1]; /* the most any row sees */
             for (int64_t w = 0; w < nv; w++)
-                memcpy(c->ikeys + w * dI, di_v4_pool_ientry(pool, il, sg->table, w),
-                       (size_t)dI * sizeof(float));
+                be->ops->copy2d(bc, c->ikeys + w * dI, dI, di_v4_pool_ientry(pool, il, sg->table, w),
+                                dI, 1, dI);
             di_v4_index_params ip = {.n_tokens = sg->n,
                                      .n_heads = nI,
                                      .dim = dI,
@@ -238,6 +248,7 @@ void v4_attention(const v4_model *m, const v4_block *L, int64_t il, v4_ctx *c, c
                                      .out_stride = c->max_entries};
             be->ops->v4_index_scores(bc, &ip);
         }
+        v4_down(be, c->iscore_h, c->iscore, (size_t)(n * c->max_entries) * sizeof(float));
     }
 
     /* 5. Key lists: window (by position), then the visible / selected entries. */
@@ -246,24 +257,26 @@ void v4_attention(const v4_model *m, const v4_block *L, int64_t il, v4_ctx *c, c
         const float *ring = sg->slot->layers[il].ring;
         for (int64_t t = 0; t < sg->n; t++) {
             const int64_t p = sg->pos0 + t, row = sg->row0 + t;
-            const float **k = c->keys + row * c->max_keys;
+            const float **k = c->keys_h + row * c->max_keys;
             int64_t nk = 0;
             /* Outside replay the window never reaches below the slot's base. */
             assert(p < sg->replay_end || DI_MAX(0, p - W + 1) >= sg->slot->base);
             for (int64_t s = DI_MAX(sg->slot->base, p - W + 1); s <= p; s++)
                 k[nk++] = s >= sg->pos0 ? c->kvr + (row + s - p) * d : ring + (s % W) * d;
             if (csa) {
-                int64_t ns =
-                    top_k(c->iscore + row * c->max_entries, c->n_vis[row], v->index_topk, c->sel);
+                int64_t ns = top_k(c->iscore_h + row * c->max_entries, c->n_vis_h[row],
+                                   v->index_topk, c->sel);
                 for (int64_t i = 0; i < ns; i++)
                     k[nk++] = di_v4_pool_entry(pool, il, sg->table, c->sel[i]);
             } else if (comp) {
-                for (int64_t w = 0; w < c->n_vis[row]; w++)
+                for (int64_t w = 0; w < c->n_vis_h[row]; w++)
                     k[nk++] = di_v4_pool_entry(pool, il, sg->table, w);
             }
-            c->n_keys[row] = (int32_t)nk;
+            c->n_keys_h[row] = (int32_t)nk;
         }
     }
+    v4_up(be, c->keys, c->keys_h, (size_t)(n * c->max_keys) * sizeof(float *));
+    v4_up(be, c->n_keys, c->n_keys_h, (size_t)n * sizeof(int32_t));
 
     di_v4_attn_params ap = {.n_tokens = n,
                             .n_heads = H,
@@ -286,8 +299,8 @@ void v4_attention(const v4_model *m, const v4_block *L, int64_t il, v4_ctx *c, c
         const v4_seg *sg = &c->segs[gi];
         float *ring = sg->slot->layers[il].ring;
         for (int64_t t = DI_MAX(0, sg->n - W); t < sg->n; t++)
-            memcpy(ring + ((sg->pos0 + t) % W) * d, c->kvr + (sg->row0 + t) * d,
-                   (size_t)d * sizeof(float));
+            be->ops->copy2d(bc, ring + ((sg->pos0 + t) % W) * d, d, c->kvr + (sg->row0 + t) * d, d,
+                            1, d);
     }
 
     /* 6. Inverse RoPE at t (values carried rope), grouped output projection. */

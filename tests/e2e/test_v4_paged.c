@@ -260,8 +260,8 @@ TEST(shared_state_replay) {
 
     const v4_ctx *ca = a;
     const di_v4_pool *pool = &ca->kv->pool;
-    void *before = malloc(pool->bytes);
-    memcpy(before, pool->mem, pool->bytes);
+    void *before = malloc(pool->rows_bytes);
+    memcpy(before, pool->rows, pool->rows_bytes);
     di_batch_seq r = {.ids = g_prompt + (H - R),
                       .n = N_PROMPT - (H - R),
                       .pos0 = H - R,
@@ -273,7 +273,7 @@ TEST(shared_state_replay) {
     arch->forward_batch(w, b, &be, &(di_batch_args){.seqs = &r, .n_seqs = 1, .logits = lg});
     CHECK_MSG(memcmp(lref, lg, (size_t)g_vocab * sizeof(float)) == 0,
               "the replayed sequence's logits differ from the uninterrupted run's");
-    CHECK_MSG(memcmp(before, pool->mem, pool->bytes) == 0, "the replay changed the pool");
+    CHECK_MSG(memcmp(before, pool->rows, pool->rows_bytes) == 0, "the replay changed the pool");
     free(before);
     free(lref);
     free(lg);
