@@ -6,8 +6,9 @@
 #   build.log     configure + build (warnings are errors)
 #   cuda_ops.log  tests/ops/test_cuda_ops and test_cuda_v4_ops (every CUDA op vs the CPU
 #                 reference)
-#   cuda_model.log tests/e2e/test_cuda_model (V2/V3 goldens, engine and batch invariance on
-#                 CUDA) and a short CLI generation on --device cuda
+#   cuda_model.log tests/e2e/test_cuda_model (V2/V3/V4 goldens, engine and batch invariance
+#                 on CUDA), tests/e2e/test_bundled_model (the bundled V4 model on CPU and
+#                 CUDA) and short CLI generations (V3 and V4) on --device cuda and cpu
 #   ctest.log     all tests through ctest (not with QUICK=1 or CTEST=0)
 #   bench.log     bench_cuda_matmul (GEMV GB/s vs the device copy bandwidth, MLA decode)
 #   sanitizer.log compute-sanitizer memcheck over test_cuda_ops (only with SANITIZE=1)
@@ -77,7 +78,7 @@ t0=$(date +%s)
 {
     cmake -S "$repo" -B "$build" -DDI_WERROR=ON -DCMAKE_BUILD_TYPE=Release &&
         cmake --build "$build" -j"$jobs" --target test_cuda_ops test_cuda_v4_ops test_cuda_model \
-            deepinfer bench_cuda_matmul
+            test_bundled_model deepinfer bench_cuda_matmul
 } >"$out/build.log" 2>&1
 rc=$?
 say "build (CUDA test + bench): rc=$rc in $(($(date +%s) - t0)) s ($(grep -c 'Building CUDA object' "$out/build.log") CUDA objects)"
@@ -111,14 +112,21 @@ t0=$(date +%s)
 rc=$?
 say "test_cuda_model: rc=$rc in $(($(date +%s) - t0)) s: $(tail -1 "$out/cuda_model.log")"
 grep -E "FAIL|failed:|differ|DIFFER" "$out/cuda_model.log" | head -20 | tee -a "$summary"
+t0=$(date +%s)
+echo "==== test_bundled_model" >>"$out/cuda_model.log"
+(cd "$repo" && "$build/test_bundled_model") >>"$out/cuda_model.log" 2>&1
+rc=$?
+say "test_bundled_model: rc=$rc in $(($(date +%s) - t0)) s: $(tail -1 "$out/cuda_model.log")"
 # The CLI end to end on the GPU and on the CPU (same greedy ids expected; the speed summary
 # is on stderr).
-for dev in cuda cpu; do
-    {
-        echo "==== deepinfer generate --device $dev"
-        (cd "$repo" && "$build/deepinfer" generate --model tests/data/v3_fp8 --device $dev \
-            --ids "1 2 3 4 5" --max-tokens 32 2>&1 | tail -3)
-    } >>"$out/cuda_model.log" 2>&1
+for model in tests/data/v3_fp8 tests/data/v4_upstream_fp8; do
+    for dev in cuda cpu; do
+        {
+            echo "==== deepinfer generate --model $model --device $dev"
+            (cd "$repo" && "$build/deepinfer" generate --model $model --device $dev \
+                --ids "1 2 3 4 5" --max-tokens 32 2>&1 | tail -3)
+        } >>"$out/cuda_model.log" 2>&1
+    done
 done
 (cd "$repo" && "$build/deepinfer" info --devices) >>"$out/cuda_model.log" 2>&1
 

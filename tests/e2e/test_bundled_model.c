@@ -7,7 +7,11 @@
  * at the recorded prompt positions are within 1e-3 of the largest reference logit; the
  * greedy continuation is identical, and so is its text. (The MTP logits in the references
  * are for the speculative-decoding work; the plain forward pass does not run the MTP.)
+ *
+ * The same checks run with the model on CUDA (di_model_params.device = "cuda") when a device
+ * is present; without one that test is skipped with the reason.
  */
+#include "backend/backend.h"
 #include "deepinfer.h"
 #include "test.h"
 
@@ -115,14 +119,20 @@ static double check_case(di_model *model, di_tokenizer *tok, const char *dir, co
     return worst;
 }
 
-TEST(bundled_model_matches_reference) {
+/* Every reference case with the model on `device`. */
+static void check_all(const char *device) {
     di_model *model = NULL;
     di_model_params mp = di_model_default_params();
+    mp.device = device;
     di_status st = di_model_load(MODEL_DIR, &mp, &model);
     CHECK_MSG(st == DI_OK, "%s", di_last_error());
     di_tokenizer *tok = NULL;
     CHECK(di_tokenizer_load(MODEL_DIR, &tok) == DI_OK);
-    if (!model || !tok) return;
+    if (!model || !tok) {
+        di_tokenizer_free(tok);
+        di_model_free(model);
+        return;
+    }
     DIR *d = opendir(MODEL_DIR "/ref");
     CHECK(d != NULL);
     int n_cases = 0;
@@ -139,7 +149,19 @@ TEST(bundled_model_matches_reference) {
     di_model_free(model);
 }
 
+TEST(bundled_model_matches_reference) {
+    check_all("cpu");
+}
+
+TEST(bundled_model_matches_reference_cuda) {
+    di_backend be;
+    if (di_backend_cuda_init(&be, 0, 16) != DI_OK) SKIP("%s", di_last_error());
+    di_backend_free(&be);
+    check_all("cuda");
+}
+
 int main(void) {
     RUN(bundled_model_matches_reference);
+    RUN(bundled_model_matches_reference_cuda);
     return test_summary();
 }

@@ -1,16 +1,18 @@
 /*
- * test_cuda_model.c -- the DeepSeek-V2/V3 model end to end on the CUDA backend
+ * test_cuda_model.c -- the DeepSeek-V2/V3 and V4 models end to end on the CUDA backend
  * (di_model_params.device = "cuda"). Without a CUDA device every GPU test is skipped with the
- * reason; the device-choice errors are checked everywhere.
+ * reason; the device-choice errors are checked everywhere. (The bundled V4 model on CUDA is
+ * in test_bundled_model.c.)
  *
- *   - goldens: the V2/V3 golden cases through CUDA with test_goldens.c's tolerances (logits
+ *   - goldens: the V2/V3 and V4 golden cases through CUDA with test_goldens.c's tolerances (logits
  *     within 1e-3 * max|ref| per position, greedy ids identical, chunked prefill within 1e-5
  *     relative, 300 tokens in one call bitwise equal to calls of 50), plus the distance to
  *     the CPU logits (same 1e-3 bound);
- *   - engine: a mixed batch of greedy requests gives the CPU engine's tokens;
- *   - batch invariance: one request's logprobs (chosen and top-5, from the logits) are
- *     bitwise the same alone and inside a batch of several other requests on the GPU;
- *   - errors: a bad device name, and DeepSeek-V4 on CUDA ("not supported on cuda yet").
+ *   - engine (V3 FP8 and V4): a mixed batch of greedy requests gives the CPU engine's tokens;
+ *   - batch invariance (V3 FP8 and V4): one request's logprobs (chosen and top-5, from the
+ *     logits) are bitwise the same alone and inside a batch of several other requests on the
+ *     GPU;
+ *   - errors: a bad device name.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "backend/backend.h"
@@ -22,8 +24,13 @@
 
 static bool g_have_gpu;
 
-static const char *const g_cases[] = {"v2_lite", "v2_qlora_yarn", "v3_grouped", "v3_fp8",
-                                      "v3_plain_rope"};
+static const char *const g_cases[] = {"v2_lite",     "v2_qlora_yarn", "v3_grouped",
+                                      "v3_fp8",      "v3_plain_rope", "v4_mix_yarn",
+                                      "v4_hc3_plain", "v4_upstream_fp8"};
+
+/* The checkpoints the engine tests run: V3 with FP8 weights, V4 (CSA + HCA + hash layers)
+ * and V4 in the upstream FP8 / FP4 layout. */
+static const char *const g_engine_cases[] = {"v3_fp8", "v4_mix_yarn", "v4_upstream_fp8"};
 
 static di_model *load_on(const char *dir, const char *device) {
     di_model_params mp = di_model_default_params();
@@ -209,10 +216,9 @@ static void mixed_requests(const di_model_info *info, int32_t (*prompts)[96], eu
     }
 }
 
-TEST(engine_cuda_matches_cpu) {
-    if (!g_have_gpu) SKIP("no CUDA device");
+static void engine_matches_cpu(const char *name) {
     char dir[512];
-    snprintf(dir, sizeof dir, "%s/v3_fp8", DATA_DIR);
+    snprintf(dir, sizeof dir, "%s/%s", DATA_DIR, name);
     di_model *mg = load_on(dir, "cuda"), *mc = load_on(dir, "cpu");
     CHECK(mg && mc);
     if (mg && mc) {
@@ -230,19 +236,25 @@ TEST(engine_cuda_matches_cpu) {
             bool eq =
                 resg[i].n == rg[i].sp.max_tokens && resg[i].n == resc[i].n &&
                 memcmp(resg[i].tokens, resc[i].tokens, (size_t)resg[i].n * sizeof(int32_t)) == 0;
-            CHECK_MSG(eq, "req %d: CUDA engine tokens differ from the CPU engine's", i);
+            CHECK_MSG(eq, "%s req %d: CUDA engine tokens differ from the CPU engine's", name, i);
             same += eq;
         }
-        printf("  engine: %d/%d requests give the CPU engine's greedy tokens\n", same, N_MIXED);
+        printf("  engine %-16s %d/%d requests give the CPU engine's greedy tokens\n", name, same,
+               N_MIXED);
     }
     di_model_free(mg);
     di_model_free(mc);
 }
 
-TEST(engine_cuda_batch_invariance) {
+TEST(engine_cuda_matches_cpu) {
     if (!g_have_gpu) SKIP("no CUDA device");
+    for (size_t i = 0; i < DI_ARRAY_LEN(g_engine_cases); i++)
+        engine_matches_cpu(g_engine_cases[i]);
+}
+
+static void engine_batch_invariance(const char *name) {
     char dir[512];
-    snprintf(dir, sizeof dir, "%s/v3_fp8", DATA_DIR);
+    snprintf(dir, sizeof dir, "%s/%s", DATA_DIR, name);
     di_model *m = load_on(dir, "cuda");
     CHECK(m != NULL);
     if (!m) return;
@@ -277,10 +289,16 @@ TEST(engine_cuda_batch_invariance) {
                 memcmp(alone.lp, b->lp, sizeof alone.lp) == 0 &&
                 memcmp(alone.top_lp, b->top_lp, sizeof alone.top_lp) == 0 &&
                 memcmp(alone.top_ids, b->top_ids, sizeof alone.top_ids) == 0;
-    CHECK_MSG(same, "the request's tokens / logprobs differ alone and inside a batch of %d",
-              N_MIXED + 1);
-    printf("  batch invariance on cuda: %s\n", same ? "bitwise" : "DIFFER");
+    CHECK_MSG(same, "%s: the request's tokens / logprobs differ alone and inside a batch of %d",
+              name, N_MIXED + 1);
+    printf("  batch invariance on cuda %-16s %s\n", name, same ? "bitwise" : "DIFFER");
     di_model_free(m);
+}
+
+TEST(engine_cuda_batch_invariance) {
+    if (!g_have_gpu) SKIP("no CUDA device");
+    for (size_t i = 0; i < DI_ARRAY_LEN(g_engine_cases); i++)
+        engine_batch_invariance(g_engine_cases[i]);
 }
 
 /* ---- device errors (run everywhere) -------------------------------------------------------- */
@@ -302,14 +320,6 @@ TEST(device_errors) {
         CHECK_MSG(strstr(di_last_error(), "no CUDA device") != NULL, "%s", di_last_error());
     } else {
         CHECK(st == DI_OK);
-        di_model_free(m);
-        m = NULL;
-        /* DeepSeek-V4 on CUDA: a clear refusal. */
-        snprintf(dir, sizeof dir, "%s/v4_hc3_plain", DATA_DIR);
-        st = di_model_load(dir, &mp, &m);
-        CHECK(st == DI_ERR_UNSUPPORTED);
-        CHECK_MSG(strstr(di_last_error(), "not supported on cuda yet") != NULL, "%s",
-                  di_last_error());
     }
     di_model_free(m);
 }

@@ -1,0 +1,230 @@
+/*
+ * test_v4_backend_memory.c -- the DeepSeek-V4 runner on a backend whose memory is not host
+ * memory, checked without a GPU.
+ *
+ * The "separate memory" backend here is the CPU backend with host_memory = false: buffers
+ * come from its own allocator, upload / download are copies and weight_upload makes a copy of
+ * every weight (data, scales and E8M0 bytes). The ops are the CPU ones, so the arithmetic is
+ * the CPU path's, and the only difference is the data movement the runner does for a device
+ * backend (deepseek_v4_attn.c): host mirrors for key lists, indexer scores, router logits,
+ * visible counts, rope tables, pooling slots; row copies as ops. A missing upload leaves a
+ * stale device buffer, a missing download a stale host mirror, so the logits must be
+ * BITWISE those of the CPU model:
+ *   - a context: 300 tokens in one call and in calls of 37;
+ *   - the batched runner: three sequences of different lengths in one forward over a
+ *     paged pool with scattered block tables, then one decode step each.
+ * Cases: v4_mix_yarn (CSA, HCA, hash routing, YaRN), v4_upstream_fp8 (FP8 + E8M0 + FP4
+ * experts) and the bundled model (window 128, CSA m=4, HCA m=128).
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "api_internal.h"
+#include "core/core.h"
+#include "test.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- the separate-memory backend ---------------------------------------------------------- */
+
+static di_backend_ops g_ops;
+static int64_t g_n_up, g_n_down, g_n_bufs;
+
+static void *sep_alloc(void *ctx, size_t bytes) {
+    (void)ctx;
+    void *p = di_aligned_alloc(bytes ? bytes : 64);
+    if (!p) {
+        di_error(DI_ERR_OUT_OF_MEMORY, "separate memory: cannot allocate %zu bytes", bytes);
+        return NULL;
+    }
+    memset(p, 0, bytes ? bytes : 64);
+    g_n_bufs++;
+    return p;
+}
+
+static void sep_free(void *ctx, void *p) {
+    (void)ctx;
+    if (p) g_n_bufs--;
+    di_aligned_free(p);
+}
+
+static di_status sep_upload(void *ctx, void *dst, const void *src, size_t bytes) {
+    (void)ctx;
+    memcpy(dst, src, bytes);
+    g_n_up++;
+    return DI_OK;
+}
+
+static di_status sep_download(void *ctx, void *dst, const void *src, size_t bytes) {
+    (void)ctx;
+    memcpy(dst, src, bytes);
+    g_n_down++;
+    return DI_OK;
+}
+
+static void *dup_bytes(const void *p, size_t n) {
+    void *q = di_aligned_alloc(n ? n : 64);
+    if (q && n) memcpy(q, p, n);
+    return q;
+}
+
+/* A copy of the view: its rows (data points at the view's first row), the FP8 scales up to
+ * its last row (looked up through row_offset) and its E8M0 bytes. */
+static di_status sep_weight_upload(void *ctx, const di_weight *w, di_weight *out) {
+    (void)ctx;
+    *out = *w;
+    const size_t rows = (size_t)w->rows;
+    const size_t data = di_dtype_bytes(w->dtype, (w->rows - 1) * w->row_stride + w->cols);
+    out->data = dup_bytes(w->data, data);
+    if (w->scale) {
+        int64_t srows = (w->row_offset + w->rows + w->block_rows - 1) / w->block_rows;
+        out->scale = dup_bytes(w->scale, (size_t)(srows * w->scale_cols) * sizeof(float));
+    }
+    if (w->scale_e8m0)
+        out->scale_e8m0 = dup_bytes(w->scale_e8m0, rows * (size_t)w->scale_cols);
+    return out->data ? DI_OK : di_error(DI_ERR_OUT_OF_MEMORY, "separate memory: weight");
+}
+
+static void sep_weight_free(void *ctx, di_weight *w) {
+    (void)ctx;
+    di_aligned_free((void *)w->data);
+    di_aligned_free((void *)w->scale);
+    di_aligned_free((void *)w->scale_e8m0);
+}
+
+/* The CPU backend over pool with the memory slots above. */
+static void sep_init(di_backend *be, di_pool *pool, int64_t max_ctx) {
+    CHECK(di_backend_cpu_init(be, pool, max_ctx) == DI_OK);
+    g_ops = *be->ops;
+    g_ops.name = "separate-memory";
+    g_ops.host_memory = false;
+    g_ops.buf_alloc = sep_alloc;
+    g_ops.buf_free = sep_free;
+    g_ops.upload = sep_upload;
+    g_ops.download = sep_download;
+    g_ops.weight_upload = sep_weight_upload;
+    g_ops.weight_free = sep_weight_free;
+    be->ops = &g_ops;
+}
+
+/* ---- checks --------------------------------------------------------------------------------- */
+
+#define N_TOK 300
+
+static void make_ids(int32_t *ids, int64_t n, int64_t V, int32_t salt) {
+    for (int64_t i = 0; i < n; i++)
+        ids[i] = (int32_t)((i * 7919 + 13 + salt * 31) % (V - 2)) + 1;
+}
+
+/* Logits of N_TOK tokens through a context state, in calls of `step`. */
+static void run_context(const di_arch_vtable *arch, const void *w, const di_backend *be,
+                        const int32_t *ids, int64_t step, int64_t V, float *out) {
+    void *st = NULL;
+    CHECK(arch->state_create(w, 512, &st) == DI_OK);
+    if (!st) return;
+    for (int64_t off = 0; off < N_TOK; off += step) {
+        int64_t k = DI_MIN(step, N_TOK - off);
+        di_forward_args a = {
+            .ids = ids + off, .n = k, .pos0 = off, .logits = out + off * V, .n_logits = k};
+        arch->forward(w, st, be, &a);
+    }
+    arch->state_free(st);
+}
+
+/* Three sequences (lengths 150, 61, 97) prefilled in one batch, then one decode step each;
+ * logits of every prefill token and of the steps. */
+static void run_batch(const di_arch_vtable *arch, const void *w, const di_backend *be,
+                      int64_t bs, const int32_t *ids, int64_t V, float *out) {
+    const int64_t len[3] = {150, 61, 97};
+    const int64_t nb = (151 + bs - 1) / bs;
+    di_batch_config cfg = {.n_blocks = 3 * nb + 2,
+                           .block_size = bs,
+                           .n_slots = 3,
+                           .max_model_len = 256,
+                           .max_batch_tokens = 128};
+    void *st = NULL;
+    CHECK(arch->batch_state_create(w, &cfg, &st) == DI_OK);
+    if (!st) return;
+    /* Scattered tables: sequence s takes blocks s + 3 j (reversed for s = 1). */
+    int32_t table[3][64];
+    for (int s = 0; s < 3; s++)
+        for (int64_t j = 0; j < nb && j < 64; j++)
+            table[s][j] = (int32_t)(s == 1 ? 3 * (nb - 1 - j) + 1 : s + 3 * j);
+    di_batch_seq q[3];
+    for (int s = 0; s < 3; s++)
+        q[s] = (di_batch_seq){.ids = ids + s * 200,
+                              .n = len[s],
+                              .pos0 = 0,
+                              .block_table = table[s],
+                              .slot = s,
+                              .reset_state = true,
+                              .n_logits = len[s]};
+    arch->forward_batch(w, st, be, &(di_batch_args){.seqs = q, .n_seqs = 3, .logits = out});
+    float *o = out + (len[0] + len[1] + len[2]) * V;
+    for (int s = 0; s < 3; s++)
+        q[s] = (di_batch_seq){.ids = ids + s * 200 + len[s],
+                              .n = 1,
+                              .pos0 = len[s],
+                              .block_table = table[s],
+                              .slot = s,
+                              .n_logits = 1};
+    arch->forward_batch(w, st, be, &(di_batch_args){.seqs = q, .n_seqs = 3, .logits = o});
+    arch->batch_state_free(st);
+}
+
+static void check_model(const char *dir) {
+    di_model_params mp = di_model_default_params();
+    mp.n_threads = 2;
+    di_model *m = NULL;
+    CHECK_MSG(di_model_load(dir, &mp, &m) == DI_OK, "%s: %s", dir, di_last_error());
+    if (!m) return;
+    const di_arch_vtable *arch = m->arch;
+    const int64_t V = m->hp.vocab_size;
+    di_backend sep;
+    sep_init(&sep, m->pool, 512);
+    void *ws = NULL;
+    CHECK_MSG(arch->load(&m->hp, m->st, dir, &sep, &ws) == DI_OK, "%s", di_last_error());
+    if (!ws) {
+        di_backend_free(&sep);
+        di_model_free(m);
+        return;
+    }
+
+    int32_t ids[600];
+    make_ids(ids, 600, V, 0);
+    const size_t ctx_bytes = (size_t)(N_TOK * V) * sizeof(float);
+    float *ref = calloc(1, ctx_bytes), *got = calloc(1, ctx_bytes);
+    int64_t up0 = g_n_up, down0 = g_n_down;
+    run_context(arch, m->weights, &m->be, ids, N_TOK, V, ref);
+    run_context(arch, ws, &sep, ids, N_TOK, V, got);
+    CHECK_MSG(memcmp(ref, got, ctx_bytes) == 0, "%s: context logits differ (one call)", dir);
+    run_context(arch, ws, &sep, ids, 37, V, got);
+    CHECK_MSG(memcmp(ref, got, ctx_bytes) == 0, "%s: context logits differ (calls of 37)", dir);
+    CHECK_MSG(g_n_up > up0 && g_n_down > down0, "%s: no data moved", dir);
+
+    const int64_t bs = arch->block_multiple(m->weights) * 2;
+    const size_t b_bytes = (size_t)((150 + 61 + 97 + 3) * V) * sizeof(float);
+    float *bref = calloc(1, b_bytes), *bgot = calloc(1, b_bytes);
+    make_ids(ids, 600, V, 5);
+    run_batch(arch, m->weights, &m->be, bs, ids, V, bref);
+    run_batch(arch, ws, &sep, bs, ids, V, bgot);
+    CHECK_MSG(memcmp(bref, bgot, b_bytes) == 0, "%s: batched logits differ", dir);
+    printf("  %-26s bitwise: context (1 call, calls of 37), batch of 3 + decode; %lld uploads, "
+           "%lld downloads\n",
+           strrchr(dir, '/') + 1, (long long)(g_n_up - up0), (long long)(g_n_down - down0));
+    free(ref), free(got), free(bref), free(bgot);
+    arch->free(ws);
+    CHECK_MSG(g_n_bufs == 0, "%s: %lld backend buffers not freed", dir, (long long)g_n_bufs);
+    di_backend_free(&sep);
+    di_model_free(m);
+}
+
+TEST(v4_separate_memory_bitwise) {
+    check_model(DI_SOURCE_DIR "/tests/data/v4_mix_yarn");
+    check_model(DI_SOURCE_DIR "/tests/data/v4_upstream_fp8");
+    check_model(DI_SOURCE_DIR "/models/deepseek-v4-tiny");
+}
+
+int main(void) {
+    RUN(v4_separate_memory_bitwise);
+    return test_summary();
+}
