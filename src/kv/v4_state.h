@@ -56,9 +56,9 @@ typedef struct di_v4_slot {
 
 typedef struct di_v4_slots {
     int64_t n_slots, n_layers, window;
-    di_v4_slot *slot; /* [n_slots], inside mem */
-    void *mem;        /* owns the bookkeeping (host memory) */
-    void *rows;       /* owns every row (backend memory) */
+    di_v4_slot *slot;     /* [n_slots], inside mem */
+    void *mem;            /* owns the bookkeeping (host memory) */
+    void *rows;           /* owns every row (backend memory) */
     const di_backend *be; /* allocated rows (NULL: host memory) */
     size_t bytes;         /* both allocations */
     size_t rows_bytes;    /* the rows alone */

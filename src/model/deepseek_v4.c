@@ -456,8 +456,8 @@ static int64_t forward_chunk(const v4_model *m, v4_ctx *c, const di_backend *be,
     for (int64_t g = 0; g < c->n_segs; g++) {
         const v4_seg *sg = &c->segs[g];
         if (sg->lcnt <= 0) continue;
-        be->ops->copy2d(bc, c->x2 + k * nh * D, nh * D, c->x + sg->lrow0 * nh * D, nh * D,
-                        sg->lcnt, nh * D);
+        be->ops->copy2d(bc, c->x2 + k * nh * D, nh * D, c->x + sg->lrow0 * nh * D, nh * D, sg->lcnt,
+                        nh * D);
         k += sg->lcnt;
     }
     if (k == 0 || !logits) return k;

@@ -141,12 +141,12 @@ typedef struct v4_ctx {
     const di_backend *mem; /* allocated dev and the storage (the model's memory backend) */
     int32_t ctx_table[1];  /* {0}: the single-sequence path's block table */
     int64_t max_tokens, chunk, max_keys, max_entries;
-    void *dev;    /* owns every backend buffer below */
-    void *host;   /* owns every host buffer below */
-    int32_t *ids; /* [C] token ids of the chunk (host) */
+    void *dev;      /* owns every backend buffer below */
+    void *host;     /* owns every host buffer below */
+    int32_t *ids;   /* [C] token ids of the chunk (host) */
     int32_t *ids_d; /* [C] the same in backend memory (embed) */
-    int64_t *pos; /* [C] positions of the chunk's rows (host) */
-    v4_seg *segs; /* [C] sequences of the chunk (host) */
+    int64_t *pos;   /* [C] positions of the chunk's rows (host) */
+    v4_seg *segs;   /* [C] sequences of the chunk (host) */
     int64_t n_segs;
     float *x, *x2;                  /* [C][n][D] residual streams (ping-pong through hc_post) */
     float *h, *xn, *y;              /* [C][D] collapsed input, its norm, the sublayer output */
@@ -172,9 +172,9 @@ typedef struct v4_ctx {
     int32_t *sel;                   /* [MK] indexer top-k scratch (host) */
     const float **slot_c, **slot_z; /* [2 m_max] compressor pooling slots */
     const float **slot_c_h, **slot_z_h;
-    float *rlogits, *rlogits_h;     /* [C][E] */
-    float *sel_w;                   /* [C][K] (host) */
-    float *rscratch;                /* [3 E] (host) */
+    float *rlogits, *rlogits_h; /* [C][E] */
+    float *sel_w;               /* [C][K] (host) */
+    float *rscratch;            /* [3 E] (host) */
     /* an expert may get every (token, slot) pair if tid2eid repeats ids: K C rows */
     float *gate, *up;    /* [K C][I] */
     float *xe, *moe_out; /* [K C][D] */

@@ -234,8 +234,8 @@ void v4_attention(const v4_model *m, const v4_block *L, int64_t il, v4_ctx *c, c
             const v4_seg *sg = &c->segs[gi];
             const int64_t nv = c->n_vis_h[sg->row0 + sg->n - 1]; /* the most any row sees */
             for (int64_t w = 0; w < nv; w++)
-                be->ops->copy2d(bc, c->ikeys + w * dI, dI, di_v4_pool_ientry(pool, il, sg->table, w),
-                                dI, 1, dI);
+                be->ops->copy2d(bc, c->ikeys + w * dI, dI,
+                                di_v4_pool_ientry(pool, il, sg->table, w), dI, 1, dI);
             di_v4_index_params ip = {.n_tokens = sg->n,
                                      .n_heads = nI,
                                      .dim = dI,

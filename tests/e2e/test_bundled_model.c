@@ -23,7 +23,8 @@
 static int64_t json_ids(json_t *arr, int32_t **out) {
     size_t n = json_array_size(arr);
     *out = malloc((n ? n : 1) * sizeof(int32_t));
-    for (size_t i = 0; i < n; i++) (*out)[i] = (int32_t)json_integer_value(json_array_get(arr, i));
+    for (size_t i = 0; i < n; i++)
+        (*out)[i] = (int32_t)json_integer_value(json_array_get(arr, i));
     return (int64_t)n;
 }
 

@@ -24,8 +24,8 @@
 
 static bool g_have_gpu;
 
-static const char *const g_cases[] = {"v2_lite",     "v2_qlora_yarn", "v3_grouped",
-                                      "v3_fp8",      "v3_plain_rope", "v4_mix_yarn",
+static const char *const g_cases[] = {"v2_lite",      "v2_qlora_yarn",  "v3_grouped",
+                                      "v3_fp8",       "v3_plain_rope",  "v4_mix_yarn",
                                       "v4_hc3_plain", "v4_upstream_fp8"};
 
 /* The checkpoints the engine tests run: V3 with FP8 weights, V4 (CSA + HCA + hash layers)

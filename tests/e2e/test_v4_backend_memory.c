@@ -79,8 +79,7 @@ static di_status sep_weight_upload(void *ctx, const di_weight *w, di_weight *out
         int64_t srows = (w->row_offset + w->rows + w->block_rows - 1) / w->block_rows;
         out->scale = dup_bytes(w->scale, (size_t)(srows * w->scale_cols) * sizeof(float));
     }
-    if (w->scale_e8m0)
-        out->scale_e8m0 = dup_bytes(w->scale_e8m0, rows * (size_t)w->scale_cols);
+    if (w->scale_e8m0) out->scale_e8m0 = dup_bytes(w->scale_e8m0, rows * (size_t)w->scale_cols);
     return out->data ? DI_OK : di_error(DI_ERR_OUT_OF_MEMORY, "separate memory: weight");
 }
 
@@ -132,8 +131,8 @@ static void run_context(const di_arch_vtable *arch, const void *w, const di_back
 
 /* Three sequences (lengths 150, 61, 97) prefilled in one batch, then one decode step each;
  * logits of every prefill token and of the steps. */
-static void run_batch(const di_arch_vtable *arch, const void *w, const di_backend *be,
-                      int64_t bs, const int32_t *ids, int64_t V, float *out) {
+static void run_batch(const di_arch_vtable *arch, const void *w, const di_backend *be, int64_t bs,
+                      const int32_t *ids, int64_t V, float *out) {
     const int64_t len[3] = {150, 61, 97};
     const int64_t nb = (151 + bs - 1) / bs;
     di_batch_config cfg = {.n_blocks = 3 * nb + 2,
