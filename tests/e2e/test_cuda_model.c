@@ -227,6 +227,9 @@ static void engine_matches_cpu(const char *name) {
         static int32_t prompts[N_MIXED][96];
         static eu_req rg[N_MIXED], rc[N_MIXED];
         static eu_result resg[N_MIXED], resc[N_MIXED];
+        /* eu_run appends to the results: start each checkpoint from empty ones. */
+        memset(resg, 0, sizeof resg);
+        memset(resc, 0, sizeof resc);
         mixed_requests(&info, prompts, rg, resg);
         mixed_requests(&info, prompts, rc, resc);
         CHECK(run_engine(mg, rg, N_MIXED));
@@ -263,6 +266,8 @@ static void engine_batch_invariance(const char *name) {
     static int32_t prompts[N_MIXED + 1][96];
     static eu_req reqs[N_MIXED + 1];
     static eu_result res[N_MIXED + 1], alone;
+    memset(res, 0, sizeof res); /* eu_run appends: start each checkpoint from empty */
+    memset(&alone, 0, sizeof alone);
     mixed_requests(&info, prompts, reqs, res);
     /* The target: 30 prompt tokens, 20 generated with logprobs, arriving at step 2. */
     for (int k = 0; k < 30; k++)

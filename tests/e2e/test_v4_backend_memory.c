@@ -13,12 +13,16 @@
  *   - a context: 300 tokens in one call and in calls of 37;
  *   - the batched runner: three sequences of different lengths in one forward over a
  *     paged pool with scattered block tables, then one decode step each.
+ *   - the engine (continuous batching, chunked prefill, slots reused) with the model's
+ *     weights and states in separate memory: every request's tokens and logprobs bitwise
+ *     those of the CPU model's engine (10 mixed greedy requests).
  * Cases: v4_mix_yarn (CSA, HCA, hash routing, YaRN), v4_upstream_fp8 (FP8 + E8M0 + FP4
- * experts) and the bundled model (window 128, CSA m=4, HCA m=128).
+ * experts) and the bundled model (window 128, CSA m=4, HCA m=128; not in the engine check).
  */
 #define _POSIX_C_SOURCE 200809L
 #include "api_internal.h"
 #include "core/core.h"
+#include "engine_util.h"
 #include "test.h"
 
 #include <stdlib.h>
@@ -217,6 +221,99 @@ static void check_model(const char *dir) {
     di_model_free(m);
 }
 
+/* ---- the engine over separate-memory weights and state -------------------------------------- */
+
+#define N_REQ 10
+
+static void engine_requests(int64_t V, int32_t (*prompts)[96], eu_req *reqs, eu_result *res) {
+    uint32_t rng = 4321;
+    for (int i = 0; i < N_REQ; i++) {
+        rng = rng * 1664525u + 1013904223u;
+        int64_t np = 1 + (int64_t)((rng >> 8) % (i % 3 == 0 ? 90u : 20u));
+        for (int64_t k = 0; k < np; k++) {
+            rng = rng * 1664525u + 1013904223u;
+            prompts[i][k] = 2 + (int32_t)((rng >> 8) % (uint32_t)(V - 2));
+        }
+        di_sampling_params sp = di_sampling_default_params();
+        sp.temperature = 0.0f;
+        sp.max_tokens = 2 + i % 14;
+        sp.ignore_eos = true;
+        sp.logprobs = 5;
+        reqs[i] = (eu_req){.prompt = prompts[i],
+                           .n_prompt = np,
+                           .sp = sp,
+                           .arrive = i < 3 ? 0 : i % 8,
+                           .abort_at = -1,
+                           .res = &res[i]};
+    }
+}
+
+static bool engine_run(di_model *m, eu_req *reqs, int n) {
+    di_engine_params ep = di_engine_default_params();
+    ep.n_threads = 2;
+    ep.max_model_len = 128;
+    ep.max_batch_tokens = 64;
+    ep.max_prefill_tokens = 24;
+    ep.max_running = 8;
+    ep.block_size = 8;
+    di_engine *e = NULL;
+    if (di_engine_create(m, &ep, &e) != DI_OK) {
+        printf("  engine: %s\n", di_last_error());
+        return false;
+    }
+    bool ok = eu_run(e, reqs, n) > 0;
+    di_engine_free(e);
+    return ok;
+}
+
+/* The engine's runner with the model's weights (and so its states) in separate memory: the
+ * same tokens and bitwise the same logprobs as the CPU model's engine. */
+static void check_engine(const char *dir) {
+    di_model_params mp = di_model_default_params();
+    mp.n_threads = 2;
+    di_model *m = NULL;
+    CHECK_MSG(di_model_load(dir, &mp, &m) == DI_OK, "%s: %s", dir, di_last_error());
+    if (!m) return;
+    const int64_t V = m->hp.vocab_size;
+    static int32_t prompts[N_REQ][96];
+    static eu_req ra[N_REQ], rb[N_REQ];
+    static eu_result resa[N_REQ], resb[N_REQ];
+    memset(resa, 0, sizeof resa);
+    memset(resb, 0, sizeof resb);
+    engine_requests(V, prompts, ra, resa);
+    engine_requests(V, prompts, rb, resb);
+    CHECK(engine_run(m, ra, N_REQ));
+    di_backend sep;
+    sep_init(&sep, m->pool, 512);
+    void *ws = NULL;
+    CHECK_MSG(m->arch->load(&m->hp, m->st, dir, &sep, &ws) == DI_OK, "%s", di_last_error());
+    if (ws) {
+        void *wc = m->weights;
+        m->weights = ws; /* the engine's states now allocate through `sep` */
+        CHECK(engine_run(m, rb, N_REQ));
+        m->weights = wc;
+        int same = 0;
+        for (int i = 0; i < N_REQ; i++) {
+            bool eq = resa[i].n == ra[i].sp.max_tokens && resb[i].n == resa[i].n &&
+                      memcmp(resa[i].tokens, resb[i].tokens, sizeof resa[i].tokens) == 0 &&
+                      memcmp(resa[i].lp, resb[i].lp, sizeof resa[i].lp) == 0 &&
+                      memcmp(resa[i].top_lp, resb[i].top_lp, sizeof resa[i].top_lp) == 0;
+            CHECK_MSG(eq, "%s req %d: the engine over separate memory differs", dir, i);
+            same += eq;
+        }
+        printf("  engine %-19s %d/%d requests bitwise (tokens, logprobs)\n", strrchr(dir, '/') + 1,
+               same, N_REQ);
+        m->arch->free(ws);
+    }
+    di_backend_free(&sep);
+    di_model_free(m);
+}
+
+TEST(v4_separate_memory_engine) {
+    check_engine(DI_SOURCE_DIR "/tests/data/v4_mix_yarn");
+    check_engine(DI_SOURCE_DIR "/tests/data/v4_upstream_fp8");
+}
+
 TEST(v4_separate_memory_bitwise) {
     check_model(DI_SOURCE_DIR "/tests/data/v4_mix_yarn");
     check_model(DI_SOURCE_DIR "/tests/data/v4_upstream_fp8");
@@ -225,5 +322,6 @@ TEST(v4_separate_memory_bitwise) {
 
 int main(void) {
     RUN(v4_separate_memory_bitwise);
+    RUN(v4_separate_memory_engine);
     return test_summary();
 }
