@@ -95,7 +95,7 @@ typedef struct di_model_params {
      * model keeps one device copy of its weights; its contexts and engines run on that
      * device (each with its own stream) and return logits in host memory as on the CPU.
      * Without a CUDA device (or in a build without CUDA) loading fails with
-     * DI_ERR_UNSUPPORTED ("no CUDA device"). DeepSeek-V4 runs on the CPU only so far. */
+     * DI_ERR_UNSUPPORTED ("no CUDA device"). DeepSeek-V2/V3 and V4 run on CUDA. */
     const char *device;
 } di_model_params;
 
