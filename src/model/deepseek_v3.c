@@ -431,15 +431,37 @@ static void moe(const ds_model *m, const ds_layer *L, ds_state *s, const di_back
         s->ent[s->cnt[s->sel_id[i]]++] = (int32_t)i;
     /* cnt[e] is now the end of expert e's entries; its start is cnt[e - 1] (0 for e = 0). */
 
-    for (int64_t e = 0, begin = 0; e < E; begin = s->cnt[e], e++) {
-        int64_t ne = s->cnt[e] - begin;
-        if (ne == 0) continue;
-        const int32_t *ent = s->ent + begin;
-        for (int64_t i = 0; i < ne; i++)
-            be->ops->copy2d(c, s->xe + i * H, H, s->xn + (ent[i] / K) * H, H, 1, H);
-        mlp(&L->experts[e], s, be, s->xe, ne, s->hbuf);
-        for (int64_t i = 0; i < ne; i++)
-            be->ops->copy2d(c, s->eo + (int64_t)ent[i] * H, H, s->hbuf + i * H, H, 1, H);
+    /* All experts in one op when the backend has it (its h / u scratch, [n K][I] each, fits
+     * in gate / up); the same bits as the loop below. */
+    const int64_t I = hp->moe_intermediate_size;
+    if (be->ops->moe_experts && K * I <= m->max_inter) {
+        di_moe_experts_params mp = {.n_tokens = n,
+                                    .top_k = K,
+                                    .n_experts = E,
+                                    .hidden = H,
+                                    .inter = I,
+                                    .x = s->xn,
+                                    .ent = s->ent,
+                                    .expert_end = s->cnt,
+                                    .gate = &L->experts[0].gate,
+                                    .up = &L->experts[0].up,
+                                    .down = &L->experts[0].down,
+                                    .weight_stride = sizeof(ds_mlp),
+                                    .out = s->eo,
+                                    .h = s->gate,
+                                    .u = s->up};
+        be->ops->moe_experts(c, &mp);
+    } else {
+        for (int64_t e = 0, begin = 0; e < E; begin = s->cnt[e], e++) {
+            int64_t ne = s->cnt[e] - begin;
+            if (ne == 0) continue;
+            const int32_t *ent = s->ent + begin;
+            for (int64_t i = 0; i < ne; i++)
+                be->ops->copy2d(c, s->xe + i * H, H, s->xn + (ent[i] / K) * H, H, 1, H);
+            mlp(&L->experts[e], s, be, s->xe, ne, s->hbuf);
+            for (int64_t i = 0; i < ne; i++)
+                be->ops->copy2d(c, s->eo + (int64_t)ent[i] * H, H, s->hbuf + i * H, H, 1, H);
+        }
     }
 
     /* Each token: sum of weighted expert outputs in its slot order, then the shared experts. */

@@ -192,7 +192,13 @@ typedef struct {
     float *y;  /* [n][rows], rows ldy apart */
     bool fast; /* di_cpu_matmul_fast: not batch-invariant */
     int64_t ldx, ldy;
+    const int32_t *yrow; /* NULL, or token t's output row: y + yrow[t] * ldy (a scatter) */
 } mm_job;
+
+/* Token t's output row. */
+static inline float *mm_y(const mm_job *job, int64_t t) {
+    return job->y + (job->yrow ? job->yrow[t] : t) * job->ldy;
+}
 
 /* Sums L lanes by halving: lane i += lane i + L/2, ... A fixed tree, the same for all n. */
 static float hsum(const float *v, int L) {
@@ -287,12 +293,12 @@ static void panel_chunked(const mm_job *job, int64_t t0, int64_t tb, int64_t p0,
     const float *res = blocked ? tot : acc;
     if (k->hsum_n) {
         for (int64_t ti = 0; ti < tb; ti++)
-            k->hsum_n(res + ti * acc_stride, np, job->y + (t0 + ti) * job->ldy + p0);
+            k->hsum_n(res + ti * acc_stride, np, mm_y(job, t0 + ti) + p0);
         return;
     }
     for (int64_t ti = 0; ti < tb; ti++)
         for (int64_t j = 0; j < np; j++)
-            job->y[(t0 + ti) * job->ldy + p0 + j] = hsum(res + ti * acc_stride + j * L, (int)L);
+            mm_y(job, t0 + ti)[p0 + j] = hsum(res + ti * acc_stride + j * L, (int)L);
 }
 
 /* The most tokens one call of a direct (decode) kernel takes, and the most tokens the
@@ -303,7 +309,7 @@ static void panel_chunked(const mm_job *job, int64_t t0, int64_t tb, int64_t p0,
 /* Rows [r0, r1) of every token, batch-invariant. */
 static void mm_rows_invariant(const mm_job *job, int64_t r0, int64_t r1) {
     const di_mm_kernels *k = job->k;
-    const int64_t ldy = job->ldy, L = k->lanes;
+    const int64_t L = k->lanes;
     if (job->n <= GROUPED_DIRECT_MAX_N && k->direct && job->w->cols > 0) {
         /* Decode: each weight byte is read once, straight into registers. Up to
          * GROUPED_DIRECT_MAX_N tokens run in groups of DIRECT_MAX_N over each group of rows
@@ -324,11 +330,11 @@ static void mm_rows_invariant(const mm_job *job, int64_t r0, int64_t r1) {
                 }
                 for (int i = 0; i < m; i++) {
                     if (k->hsum_n) {
-                        k->hsum_n(acc + i * as, nr, job->y + (t0 + i) * ldy + g);
+                        k->hsum_n(acc + i * as, nr, mm_y(job, t0 + i) + g);
                         continue;
                     }
                     for (int j = 0; j < nr; j++)
-                        job->y[(t0 + i) * ldy + g + j] = hsum(acc + i * as + j * L, (int)L);
+                        mm_y(job, t0 + i)[g + j] = hsum(acc + i * as + j * L, (int)L);
                 }
             }
         }
@@ -352,7 +358,7 @@ static void mm_rows_invariant(const mm_job *job, int64_t r0, int64_t r1) {
  * recomputes the whole range, overwriting whatever was written). */
 static int mm_rows_fast(const mm_job *job, int64_t r0, int64_t r1) {
     const di_mm_kernels *k = job->k;
-    const int64_t ldy = job->ldy, ldx = job->ldx, L = k->lanes, as = DI_MM_NR * L;
+    const int64_t ldx = job->ldx, L = k->lanes, as = DI_MM_NR * L;
     _Alignas(64) float acc[DI_MM_MAXMT * DI_MM_NR * DI_MM_MAXL];
     for (int64_t g = r0; g < r1; g += DI_MM_NR) {
         const int nr = (int)DI_MIN((int64_t)DI_MM_NR, r1 - g);
@@ -369,11 +375,11 @@ static int mm_rows_fast(const mm_job *job, int64_t r0, int64_t r1) {
             if (!ok) return 0;
             for (int i = 0; i < m; i++) {
                 if (k->hsum_n) {
-                    k->hsum_n(acc + i * as, nr, job->y + (t0 + i) * ldy + g);
+                    k->hsum_n(acc + i * as, nr, mm_y(job, t0 + i) + g);
                     continue;
                 }
                 for (int j = 0; j < nr; j++)
-                    job->y[(t0 + i) * ldy + g + j] = hsum(acc + i * as + j * L, (int)L);
+                    mm_y(job, t0 + i)[g + j] = hsum(acc + i * as + j * L, (int)L);
             }
         }
     }
@@ -387,6 +393,12 @@ static void mm_rows(void *ctx, int64_t r0, int64_t r1, int tid) {
         mm_rows_fast(job, r0, r1))
         return;
     mm_rows_invariant(job, r0, r1);
+}
+
+void di_cpu_matmul_rows(const di_mm_rows_args *a, int64_t r0, int64_t r1) {
+    if (a->n <= 0 || r0 >= r1) return;
+    mm_job job = {di_mm_active(), a->w, a->x, a->n, a->y, a->fast, a->ldx, a->ldy, a->yrow};
+    mm_rows(&job, r0, r1, 0);
 }
 
 /* Runs mm_rows over all rows. Threads claim row ranges dynamically (a range's values do not
@@ -406,14 +418,14 @@ void di_cpu_matmul(di_pool *pool, const di_weight *w, const float *x, int64_t n,
 void di_cpu_matmul_strided(di_pool *pool, const di_weight *w, const float *x, int64_t ldx,
                            int64_t n, float *y, int64_t ldy) {
     if (n <= 0 || w->rows <= 0) return;
-    mm_job job = {di_mm_active(), w, x, n, y, false, ldx, ldy};
+    mm_job job = {di_mm_active(), w, x, n, y, false, ldx, ldy, NULL};
     /* Whole panels per range; the split never changes a value, only who computes it. */
     mm_run(pool, &job);
 }
 
 void di_cpu_matmul_fast(di_pool *pool, const di_weight *w, const float *x, int64_t n, float *y) {
     if (n <= 0 || w->rows <= 0) return;
-    mm_job job = {di_mm_active(), w, x, n, y, true, w->cols, w->rows};
+    mm_job job = {di_mm_active(), w, x, n, y, true, w->cols, w->rows, NULL};
     mm_run(pool, &job);
 }
 
@@ -481,7 +493,7 @@ void di_cpu_matmul_t(di_pool *pool, const di_weight *w, const float *x, int64_t 
 void di_cpu_matmul_t_strided(di_pool *pool, const di_weight *w, const float *x, int64_t ldx,
                              int64_t n, float *y, int64_t ldy) {
     if (n <= 0 || w->cols <= 0) return;
-    mm_job job = {di_mm_active(), w, x, n, y, false, ldx, ldy};
+    mm_job job = {di_mm_active(), w, x, n, y, false, ldx, ldy, NULL};
     di_pool_run(pool, w->cols, 64, mmt_cols, &job);
 }
 

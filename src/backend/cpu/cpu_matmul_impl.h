@@ -26,6 +26,7 @@
 #include "backend/weight.h"
 #include "core/threadpool.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -135,5 +136,20 @@ void di_cpu_matmul_strided(di_pool *pool, const di_weight *w, const float *x, in
                            int64_t n, float *y, int64_t ldy);
 void di_cpu_matmul_t_strided(di_pool *pool, const di_weight *w, const float *x, int64_t ldx,
                              int64_t n, float *y, int64_t ldy);
+
+/* Rows [r0, r1) of y = x W^T for n tokens, on the calling thread: the body of one range of
+ * di_cpu_matmul (or, with fast, di_cpu_matmul_fast), so the same bits. Token t's input row is
+ * x + t * ldx, its output row y + (yrow ? yrow[t] : t) * ldy. For ops that schedule their
+ * own work (cpu_moe.c). */
+typedef struct di_mm_rows_args {
+    const di_weight *w;
+    const float *x;
+    int64_t ldx, n;
+    float *y;
+    int64_t ldy;
+    const int32_t *yrow; /* [n] or NULL */
+    bool fast;
+} di_mm_rows_args;
+void di_cpu_matmul_rows(const di_mm_rows_args *a, int64_t r0, int64_t r1);
 
 #endif /* DI_CPU_MATMUL_IMPL_H */
