@@ -9,8 +9,8 @@
  * Decode (n <= 16) runs the direct kernel over groups of 4 rows, tokens in groups of up to 4
  * while the rows are in L1: every weight byte comes from memory once, straight into
  * registers, while the next group is prefetched. Larger n runs
- *     row panel (16 rows) -> token block (48) -> column chunk (128) -> micro-tiles,
- * so a converted chunk (8 KiB of float32) is reused by up to 48 tokens from L1 and a panel's
+ *     row panel (16 rows) -> token block (48) -> column chunk (256) -> micro-tiles,
+ * so a converted chunk (16 KiB of float32) is reused by up to 48 tokens from L1 and a panel's
  * weights come from memory once (later token blocks find them in L2). The transposed product
  * keeps m tokens x 64 columns in registers over a converted panel when the level has a
  * t_tile kernel. Token rows may be strided (di_cpu_matmul_strided), for per-head products.
@@ -245,7 +245,7 @@ static void panel_chunked(const mm_job *job, int64_t t0, int64_t tb, int64_t p0,
     const int blocked = di_mm_block_order(w);
     const int64_t bc = blocked ? w->block_cols : cols;
     const float *xb = job->x + t0 * job->ldx;
-    /* Thread-private scratch on the stack (104 KiB): the hot loop never allocates. */
+    /* Thread-private scratch on the stack (112 KiB): the hot loop never allocates. */
     _Alignas(64) float wbuf[DI_MM_PANEL * DI_MM_KC];
     _Alignas(64) float acc[DI_MM_TB * DI_MM_PANEL * DI_MM_MAXL];
     _Alignas(64) float tot[DI_MM_TB * DI_MM_PANEL * DI_MM_MAXL]; /* block order only */
