@@ -5,17 +5,21 @@
  *   bench_engine --model DIR [--mode engine|context] [--concurrency C] [--requests N]
  *                [--prompt-len P] [--gen-len G] [--shared-prefix S] [--threads T]
  *                [--max-running M] [--max-batch-tokens B] [--no-prefix-cache] [--seed X]
- *                [--no-batch-invariant]
+ *                [--no-batch-invariant] [--overlap]
  *
  * engine:  a closed loop over di_engine: C requests in flight, a new one submitted as soon as
  *          one finishes, N in all. Each prompt is S ids shared by every request (a "system
  *          prompt", for the prefix cache) then P ids of its own; greedy, ignore_eos, G tokens.
+ *          --overlap runs the engine's overlap loop (forward on a compute thread).
  * context: the one-request-at-a-time baseline: di_context prefill, then G - 1 single-token
  *          evals, request after request (what `deepinfer generate` does).
  *
  * Prints one JSON object: output tokens/s over the wall time; TTFT (submission to the step
  * that returned the first token) and inter-token latency (time between a request's token
  * deliveries) percentiles; the engine's stats (scheduler / device / post-process seconds);
+ * the compute wait (engine mode): the share of the wall time during which no forward ran,
+ * i.e. the thread that drives the forward (the compute thread with --overlap) sat idle
+ * between steps waiting for scheduling, post-processing and the client loop;
  * and, for the roofline, pure-decode steps bucketed by batch size: [batch, steps, mean s].
  */
 #include "deepinfer.h"
@@ -30,7 +34,7 @@ typedef struct bench_opts {
     const char *model, *mode;
     int64_t concurrency, requests, prompt_len, gen_len, shared_prefix, threads, max_running,
         max_batch_tokens, seed;
-    bool no_prefix_cache, no_batch_invariant;
+    bool no_prefix_cache, no_batch_invariant, overlap;
 } bench_opts;
 
 typedef struct samples {
@@ -108,6 +112,7 @@ static int run_engine(const bench_opts *o, di_model *model, const di_model_info 
     if (ep.max_prefill_tokens > ep.max_batch_tokens) ep.max_prefill_tokens = ep.max_batch_tokens;
     ep.enable_prefix_cache = !o->no_prefix_cache;
     ep.batch_invariant = !o->no_batch_invariant;
+    ep.overlap = o->overlap;
     di_engine *e;
     if (di_engine_create(model, &ep, &e) != DI_OK) {
         fprintf(stderr, "bench_engine: %s\n", di_last_error());
@@ -205,6 +210,12 @@ static int run_engine(const bench_opts *o, di_model *model, const di_model_info 
                   st.time_schedule_s, "time_device_s", st.time_device_s, "time_postprocess_s",
                   st.time_postprocess_s, "time_total_s", st.time_total_s));
     json_object_set_new(out, "decode_steps", steps);
+    /* The compute thread (with --overlap; else the caller, which runs the forward inline) is
+     * busy exactly during the forwards (time_device_s); the rest of the loop's wall time it
+     * waits for the scheduler, post-processing and this loop's own request handling. */
+    const double wait = wall - st.time_device_s;
+    json_object_set_new(out, "compute_wait_s", json_real(wait));
+    json_object_set_new(out, "compute_wait_frac", json_real(wall > 0 ? wait / wall : 0));
     free(ttft.v);
     free(itl.v);
     free(sb.count);
@@ -287,7 +298,7 @@ static int usage(void) {
     fprintf(stderr, "usage: bench_engine --model DIR [--mode engine|context] [--concurrency C] "
                     "[--requests N] [--prompt-len P] [--gen-len G] [--shared-prefix S] "
                     "[--threads T] [--max-running M] [--max-batch-tokens B] "
-                    "[--no-prefix-cache] [--seed X] [--no-batch-invariant]\n");
+                    "[--no-prefix-cache] [--seed X] [--no-batch-invariant] [--overlap]\n");
     return 2;
 }
 
@@ -316,6 +327,8 @@ int main(int argc, char **argv) {
             o.no_prefix_cache = done = true;
         } else if (!strcmp(argv[i], "--no-batch-invariant")) {
             o.no_batch_invariant = done = true;
+        } else if (!strcmp(argv[i], "--overlap")) {
+            o.overlap = done = true;
         } else if (i + 1 < argc && !strcmp(argv[i], "--model")) {
             o.model = argv[++i];
             done = true;
@@ -342,12 +355,12 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_engine: %s\n", di_last_error());
         return 1;
     }
-    json_t *out =
-        json_pack("{s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:b, s:b}", "model", o.model, "mode", o.mode,
-                  "concurrency", (json_int_t)o.concurrency, "requests", (json_int_t)o.requests,
-                  "prompt_len", (json_int_t)o.prompt_len, "gen_len", (json_int_t)o.gen_len,
-                  "shared_prefix", (json_int_t)o.shared_prefix, "prefix_cache", !o.no_prefix_cache,
-                  "batch_invariant", !o.no_batch_invariant);
+    json_t *out = json_pack("{s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:b, s:b, s:b}", "model", o.model,
+                            "mode", o.mode, "concurrency", (json_int_t)o.concurrency, "requests",
+                            (json_int_t)o.requests, "prompt_len", (json_int_t)o.prompt_len,
+                            "gen_len", (json_int_t)o.gen_len, "shared_prefix",
+                            (json_int_t)o.shared_prefix, "prefix_cache", !o.no_prefix_cache,
+                            "batch_invariant", !o.no_batch_invariant, "overlap", o.overlap);
     int rc = !strcmp(o.mode, "engine") ? run_engine(&o, model, &info, out)
                                        : run_context(&o, model, &info, out);
     if (rc == 0) {

@@ -7,6 +7,12 @@ Measurements (all by build/bench_engine, one JSON object per run):
   sweep     closed loop at concurrency C = 1, 2, 4, ... (C requests in flight, 2C or more in
             all): output tokens/s, TTFT and inter-token latency percentiles, and the engine's
             stats (scheduling / device / post-processing seconds -> scheduler CPU share).
+            Also the compute wait: the share of the wall time in which no forward ran (the
+            thread driving the forward idle between steps, waiting for scheduling, post-
+            processing and the client loop) = 1 - time_device_s / wall.
+  overlap   the top concurrency again with the engine's overlap loop (forward on a compute
+            thread, scheduling / post-processing of the neighbouring steps meanwhile); its
+            compute wait is the compute thread's idle time between steps.
   baseline  the same requests one at a time over di_context (what `deepinfer generate` does).
   prefix    requests sharing a long "system prompt": prefix cache on vs off (wall time, TTFT).
   roofline  for each decode batch size B seen in the sweep (steps with no prompt tokens), the
@@ -189,13 +195,17 @@ def main():
     print("sweep: concurrency %s, prompt %d, output %d tokens" % (conc, plen, glen), file=sys.stderr)
     res["sweep"] = [bench(args, concurrency=c, requests=max(2 * c, 8), prompt_len=plen,
                           gen_len=glen, max_running=max(c, 1)) for c in conc]
+    # The same top concurrency with the overlap loop (forward on a compute thread): how long
+    # that thread waits for the scheduler and post-processing between steps.
+    res["overlap"] = bench(args, concurrency=conc[-1], requests=max(2 * conc[-1], 8),
+                           prompt_len=plen, gen_len=glen, max_running=conc[-1], overlap=True)
     res["baseline"] = bench(args, mode="context", requests=8, prompt_len=plen, gen_len=glen)
     print("prefix cache: %d shared tokens" % prefix, file=sys.stderr)
     pc = dict(concurrency=4, requests=16, prompt_len=min(plen, 16), gen_len=min(glen, 8),
               shared_prefix=prefix)
     res["prefix"] = {"on": bench(args, **pc), "off": bench(args, no_prefix_cache=True, **pc)}
 
-    for r in res["sweep"]:
+    for r in res["sweep"] + [res["overlap"]]:
         s = r["stats"]
         tot = s["time_total_s"] or 1.0
         r["scheduler_share"] = s["time_schedule_s"] / tot
@@ -235,17 +245,18 @@ def main():
 
 def table(res):
     b = res["baseline"]
-    lines = ["| concurrency | out tok/s | TTFT p50 / p99 ms | ITL p50 / p99 ms | sched. CPU % | post-proc % |",
-             "|---:|---:|---:|---:|---:|---:|",
-             "| 1 request at a time | %.1f | %.2f / %.2f | %.3f / %.3f | - | - |" % (
+    lines = ["| concurrency | out tok/s | TTFT p50 / p99 ms | ITL p50 / p99 ms | sched. CPU % | post-proc % | compute wait % |",
+             "|---:|---:|---:|---:|---:|---:|---:|",
+             "| 1 request at a time | %.1f | %.2f / %.2f | %.3f / %.3f | - | - | - |" % (
                  b["output_tok_s"], 1e3 * b["ttft_s"]["p50"], 1e3 * b["ttft_s"]["p99"],
                  1e3 * b["itl_s"]["p50"], 1e3 * b["itl_s"]["p99"])]
-    for r in res["sweep"]:
+    for r in res["sweep"] + [res["overlap"]]:
         itl = r["itl_s"] or {"p50": 0, "p99": 0}
-        lines.append("| %d | %.1f | %.2f / %.2f | %.3f / %.3f | %.1f | %.1f |" % (
-            r["concurrency"], r["output_tok_s"], 1e3 * r["ttft_s"]["p50"], 1e3 * r["ttft_s"]["p99"],
-            1e3 * itl["p50"], 1e3 * itl["p99"], 100 * r["scheduler_share"],
-            100 * r["postprocess_share"]))
+        lines.append("| %d%s | %.1f | %.2f / %.2f | %.3f / %.3f | %.1f | %.1f | %.1f |" % (
+            r["concurrency"], " (overlap)" if r.get("overlap") else "", r["output_tok_s"],
+            1e3 * r["ttft_s"]["p50"], 1e3 * r["ttft_s"]["p99"], 1e3 * itl["p50"],
+            1e3 * itl["p99"], 100 * r["scheduler_share"], 100 * r["postprocess_share"],
+            100 * r["compute_wait_frac"]))
     on, off = res["prefix"]["on"], res["prefix"]["off"]
     lines += ["", "Prefix cache, %d shared tokens: wall %.3f s (on) vs %.3f s (off), x%.2f; "
               "TTFT p50 %.2f vs %.2f ms; %d hit tokens" % (

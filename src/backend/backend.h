@@ -173,6 +173,30 @@ typedef struct di_v4_index_params {
     int64_t out_stride;
 } di_v4_index_params;
 
+/* The routed experts of one MoE layer (the optional moe_experts op). Entries are the
+ * n_tokens * top_k (token, slot) pairs, id = token * top_k + slot, grouped by expert: expert e
+ * owns positions [e ? expert_end[e - 1] : 0, expert_end[e]) of ent. For each position p of
+ * expert e, with x_p = x[ent[p] / top_k]:
+ *   h_p = silu(gate_e x_p) * (up_e x_p)        ([inter])
+ *   out[ent[p]] = down_e h_p                   ([hidden])
+ * each product with matmul's arithmetic and silu_mul's, so the results are bitwise those of
+ * running the experts one by one through matmul / silu_mul / copy2d. Expert e's weights are the
+ * di_weight structs at (const char *)gate + e * weight_stride bytes (likewise up, down), all
+ * experts of the same shapes. out doubles as scratch (the gathered inputs) before it is
+ * written; h and u are scratch. */
+typedef struct di_moe_experts_params {
+    int64_t n_tokens, top_k, n_experts;
+    int64_t hidden, inter;
+    const float *x;             /* [n_tokens][hidden] */
+    const int32_t *ent;         /* [n_tokens * top_k] entry ids grouped by expert */
+    const int64_t *expert_end;  /* [n_experts] */
+    const di_weight *gate, *up; /* expert 0's [inter][hidden] */
+    const di_weight *down;      /* expert 0's [hidden][inter] */
+    size_t weight_stride;       /* bytes from one expert's di_weight to the next one's */
+    float *out;                 /* [n_tokens * top_k][hidden], row = entry id */
+    float *h, *u;               /* [n_tokens * top_k][inter] scratch each */
+} di_moe_experts_params;
+
 typedef struct di_backend_ops {
     const char *name;
 
@@ -261,6 +285,10 @@ typedef struct di_backend_ops {
      * on its own slots (batch invariance). w and rows_of are backend memory. */
     void (*moe_combine)(void *ctx, const float *rows, const int32_t *rows_of, const float *w,
                         int64_t n, int64_t K, int64_t dim, float *out);
+    /* ---- optional (appended) ---- */
+    /* A MoE layer's routed experts in one op (di_moe_experts_params). May be NULL: the model
+     * then runs the experts one by one with matmul, silu_mul and copy2d. */
+    void (*moe_experts)(void *ctx, const di_moe_experts_params *p);
 } di_backend_ops;
 
 typedef struct di_backend {

@@ -26,8 +26,8 @@ typedef struct {
 
 struct di_pool {
     int n_threads;
-    pthread_t *threads;  /* [n_threads - 1]; thread 0 is the caller */
-    worker_arg *args;    /* [n_threads - 1] */
+    pthread_t *threads; /* [n_threads - 1]; thread 0 is the caller */
+    worker_arg *args;   /* [n_threads - 1] */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     atomic_uint_fast64_t generation;
@@ -38,10 +38,19 @@ struct di_pool {
     di_pool_fn fn;
     void *ctx;
     int64_t n, grain;
+    bool dynamic;             /* di_pool_run_dynamic: ranges come from `next` */
+    atomic_int_fast64_t next; /* the first unclaimed item (dynamic only) */
 };
 
 static void run_range(di_pool *p, int tid) {
     int64_t n = p->n, grain = p->grain > 0 ? p->grain : 1;
+    if (p->dynamic) {
+        for (;;) {
+            int64_t b = atomic_fetch_add_explicit(&p->next, grain, memory_order_relaxed);
+            if (b >= n) return;
+            p->fn(p->ctx, b, DI_MIN(b + grain, n), tid);
+        }
+    }
     int64_t chunks = (n + grain - 1) / grain;
     int64_t per = chunks / p->n_threads, extra = chunks % p->n_threads;
     int64_t c0 = tid * per + (tid < extra ? tid : extra);
@@ -90,6 +99,7 @@ di_pool *di_pool_create(int n_threads) {
     atomic_init(&p->done, 0);
     atomic_init(&p->sleeping, 0);
     atomic_init(&p->stop, false);
+    atomic_init(&p->next, 0);
     if (n_threads > 1) {
         p->threads = di_calloc((size_t)n_threads - 1, sizeof *p->threads);
         p->args = di_calloc((size_t)n_threads - 1, sizeof *p->args);
@@ -119,7 +129,8 @@ void di_pool_free(di_pool *p) {
     atomic_store(&p->stop, true);
     pthread_cond_broadcast(&p->cv);
     pthread_mutex_unlock(&p->mu);
-    for (int i = 0; i < p->n_threads - 1; i++) pthread_join(p->threads[i], NULL);
+    for (int i = 0; i < p->n_threads - 1; i++)
+        pthread_join(p->threads[i], NULL);
     pthread_mutex_destroy(&p->mu);
     pthread_cond_destroy(&p->cv);
     di_free(p->threads);
@@ -127,14 +138,18 @@ void di_pool_free(di_pool *p) {
     di_free(p);
 }
 
-int di_pool_size(const di_pool *p) { return p ? p->n_threads : 1; }
+int di_pool_size(const di_pool *p) {
+    return p ? p->n_threads : 1;
+}
 
-void di_pool_run(di_pool *p, int64_t n, int64_t grain, di_pool_fn fn, void *ctx) {
+static void pool_run(di_pool *p, int64_t n, int64_t grain, di_pool_fn fn, void *ctx, bool dynamic) {
     if (n <= 0) return;
     if (!p || p->n_threads == 1) {
         fn(ctx, 0, n, 0);
         return;
     }
+    p->dynamic = dynamic;
+    atomic_store_explicit(&p->next, 0, memory_order_relaxed);
     p->fn = fn;
     p->ctx = ctx;
     p->n = n;
@@ -150,4 +165,12 @@ void di_pool_run(di_pool *p, int64_t n, int64_t grain, di_pool_fn fn, void *ctx)
     while (atomic_load_explicit(&p->done, memory_order_acquire) < p->n_threads - 1) {
         /* spin: the other ranges are about as long as ours */
     }
+}
+
+void di_pool_run(di_pool *p, int64_t n, int64_t grain, di_pool_fn fn, void *ctx) {
+    pool_run(p, n, grain, fn, ctx, false);
+}
+
+void di_pool_run_dynamic(di_pool *p, int64_t n, int64_t grain, di_pool_fn fn, void *ctx) {
+    pool_run(p, n, grain, fn, ctx, true);
 }

@@ -27,4 +27,11 @@ int di_pool_size(const di_pool *pool);
  * the last) and runs them. Not reentrant: call from one thread at a time. */
 void di_pool_run(di_pool *pool, int64_t n, int64_t grain, di_pool_fn fn, void *ctx);
 
+/* Like di_pool_run, but threads claim ranges of `grain` items in order from a shared counter
+ * until none is left, so a thread that is slowed down (another process on its core, a
+ * slower part of the work) does less of it instead of holding up the others at the end.
+ * Which thread computes which range then depends on timing: only for loops whose items'
+ * results do not depend on who computes them (the matmuls). Not reentrant either. */
+void di_pool_run_dynamic(di_pool *pool, int64_t n, int64_t grain, di_pool_fn fn, void *ctx);
+
 #endif /* DI_THREADPOOL_H */

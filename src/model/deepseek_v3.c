@@ -485,22 +485,46 @@ static void moe(const ds_model *m, const ds_layer *L, ds_state *s, const di_back
     /* cnt[e] is now the end of expert e's entries; its start is cnt[e - 1] (0 for e = 0). */
 
     /* Routing entries, one upload: src[g] = the token of grouped entry g, pos[t K + k] = the
-     * grouped row of token t's slot k, w[t K + k] = its weight. */
+     * row of token t's slot k in s->eo (its grouped row, or t K + k itself when the backend's
+     * moe_experts op writes rows in entry order), w[t K + k] = its weight. */
+    const int64_t I = hp->moe_intermediate_size;
+    const bool fused = be->ops->moe_experts && K * I <= m->max_inter;
     int32_t *src_h = s->moe_in_h, *pos_h = src_h + nk;
     for (int64_t g = 0; g < nk; g++) {
         src_h[g] = (int32_t)(s->ent[g] / K);
-        pos_h[s->ent[g]] = (int32_t)g;
+        pos_h[s->ent[g]] = fused ? s->ent[g] : (int32_t)g;
     }
     memcpy(pos_h + nk, s->sel_w, (size_t)nk * sizeof(float));
     be->ops->upload(c, s->moe_in, s->moe_in_h, (size_t)(3 * nk) * sizeof(int32_t));
     const int32_t *src = s->moe_in, *pos = src + nk;
     const float *w = (const float *)(pos + nk);
 
-    be->ops->copy_rows(c, s->xe, H, NULL, s->xn, H, src, nk, H);
-    for (int64_t e = 0, begin = 0; e < E; begin = s->cnt[e], e++) {
-        int64_t ne = s->cnt[e] - begin;
-        if (ne == 0) continue;
-        mlp(&L->experts[e], s, be, s->xe + begin * H, ne, s->eo + begin * H);
+    if (fused) {
+        /* All experts in one op (a host-memory backend; its h / u scratch, [n K][I] each,
+         * fits in gate / up): the same bits as the loop below. */
+        di_moe_experts_params mp = {.n_tokens = n,
+                                    .top_k = K,
+                                    .n_experts = E,
+                                    .hidden = H,
+                                    .inter = I,
+                                    .x = s->xn,
+                                    .ent = s->ent,
+                                    .expert_end = s->cnt,
+                                    .gate = &L->experts[0].gate,
+                                    .up = &L->experts[0].up,
+                                    .down = &L->experts[0].down,
+                                    .weight_stride = sizeof(ds_mlp),
+                                    .out = s->eo,
+                                    .h = s->gate,
+                                    .u = s->up};
+        be->ops->moe_experts(c, &mp);
+    } else {
+        be->ops->copy_rows(c, s->xe, H, NULL, s->xn, H, src, nk, H);
+        for (int64_t e = 0, begin = 0; e < E; begin = s->cnt[e], e++) {
+            int64_t ne = s->cnt[e] - begin;
+            if (ne == 0) continue;
+            mlp(&L->experts[e], s, be, s->xe + begin * H, ne, s->eo + begin * H);
+        }
     }
     be->ops->moe_combine(c, s->eo, pos, w, n, K, H, s->moe_out);
     if (L->has_shared) {

@@ -197,7 +197,8 @@ TEST(matmul_vs_ref_all_levels) {
                 }
                 test_weight t = make_weight(g_dtypes[d], rows, cols, it % 3 ? 0 : rnd_int(1, 9),
                                             it % 2 ? 0 : rnd_int(1, 40), it);
-                float *x = rnd_unit_vec(n * cols), *y = rnd_unit_vec(n * rows), *yr = rnd_unit_vec(n * rows);
+                float *x = rnd_unit_vec(n * cols), *y = rnd_unit_vec(n * rows),
+                      *yr = rnd_unit_vec(n * rows);
                 di_cpu_matmul(pool, &t.w, x, n, y);
                 di_cpu_matmul_ref(&t.w, x, n, yr);
                 double e = norm_err(y, yr, n * rows);
@@ -205,7 +206,8 @@ TEST(matmul_vs_ref_all_levels) {
                           g_levels[lv], di_dtype_name(g_dtypes[d]), (long long)rows,
                           (long long)cols, (long long)n, e);
                 /* transposed: x is [n][rows], y is [n][cols] */
-                float *xt = rnd_unit_vec(n * rows), *yt = rnd_unit_vec(n * cols), *ytr = rnd_unit_vec(n * cols);
+                float *xt = rnd_unit_vec(n * rows), *yt = rnd_unit_vec(n * cols),
+                      *ytr = rnd_unit_vec(n * cols);
                 di_cpu_matmul_t(pool, &t.w, xt, n, yt);
                 di_cpu_matmul_t_ref(&t.w, xt, n, ytr);
                 e = norm_err(yt, ytr, n * cols);
@@ -245,8 +247,8 @@ TEST(matmul_fast_vs_ref_all_levels) {
                 }
                 test_weight t = make_weight(g_dtypes[d], rows, cols, it % 3 ? 0 : rnd_int(1, 9),
                                             it % 2 ? 0 : rnd_int(1, 40), it);
-                float *x = rnd_unit_vec(n * cols), *y = rnd_unit_vec(n * rows), *yr = rnd_unit_vec(n * rows),
-                      *yi = rnd_unit_vec(n * rows);
+                float *x = rnd_unit_vec(n * cols), *y = rnd_unit_vec(n * rows),
+                      *yr = rnd_unit_vec(n * rows), *yi = rnd_unit_vec(n * rows);
                 di_cpu_matmul_fast(pool, &t.w, x, n, y);
                 di_cpu_matmul_ref(&t.w, x, n, yr);
                 di_cpu_matmul(pool, &t.w, x, n, yi);
@@ -323,7 +325,7 @@ TEST(fp8_nan_propagates) {
 TEST(batch_and_thread_invariance) {
     di_pool *p1 = di_pool_create(1), *p2 = di_pool_create(2), *p3 = di_pool_create(3);
     static const int64_t shapes[][2] = {{50, 333}, {70, 2048}, {17, 129}};
-    static const int64_t ns[] = {1, 3, 5, 6, 8, 17, 64};
+    static const int64_t ns[] = {1, 3, 5, 6, 8, 12, 16, 17, 64}; /* both sides of 8 and 16 */
     const int64_t N = 70;
     for (size_t lv = 0; lv < DI_ARRAY_LEN(g_levels); lv++) {
         if (di_cpu_simd_force(g_levels[lv]) != 0) continue;
@@ -331,7 +333,8 @@ TEST(batch_and_thread_invariance) {
             for (size_t s = 0; s < DI_ARRAY_LEN(shapes); s++) {
                 const int64_t rows = shapes[s][0], cols = shapes[s][1];
                 test_weight t = make_weight(g_dtypes[d], rows, cols, 3, 0, (int)s);
-                float *x = rnd_unit_vec(N * cols), *full = rnd_unit_vec(N * rows), *part = rnd_unit_vec(N * rows);
+                float *x = rnd_unit_vec(N * cols), *full = rnd_unit_vec(N * rows),
+                      *part = rnd_unit_vec(N * rows);
                 di_cpu_matmul(p2, &t.w, x, N, full);
                 int bad = 0;
                 /* Row t alone and at different positions inside batches of n. */
@@ -351,7 +354,8 @@ TEST(batch_and_thread_invariance) {
                     bad += memcmp(part + tt * (rows - 5), full + tt * rows + 5,
                                   sizeof(float) * (size_t)(rows - 5)) != 0;
                 /* matmul_t: thread counts and batch positions. */
-                float *xt = rnd_unit_vec(N * rows), *ft = rnd_unit_vec(N * cols), *pt = rnd_unit_vec(N * cols);
+                float *xt = rnd_unit_vec(N * rows), *ft = rnd_unit_vec(N * cols),
+                      *pt = rnd_unit_vec(N * cols);
                 di_cpu_matmul_t(p2, &t.w, xt, N, ft);
                 di_cpu_matmul_t(p1, &t.w, xt + 7 * rows, 3, pt);
                 bad += memcmp(pt, ft + 7 * cols, sizeof(float) * (size_t)(3 * cols)) != 0;

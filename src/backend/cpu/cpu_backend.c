@@ -172,6 +172,11 @@ static void cpu_v4_swiglu(void *ctx, const float *gate, const float *up, int64_t
     di_cpu_v4_swiglu(((cpu_backend *)ctx)->pool, gate, up, n, limit, out);
 }
 
+static void cpu_moe_experts(void *ctx, const di_moe_experts_params *p) {
+    const cpu_backend *be = ctx;
+    di_cpu_moe_experts(be->pool, p, be->fast);
+}
+
 static void cpu_free(void *ctx) {
     cpu_backend *be = ctx;
     if (!be) return;
@@ -210,6 +215,7 @@ static const di_backend_ops g_cpu_ops = {
     .weight_free = NULL,
     .copy_rows = cpu_copy_rows,
     .moe_combine = cpu_moe_combine,
+    .moe_experts = cpu_moe_experts,
 };
 
 di_status di_backend_cpu_init(di_backend *out, di_pool *pool, int64_t max_ctx) {
