@@ -27,6 +27,7 @@
 #include "backend/weight.h"
 #include "core/core.h"
 #include "core/threadpool.h"
+#include "moe/router.h"
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -173,6 +174,40 @@ typedef struct di_v4_index_params {
     int64_t out_stride;
 } di_v4_index_params;
 
+/* ---- MoE on the backend: routing and the routed experts without a host round trip ---------- */
+
+/* Routing of n tokens to top_k of n_experts experts, and the grouping of the (token, slot)
+ * entries by expert. For token t, the rules of di_router_select (router.h) over logits[t]
+ * give ids[t][k] and weights[t][k]; then the entries i = t K + k are sorted by expert,
+ * tokens in order inside an expert (a stable counting sort), giving grouped rows
+ * g = 0 .. n K - 1. Outputs (all backend memory, like the inputs):
+ *   offsets[e]  first grouped row of expert e, e <= n_experts (offsets[E] = n K)
+ *   active      active[0] = the number of experts with >= 1 row, then their ids ascending
+ *   src[g]      the token of grouped row g          (a copy_rows gather list)
+ *   rows_of[i]  the grouped row of entry i = t K + k (moe_combine's list)
+ *   w[i]        entry i's weight                     (moe_combine's weights)
+ * router.bias (e_score_correction_bias) is backend memory or NULL. scratch: 3 n_experts
+ * floats of backend memory (a backend may ignore it). A backend must select exactly as
+ * di_router_select; the CUDA one computes the same double-precision formulas with the
+ * device's exp, so a score can differ from the host's in its last float bit (NOTES.md). */
+typedef struct di_moe_route_params {
+    di_router_params router;
+    int64_t n;
+    const float *logits; /* [n][n_experts] */
+    float *scratch;
+    int32_t *offsets, *active, *src, *rows_of;
+    float *w;
+} di_moe_route_params;
+
+/* The experts of one MoE projection (gate, up or down): n_experts weights of the same shape
+ * and dtype (host array of backend weights) and the backend's table of them, made once at
+ * load by expert_table (NULL on a backend that needs none). */
+typedef struct di_expert_weights {
+    const di_weight *w;
+    int64_t n_experts;
+    const void *table;
+} di_expert_weights;
+
 typedef struct di_backend_ops {
     const char *name;
 
@@ -261,6 +296,23 @@ typedef struct di_backend_ops {
      * on its own slots (batch invariance). w and rows_of are backend memory. */
     void (*moe_combine)(void *ctx, const float *rows, const int32_t *rows_of, const float *w,
                         int64_t n, int64_t K, int64_t dim, float *out);
+
+    /* ---- MoE on the backend (appended; see di_moe_route_params) ----
+     * Optional as a pair; without them the model routes on the host. */
+    void (*moe_route)(void *ctx, const di_moe_route_params *p);
+    /* Grouped rows through their experts: for each active expert e (active and offsets as
+     * moe_route writes them), y[g] = W_e x[g] for g in [offsets[e], offsets[e + 1]).
+     * x: [>= offsets[E]][cols], y: [>= offsets[E]][rows] (row strides cols and rows).
+     * max_active bounds active[0] and max_rows the rows of one expert (min(E, n K) and n for
+     * n routed tokens; they size the launch). Each row is computed exactly as matmul
+     * computes it alone (batch invariance). */
+    void (*matmul_experts)(void *ctx, const di_expert_weights *ew, const int32_t *offsets,
+                           const int32_t *active, int64_t max_active, int64_t max_rows,
+                           const float *x, float *y);
+    /* A backend table of n weights of one shape and dtype (backend weights), for
+     * matmul_experts; *out = NULL where the backend needs none. Load time only. Free with
+     * buf_free. */
+    di_status (*expert_table)(void *ctx, const di_weight *w, int64_t n, void **out);
 } di_backend_ops;
 
 typedef struct di_backend {

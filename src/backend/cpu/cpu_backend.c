@@ -137,6 +137,56 @@ static void cpu_moe_combine(void *ctx, const float *rows, const int32_t *rows_of
                         out + t * dim);
 }
 
+/* MoE routing: di_router_select per token (the model's former host loop, the same bits),
+ * then a stable counting sort of the entries by expert. rows_of holds the selected ids
+ * until the sort overwrites it with grouped rows; the router scratch then serves as the
+ * per-expert cursors. */
+static void cpu_moe_route(void *ctx, const di_moe_route_params *p) {
+    (void)ctx;
+    const int64_t E = p->router.n_experts, K = p->router.top_k, nk = p->n * K;
+    for (int64_t t = 0; t < p->n; t++)
+        di_router_select(&p->router, p->logits + t * E, p->rows_of + t * K, p->w + t * K,
+                         p->scratch);
+    int32_t *cur = (int32_t *)p->scratch;
+    memset(cur, 0, (size_t)E * sizeof *cur);
+    for (int64_t i = 0; i < nk; i++)
+        cur[p->rows_of[i]]++;
+    int32_t *act = p->active + 1;
+    int32_t na = 0, off = 0;
+    for (int64_t e = 0; e < E; e++) {
+        p->offsets[e] = off;
+        if (cur[e] > 0) act[na++] = (int32_t)e;
+        off += cur[e];
+        cur[e] = p->offsets[e];
+    }
+    p->offsets[E] = off;
+    p->active[0] = na;
+    for (int64_t i = 0; i < nk; i++) {
+        int32_t g = cur[p->rows_of[i]]++;
+        p->src[g] = (int32_t)(i / K);
+        p->rows_of[i] = g;
+    }
+}
+
+/* Each active expert's rows through matmul, as the model's former per-expert loop did. */
+static void cpu_matmul_experts(void *ctx, const di_expert_weights *ew, const int32_t *offsets,
+                               const int32_t *active, int64_t max_active, int64_t max_rows,
+                               const float *x, float *y) {
+    (void)max_active, (void)max_rows;
+    for (int32_t j = 0; j < active[0]; j++) {
+        const int32_t e = active[1 + j];
+        const di_weight *w = &ew->w[e];
+        const int64_t g0 = offsets[e], ne = offsets[e + 1] - g0;
+        cpu_matmul(ctx, w, x + g0 * w->cols, ne, y + g0 * w->rows);
+    }
+}
+
+static di_status cpu_expert_table(void *ctx, const di_weight *w, int64_t n, void **out) {
+    (void)ctx, (void)w, (void)n;
+    *out = NULL; /* host weights are addressed through the di_weight array itself */
+    return DI_OK;
+}
+
 /* DeepSeek-V4 ops (cpu_v4_ops.c). */
 static void cpu_matmul_fp4(void *ctx, const di_weight *w, const float *x, int64_t n, float *y) {
     if (w->dtype != DI_DTYPE_F4_E2M1) {
@@ -210,6 +260,9 @@ static const di_backend_ops g_cpu_ops = {
     .weight_free = NULL,
     .copy_rows = cpu_copy_rows,
     .moe_combine = cpu_moe_combine,
+    .moe_route = cpu_moe_route,
+    .matmul_experts = cpu_matmul_experts,
+    .expert_table = cpu_expert_table,
 };
 
 di_status di_backend_cpu_init(di_backend *out, di_pool *pool, int64_t max_ctx) {

@@ -237,6 +237,64 @@ static di_status cuda_upload_op(void *ctx, void *dst, const void *src, size_t by
     return di_cuda_upload(&b, dst, src, bytes);
 }
 
+static void cuda_moe_route(void *ctx, const di_moe_route_params *p) {
+    cuda_backend *be = (cuda_backend *)ctx;
+    note(be, di_cuda_launch_moe_route(p, be->stream));
+}
+
+/* One launch per projection: the GEMV kernel in grouped mode (cuda_internal.cuh), the
+ * common shape from expert 0, the per-expert pointers from the table. */
+static void cuda_matmul_experts(void *ctx, const di_expert_weights *ew, const int32_t *offsets,
+                                const int32_t *active, int64_t max_active, int64_t max_rows,
+                                const float *x, float *y) {
+    cuda_backend *be = (cuda_backend *)ctx;
+    if (max_active <= 0 || max_rows <= 0) return;
+    di_cuda_mm_params p = mm_params(&ew->w[0], be);
+    p.n_heads = max_active;
+    p.n_tokens = max_rows;
+    p.x = x;
+    p.x_tstride = p.cols;
+    p.y = y;
+    p.y_tstride = p.rows;
+    p.experts = (const di_cuda_expert_ptrs *)ew->table;
+    p.g_off = offsets;
+    p.g_active = active;
+    note(be, di_cuda_launch_matmul(&p));
+}
+
+/* The device table of n experts' data / scale pointers; every field the kernel reads from
+ * expert 0 must be the same for all. */
+static di_status cuda_expert_table(void *ctx, const di_weight *w, int64_t n, void **out) {
+    *out = NULL;
+    if (n <= 0) return di_error(DI_ERR_INVALID_ARG, "expert_table: n = %lld", (long long)n);
+    di_cuda_expert_ptrs *h = (di_cuda_expert_ptrs *)malloc((size_t)n * sizeof *h);
+    if (!h) return di_error(DI_ERR_OUT_OF_MEMORY, "expert_table: out of memory");
+    for (int64_t e = 0; e < n; e++) {
+        const di_weight *a = &w[0], *b = &w[e];
+        if (b->dtype != a->dtype || b->rows != a->rows || b->cols != a->cols ||
+            b->row_stride != a->row_stride || b->scale_cols != a->scale_cols ||
+            b->block_rows != a->block_rows || b->block_cols != a->block_cols ||
+            b->row_offset != a->row_offset || (b->scale == NULL) != (a->scale == NULL)) {
+            free(h);
+            return di_error(DI_ERR_INVALID_ARG,
+                            "expert_table: expert %lld differs from expert 0 in shape or dtype",
+                            (long long)e);
+        }
+        h[e].data = b->data;
+        h[e].scale = b->scale;
+    }
+    const size_t bytes = (size_t)n * sizeof *h;
+    void *d = cuda_buf_alloc(ctx, bytes);
+    di_status st = d ? cuda_upload_op(ctx, d, h, bytes) : DI_ERR_OUT_OF_MEMORY;
+    free(h);
+    if (st) {
+        if (d) cuda_buf_free(ctx, d);
+        return di_error_prefix(st, "expert_table");
+    }
+    *out = d;
+    return DI_OK;
+}
+
 static di_status cuda_download_op(void *ctx, void *dst, const void *src, size_t bytes) {
     di_backend b = wrap(ctx);
     return di_cuda_download(&b, dst, src, bytes);
@@ -360,6 +418,9 @@ static di_backend_ops make_ops(void) {
     o.weight_free = cuda_weight_free_op;
     o.copy_rows = cuda_copy_rows;
     o.moe_combine = cuda_moe_combine;
+    o.moe_route = cuda_moe_route;
+    o.matmul_experts = cuda_matmul_experts;
+    o.expert_table = cuda_expert_table;
     o.matmul_fp4 = cuda_matmul_fp4;
     o.v4_hc_pre = cuda_v4_hc_pre;
     o.v4_hc_post = cuda_v4_hc_post;

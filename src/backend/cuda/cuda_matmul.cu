@@ -320,13 +320,25 @@ __global__ void __launch_bounds__(MM_WARPS * 32, PIPE &&TB == 1 ? MM_FP8_MIN_BLO
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int kw = warp % ks, group = warp / ks;
     const int64_t r0 = ((int64_t)blockIdx.x * (MM_WARPS / ks) + group) * RB;
-    const int64_t t0 = (int64_t)blockIdx.y * TB, h = blockIdx.z;
+    int64_t t0 = (int64_t)blockIdx.y * TB, t_end = p.n_tokens, h = blockIdx.z;
     /* With ks > 1 a block holds one row group, so this exit is block-uniform. */
     if (r0 >= p.rows) return;
+    const void *wdata = p.data;
+    const float *wscale = p.scale;
+    if (p.experts) { /* grouped: slot z runs one active expert over its rows (uniform exits) */
+        if (h >= p.g_active[0]) return;
+        const int e = p.g_active[1 + h];
+        wdata = p.experts[e].data;
+        wscale = p.experts[e].scale;
+        t0 += p.g_off[e];
+        t_end = p.g_off[e + 1];
+        h = 0;
+        if (t0 >= t_end) return;
+    }
     const int nr = (int)min((int64_t)RB, p.rows - r0);
-    const int nt = (int)min((int64_t)TB, p.n_tokens - t0);
+    const int nt = (int)min((int64_t)TB, t_end - t0);
 
-    const char *w0 = static_cast<const char *>(p.data) + h * p.head_elem_stride * T::ESZ;
+    const char *w0 = static_cast<const char *>(wdata) + h * p.head_elem_stride * T::ESZ;
     const int64_t roff = p.row_offset + h * p.head_row_offset_stride;
     const char *wrow[RB];
     const float *srow[RB];
@@ -334,7 +346,9 @@ __global__ void __launch_bounds__(MM_WARPS * 32, PIPE &&TB == 1 ? MM_FP8_MIN_BLO
     for (int j = 0; j < RB; j++) {
         int64_t r = r0 + min(j, nr - 1); /* rows past the end alias the last one, unused */
         wrow[j] = w0 + r * p.row_stride * T::ESZ;
-        srow[j] = DT == DI_DTYPE_F8_E4M3 ? scale_row(p, roff + r) : nullptr;
+        srow[j] = DT == DI_DTYPE_F8_E4M3 && wscale
+                      ? wscale + ((roff + r) / p.block_rows) * p.scale_cols
+                      : nullptr;
     }
     const bool one_scale = DT == DI_DTYPE_F8_E4M3 && p.block_cols % V == 0;
     const float *xb = p.x + h * p.x_hstride + t0 * p.x_tstride;
@@ -527,6 +541,7 @@ template <di_dtype DT> static cudaError_t launch_dtype(const di_cuda_mm_params *
     const bool wvec = aligned16(p->data) && (p->row_stride * T::ESZ) % 16 == 0 &&
                       (p->head_elem_stride * T::ESZ) % 16 == 0 && p->row_stride >= p->cols;
     if (p->transposed) {
+        if (p->experts) return cudaErrorInvalidValue; /* grouped mode is W x only */
         const int64_t nvec = (p->cols + T::V - 1) / T::V;
         const int tb = p->n_tokens == 1 ? 1 : 4;
         dim3 grid((unsigned)((nvec + MMT_THREADS - 1) / MMT_THREADS),
