@@ -60,6 +60,14 @@ typedef struct di_mla_attn_params {
     /* Head strides of q_lat and out in floats (optional; 0: n_tokens * R, the layout above).
      * The engine's runner sets them to address one sequence's rows inside a batch. */
     int64_t q_lat_hstride, out_hstride;
+    /* Queries of different sequences in one call (optional; a decode batch): when q_pos !=
+     * NULL, query t sits at position q_pos[t] (pos0 is ignored) and reads the paged cache
+     * through its own block table q_tables + q_table_off[t] (block_size as above;
+     * block_table is ignored). All three are backend memory, so a captured decode step
+     * (CUDA graphs) reads each step's values. Each query's result is the one it gets alone. */
+    const int32_t *q_pos;
+    const int32_t *q_tables;
+    const int32_t *q_table_off;
 } di_mla_attn_params;
 
 /* q_lat / out rows of (head h, query t). */
@@ -313,6 +321,17 @@ typedef struct di_backend_ops {
      * matmul_experts; *out = NULL where the backend needs none. Load time only. Free with
      * buf_free. */
     di_status (*expert_table)(void *ctx, const di_weight *w, int64_t n, void **out);
+
+    /* ---- Captured op sequences (appended; optional, NULL on the CPU) ----
+     * graph_begin starts recording the ops enqueued next instead of running them;
+     * graph_end stops and returns a replayable graph in *out (NULL with an error status if
+     * anything in between could not be recorded: then nothing was run and the caller runs
+     * the ops directly). graph_launch replays a graph: the same ops with the same arguments,
+     * reading whatever the buffers hold then. A graph must not outlive the buffers it uses. */
+    void (*graph_begin)(void *ctx);
+    di_status (*graph_end)(void *ctx, void **out);
+    void (*graph_launch)(void *ctx, void *graph);
+    void (*graph_free)(void *ctx, void *graph);
 } di_backend_ops;
 
 typedef struct di_backend {

@@ -190,6 +190,14 @@ typedef struct ds_state {
     const float *cos, *sin;     /* [n][dr / 2] */
     const int32_t *wsrc, *wdst; /* [nw] chunk rows -> pool rows of the new tokens */
     int64_t nw;
+    /* decode chunks (one token per sequence): each row's position, and where its block
+     * table starts among the tables, for one attention call over all rows */
+    bool decode;
+    const int32_t *pos, *toff, *tables;
+    /* Captured decode steps (CUDA graphs), one per row count n <= C (graphs[n]), made on
+     * first use; graphs_off after a capture failed (the ops then run one by one). */
+    void **graphs;
+    bool graphs_off;
 } ds_state;
 
 static void *carve(char **p, size_t bytes) {
@@ -209,6 +217,9 @@ static void ds_state_free(void *state) {
     ds_state *s = state;
     if (!s) return;
     di_mla_cache_free(&s->cache);
+    for (int64_t n = 0; s->graphs && n <= s->chunk; n++)
+        if (s->graphs[n]) s->mem->ops->graph_free(s->mem->ctx, s->graphs[n]);
+    di_free(s->graphs);
     if (s->dev) s->mem->ops->buf_free(s->mem->ctx, s->dev);
     di_aligned_free(s->host);
     di_free(s);
@@ -231,8 +242,9 @@ static di_status state_create(const void *weights, int64_t rows, int64_t block_s
     s->block_size = block_size;
     s->max_blocks = (max_tokens + block_size - 1) / block_size;
     const int64_t C = s->chunk = chunk;
-    /* ids, cos, sin, write rows (src, dst), then one block table per segment */
-    s->in_words = C * (1 + dr + 2) + C * s->max_blocks;
+    /* ids, cos, sin, write rows (src, dst), positions and table offsets (decode), then one
+     * block table per segment */
+    s->in_words = C * (1 + dr + 4) + C * s->max_blocks;
     di_status st = di_mla_cache_init(&s->cache, mem, hp->num_hidden_layers, rows, R, dr);
     if (st) {
         di_free(s);
@@ -264,7 +276,7 @@ static di_status state_create(const void *weights, int64_t rows, int64_t block_s
                              C * K * w4,
                              C * K * f,
                              3 * E * f};
-    const size_t hsizes[] = {s->in_words * w4, C * sizeof(ds_seg)};
+    const size_t hsizes[] = {s->in_words * w4, C * sizeof(ds_seg), (C + 1) * sizeof(void *)};
     const size_t dtotal = total_of(dsizes, DI_ARRAY_LEN(dsizes));
     const size_t htotal = total_of(hsizes, DI_ARRAY_LEN(hsizes));
     s->dev = mem->ops->buf_alloc(mem->ctx, dtotal);
@@ -308,6 +320,11 @@ static di_status state_create(const void *weights, int64_t rows, int64_t block_s
     k = 0;
     s->in_h = carve(&p, hsizes[k++]);
     s->segs = carve(&p, hsizes[k++]);
+    s->graphs = di_calloc((size_t)(C + 1), sizeof(void *));
+    if (!s->graphs) {
+        ds_state_free(s);
+        return di_error(DI_ERR_OUT_OF_MEMORY, "context: out of memory");
+    }
     *out = s;
     return DI_OK;
 }
@@ -389,7 +406,30 @@ static void attention(const ds_model *m, const ds_layer *L, int64_t il, ds_state
                                 .y_tstride = R};
     be->ops->head_matmul(c, &uk);
 
-    /* Attention per sequence, over its own rows of the pool. */
+    /* Attention per sequence, over its own rows of the pool; a decode chunk (one row per
+     * sequence) in one call, positions and block tables read from backend memory. */
+    if (s->decode) {
+        di_mla_attn_params ap = {.n_tokens = n,
+                                 .n_heads = nh,
+                                 .kv_lora_rank = R,
+                                 .rope_dim = dr,
+                                 .scale = m->softmax_scale,
+                                 .q_lat = s->q_lat,
+                                 .q_rope = s->q + dn,
+                                 .q_rope_tstride = nh * qk,
+                                 .q_rope_hstride = qk,
+                                 .c_kv = ckv,
+                                 .k_rope = kr,
+                                 .out = s->o_lat,
+                                 .block_size = bs,
+                                 .q_lat_hstride = n * R,
+                                 .out_hstride = n * R,
+                                 .q_pos = s->pos,
+                                 .q_tables = s->tables,
+                                 .q_table_off = s->toff};
+        be->ops->mla_attention(c, &ap);
+        nseg = 0;
+    }
     for (int64_t g = 0; g < nseg; g++) {
         const ds_seg *sg = &s->segs[g];
         di_mla_attn_params ap = {.n_tokens = sg->n,
@@ -486,7 +526,8 @@ static void pack_inputs(const ds_model *m, ds_state *s, const di_backend *be, in
     int32_t *ids = h;
     float *cs = (float *)(ids + n), *sn = cs + n * half;
     int32_t *wsrc = (int32_t *)(sn + n * half), *wdst = wsrc + n;
-    int32_t *tab = wdst + n;
+    int32_t *qpos = wdst + n, *toff = qpos + n;
+    int32_t *tab = toff + n;
     int64_t nw = 0;
     for (int64_t g = 0; g < nseg; g++) {
         const ds_seg *sg = &s->segs[g];
@@ -500,13 +541,18 @@ static void pack_inputs(const ds_model *m, ds_state *s, const di_backend *be, in
             nw++;
         }
     }
-    /* Block tables after the write rows (offsets known now that nw is). */
+    /* Block tables after the write rows; in a decode chunk also each row's position and
+     * the offset of its table (row g = segment g). */
     int64_t used = tab - h;
     for (int64_t g = 0; g < nseg; g++) {
         ds_seg *sg = &s->segs[g];
         int64_t nb = (sg->seq->pos0 + sg->off + sg->n + bs - 1) / bs;
         memcpy(h + used, sg->seq->block_table, (size_t)nb * sizeof(int32_t));
         sg->table = s->in + used;
+        if (s->decode) {
+            qpos[g] = (int32_t)(sg->seq->pos0 + sg->off);
+            toff[g] = (int32_t)(used - (tab - h));
+        }
         used += nb;
     }
     be->ops->upload(be->ctx, s->in, h, (size_t)used * sizeof(int32_t));
@@ -515,20 +561,35 @@ static void pack_inputs(const ds_model *m, ds_state *s, const di_backend *be, in
     s->sin = s->cos + n * half;
     s->wsrc = (const int32_t *)(s->sin + n * half);
     s->wdst = s->wsrc + n;
+    s->pos = s->wdst + n;
+    s->toff = s->pos + n;
+    s->tables = s->toff + n;
     s->nw = nw;
 }
 
-/* One chunk of n <= C rows holding s->segs[0 .. nseg). The logits rows of its sequences
- * (each one's last n_logits tokens) go to logits[0 ..) (host memory), in order; returns their
- * count. */
-static int64_t forward_chunk(const ds_model *m, ds_state *s, const di_backend *be, int64_t n,
-                             int64_t nseg, float *logits) {
+/* Is the chunk a decode step: one new token per sequence, each wanting its logits, none
+ * replayed? Then row g is segment g, the attention runs in one call and the step can be
+ * captured once per row count (its shapes and buffers are then fixed). */
+static bool is_decode(const ds_state *s, int64_t n, int64_t nseg) {
+    if (nseg != n) return false;
+    for (int64_t g = 0; g < nseg; g++) {
+        const ds_seg *sg = &s->segs[g];
+        if (sg->n != 1 || sg->off != 0 || sg->seq->n != 1 || sg->seq->n_logits < 1 ||
+            sg->seq->n_replay > 0)
+            return false;
+    }
+    return true;
+}
+
+/* The layers over the chunk's rows, then the final norm of the rows that need logits into
+ * s->xn (returns their count; their lm_head product is the caller's). */
+static int64_t forward_layers(const ds_model *m, ds_state *s, const di_backend *be, int64_t n,
+                              int64_t nseg) {
     const di_hparams *hp = m->hp;
     const int64_t H = hp->hidden_size;
     const float eps = (float)hp->rms_norm_eps;
     void *c = be->ctx;
 
-    pack_inputs(m, s, be, n, nseg);
     be->ops->embed(c, &m->embed, s->ids, n, s->x);
     for (int64_t il = 0; il < hp->num_hidden_layers; il++) {
         const ds_layer *L = &m->layers[il];
@@ -545,7 +606,11 @@ static int64_t forward_chunk(const ds_model *m, ds_state *s, const di_backend *b
             be->ops->axpy(c, 1.0f, s->hbuf, n * H, s->x);
         }
     }
-    /* Gather the rows that need logits (final norm per row), then one lm_head product. */
+    if (s->decode) { /* every row, in order */
+        be->ops->rmsnorm(c, s->x, H, m->norm, n, H, eps, s->xn, H);
+        return n;
+    }
+    /* Gather the rows that need logits (final norm per row). */
     int64_t k = 0;
     for (int64_t g = 0; g < nseg; g++) {
         const ds_seg *sg = &s->segs[g];
@@ -556,12 +621,52 @@ static int64_t forward_chunk(const ds_model *m, ds_state *s, const di_backend *b
                          s->xn + k * H, H);
         k += cnt;
     }
+    return k;
+}
+
+/* A decode step on a backend with graphs: the step's ops (layers and lm_head into s->logits)
+ * are captured the first time a row count n comes, then replayed; the inputs were uploaded
+ * into the fixed buffers already. Returns false where no graph can be used (the caller then
+ * runs the ops directly). */
+static bool forward_graph(const ds_model *m, ds_state *s, const di_backend *be, int64_t n,
+                          int64_t nseg) {
+    if (!s->decode || s->graphs_off || !be->ops->graph_begin || be->ops->host_memory)
+        return false;
+    void *c = be->ctx;
+    if (!s->graphs[n]) {
+        be->ops->graph_begin(c);
+        int64_t k = forward_layers(m, s, be, n, nseg);
+        be->ops->matmul(c, &m->lm_head, s->xn, k, s->logits);
+        if (be->ops->graph_end(c, &s->graphs[n]) != DI_OK) {
+            s->graphs_off = true; /* e.g. a backend op that cannot be captured */
+            return false;
+        }
+    }
+    be->ops->graph_launch(c, s->graphs[n]);
+    return true;
+}
+
+/* One chunk of n <= C rows holding s->segs[0 .. nseg). The logits rows of its sequences
+ * (each one's last n_logits tokens) go to logits[0 ..) (host memory), in order; returns their
+ * count. */
+static int64_t forward_chunk(const ds_model *m, ds_state *s, const di_backend *be, int64_t n,
+                             int64_t nseg, float *logits) {
+    const int64_t V = m->hp->vocab_size;
+    void *c = be->ctx;
+
+    s->decode = logits && is_decode(s, n, nseg);
+    pack_inputs(m, s, be, n, nseg);
+    if (s->decode && forward_graph(m, s, be, n, nseg)) {
+        be->ops->download(c, logits, s->logits, (size_t)(n * V) * sizeof(float));
+        return n;
+    }
+    int64_t k = forward_layers(m, s, be, n, nseg);
     if (k > 0 && logits) {
         if (be->ops->host_memory) {
             be->ops->matmul(c, &m->lm_head, s->xn, k, logits);
         } else {
             be->ops->matmul(c, &m->lm_head, s->xn, k, s->logits);
-            be->ops->download(c, logits, s->logits, (size_t)(k * hp->vocab_size) * sizeof(float));
+            be->ops->download(c, logits, s->logits, (size_t)(k * V) * sizeof(float));
         }
     }
     return k;

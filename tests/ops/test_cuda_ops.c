@@ -580,6 +580,31 @@ static void check_attn_paged(int64_t n, int64_t nh, int64_t R, int64_t dr, int64
                       (long long)bs, mode, (long long)h);
         free(yw);
     }
+    /* Per-query positions and tables (a decode batch, q_pos): query t as a sequence of its
+     * own at position pos0 + t, over one of two copies of the table, in any mode. */
+    int32_t *qpos = malloc((size_t)n * 4), *toff = malloc((size_t)n * 4);
+    int32_t *tabs = malloc((size_t)(2 * nb) * 4);
+    memcpy(tabs, table, (size_t)nb * 4), memcpy(tabs + nb, table, (size_t)nb * 4);
+    for (int64_t t = 0; t < n; t++)
+        qpos[t] = (int32_t)(pos0 + t), toff[t] = (int32_t)(t % 2 ? nb : 0);
+    int32_t *dqpos = dev_from(qpos, (size_t)n * 4), *dtoff = dev_from(toff, (size_t)n * 4);
+    int32_t *dtabs = dev_from(tabs, (size_t)(2 * nb) * 4);
+    for (int mode = 0; mode < 3; mode++) {
+        di_backend_cuda_set_attn_mode(&g_be, mode == 0   ? DI_CUDA_ATTN_AUTO
+                                             : mode == 1 ? DI_CUDA_ATTN_SPLIT
+                                                         : DI_CUDA_ATTN_SEQUENTIAL);
+        di_mla_attn_params pq = pp;
+        pq.pos0 = 12345, pq.block_table = NULL; /* ignored */
+        pq.q_pos = dqpos, pq.q_tables = dtabs, pq.q_table_off = dtoff;
+        g_be.ops->mla_attention(g_be.ctx, &pq);
+        float *yq = host_floats(dout, no);
+        CHECK_MSG(memcmp(yq, yc, (size_t)no * sizeof(float)) == 0,
+                  "per-query n=%lld bs=%lld pos0=%lld mode %d: differs from contiguous",
+                  (long long)n, (long long)bs, (long long)pos0, mode);
+        free(yq);
+    }
+    dfree(dqpos), dfree(dtoff), dfree(dtabs);
+    free(qpos), free(toff), free(tabs);
     di_backend_cuda_set_attn_mode(&g_be, DI_CUDA_ATTN_AUTO);
     dfree(dql), dfree(dqr), dfree(dckv), dfree(dkr), dfree(dtab), dfree(dqw), dfree(dow);
     dfree(dout);

@@ -64,7 +64,25 @@ static void cpu_rope(void *ctx, const di_rope_op_params *p) {
 
 static void cpu_mla_attention(void *ctx, const di_mla_attn_params *p) {
     cpu_backend *be = ctx;
-    di_cpu_mla_attention(be->pool, p, be->scratch, be->max_ctx);
+    if (!p->q_pos) {
+        di_cpu_mla_attention(be->pool, p, be->scratch, be->max_ctx);
+        return;
+    }
+    /* Queries of different sequences: each one alone, as its own call would run it. */
+    for (int64_t t = 0; t < p->n_tokens; t++) {
+        di_mla_attn_params q = *p;
+        q.n_tokens = 1;
+        q.pos0 = p->q_pos[t];
+        q.block_table = p->q_tables + p->q_table_off[t];
+        q.q_lat = di_mla_attn_q(p, 0, t);
+        q.out = di_mla_attn_out(p, 0, t);
+        q.q_lat_hstride = p->q_lat_hstride ? p->q_lat_hstride : p->n_tokens * p->kv_lora_rank;
+        q.out_hstride = p->out_hstride ? p->out_hstride : p->n_tokens * p->kv_lora_rank;
+        q.q_rope = p->q_rope + t * p->q_rope_tstride;
+        q.q_pos = NULL;
+        q.q_tables = q.q_table_off = NULL;
+        di_cpu_mla_attention(be->pool, &q, be->scratch, be->max_ctx);
+    }
 }
 
 static void cpu_silu_mul(void *ctx, const float *gate, const float *up, int64_t n, float *out) {

@@ -29,6 +29,8 @@ typedef struct cuda_backend {
     int64_t ksplit_min;      /* GEMV rows of at least this many 16-byte vectors split K */
     int fp8_pipe;            /* FP8 GEMV software pipeline on (1) or off (0) */
     cudaError_t first_error; /* first failed launch since the last sync */
+    bool capturing;          /* between graph_begin and graph_end, capture started */
+    cudaError_t capture_saved_error, capture_error;
     char name[256];
 } cuda_backend;
 
@@ -206,6 +208,47 @@ static void cuda_moe_combine(void *ctx, const float *rows, const int32_t *rows_o
                              int64_t n, int64_t K, int64_t dim, float *out) {
     cuda_backend *be = (cuda_backend *)ctx;
     note(be, di_cuda_launch_moe_combine(rows, rows_of, w, n, K, dim, out, be->stream));
+}
+
+/* CUDA graphs: stream capture of the ops enqueued between graph_begin and graph_end.
+ * Relaxed capture mode, so another thread's allocations (another context loading) do not
+ * break it. A launch that fails while capturing ends in graph_end's error; the errors noted
+ * during the capture are dropped with the capture (nothing ran), and the caller runs the
+ * ops directly. */
+static void cuda_graph_begin(void *ctx) {
+    cuda_backend *be = (cuda_backend *)ctx;
+    be->capture_saved_error = be->first_error;
+    cudaError_t err = cudaStreamBeginCapture(be->stream, cudaStreamCaptureModeRelaxed);
+    be->capturing = err == cudaSuccess;
+    if (!be->capturing) be->capture_error = err;
+}
+
+static di_status cuda_graph_end(void *ctx, void **out) {
+    cuda_backend *be = (cuda_backend *)ctx;
+    *out = NULL;
+    cudaGraph_t graph = NULL;
+    cudaError_t err = be->capturing ? cudaStreamEndCapture(be->stream, &graph) : be->capture_error;
+    be->capturing = false;
+    if (err == cudaSuccess && be->first_error != be->capture_saved_error) err = be->first_error;
+    be->first_error = be->capture_saved_error;
+    cudaGraphExec_t exec = NULL;
+    if (err == cudaSuccess) err = cudaGraphInstantiate(&exec, graph, 0);
+    if (graph) cudaGraphDestroy(graph);
+    cudaGetLastError(); /* a failed capture leaves nothing for the next launch to report */
+    if (err != cudaSuccess)
+        return di_error(DI_ERR_INTERNAL, "cuda backend: graph capture: %s", cudaGetErrorString(err));
+    *out = exec;
+    return DI_OK;
+}
+
+static void cuda_graph_launch(void *ctx, void *graph) {
+    cuda_backend *be = (cuda_backend *)ctx;
+    note(be, cudaGraphLaunch((cudaGraphExec_t)graph, be->stream));
+}
+
+static void cuda_graph_free(void *ctx, void *graph) {
+    (void)ctx;
+    if (graph) cudaGraphExecDestroy((cudaGraphExec_t)graph);
 }
 
 /* Memory slots: the C helpers below, called with a di_backend made from the context. */
@@ -421,6 +464,14 @@ static di_backend_ops make_ops(void) {
     o.moe_route = cuda_moe_route;
     o.matmul_experts = cuda_matmul_experts;
     o.expert_table = cuda_expert_table;
+    /* DI_CUDA_GRAPHS=0: no graphs (the model then enqueues every op of every step). */
+    const char *graphs = getenv("DI_CUDA_GRAPHS");
+    if (!graphs || strcmp(graphs, "0") != 0) {
+        o.graph_begin = cuda_graph_begin;
+        o.graph_end = cuda_graph_end;
+        o.graph_launch = cuda_graph_launch;
+        o.graph_free = cuda_graph_free;
+    }
     o.matmul_fp4 = cuda_matmul_fp4;
     o.v4_hc_pre = cuda_v4_hc_pre;
     o.v4_hc_post = cuda_v4_hc_post;
