@@ -348,13 +348,12 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_engine: %s\n", di_last_error());
         return 1;
     }
-    json_t *out =
-        json_pack("{s:s, s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:b, s:b}", "model", o.model, "mode",
-                  o.mode, "device", o.device ? o.device : "cpu",
-                  "concurrency", (json_int_t)o.concurrency, "requests", (json_int_t)o.requests,
-                  "prompt_len", (json_int_t)o.prompt_len, "gen_len", (json_int_t)o.gen_len,
-                  "shared_prefix", (json_int_t)o.shared_prefix, "prefix_cache", !o.no_prefix_cache,
-                  "batch_invariant", !o.no_batch_invariant);
+    json_t *out = json_pack(
+        "{s:s, s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:b, s:b}", "model", o.model, "mode", o.mode,
+        "device", o.device ? o.device : "cpu", "concurrency", (json_int_t)o.concurrency, "requests",
+        (json_int_t)o.requests, "prompt_len", (json_int_t)o.prompt_len, "gen_len",
+        (json_int_t)o.gen_len, "shared_prefix", (json_int_t)o.shared_prefix, "prefix_cache",
+        !o.no_prefix_cache, "batch_invariant", !o.no_batch_invariant);
     int rc = !strcmp(o.mode, "engine") ? run_engine(&o, model, &info, out)
                                        : run_context(&o, model, &info, out);
     if (rc == 0) {

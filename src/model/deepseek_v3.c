@@ -184,7 +184,7 @@ typedef struct ds_state {
     void *host;
     int32_t *in_h; /* staging of `in` */
     int64_t in_words;
-    ds_seg *segs;  /* [C] sequences in the chunk */
+    ds_seg *segs; /* [C] sequences in the chunk */
     /* views into `in` for the current chunk (set by pack_inputs) */
     const int32_t *ids;
     const float *cos, *sin;     /* [n][dr / 2] */
@@ -630,8 +630,7 @@ static int64_t forward_layers(const ds_model *m, ds_state *s, const di_backend *
  * runs the ops directly). */
 static bool forward_graph(const ds_model *m, ds_state *s, const di_backend *be, int64_t n,
                           int64_t nseg) {
-    if (!s->decode || s->graphs_off || !be->ops->graph_begin || be->ops->host_memory)
-        return false;
+    if (!s->decode || s->graphs_off || !be->ops->graph_begin || be->ops->host_memory) return false;
     void *c = be->ctx;
     if (!s->graphs[n]) {
         be->ops->graph_begin(c);

@@ -6,8 +6,10 @@
  * replaces, in place, every di_weight and norm vector the forward pass reads with a backend
  * copy, so the forward code is the same for every backend. What the forward does not read
  * stays on the host: the MTP modules (bound but not run). The router bias goes up too:
- * routing runs on the backend (moe_route), so a MoE layer needs no host round trip. MLA's per-head views of kv_b_proj are rebuilt over its one device copy, so
- * the head products still see uniformly strided heads (one launch for all heads).
+ * routing runs on the backend (moe_route), so a MoE layer needs no host round trip. MLA's
+ * per-head views of kv_b_proj are rebuilt over its one device copy, so the head products
+ * still see uniformly strided heads (one launch for all heads). ds_model_expert_sets then
+ * makes each MoE projection's expert table for matmul_experts.
  */
 #include "model/deepseek_v3.h"
 

@@ -674,8 +674,12 @@ TEST(copy_rows_moe_combine) {
 /* Router configurations: V2 softmax greedy, V2 group-limited, V3 sigmoid + bias noaux_tc
  * (renormalised, scaled), V4-like sqrt(softplus). */
 static di_router_params route_config(int which) {
-    di_router_params r = {.n_experts = 64, .top_k = 6, .n_group = 1, .topk_group = 1,
-                          .score = DI_SCORE_SOFTMAX, .method = DI_TOPK_GREEDY,
+    di_router_params r = {.n_experts = 64,
+                          .top_k = 6,
+                          .n_group = 1,
+                          .topk_group = 1,
+                          .score = DI_SCORE_SOFTMAX,
+                          .method = DI_TOPK_GREEDY,
                           .routed_scaling_factor = 1.0f};
     if (which == 1) {
         r.n_experts = 160, r.n_group = 8, r.topk_group = 3;
@@ -719,9 +723,15 @@ static void route_free(route_bufs *b, bool dev) {
 
 static void route_run(const di_backend *be, const di_router_params *r, int64_t n,
                       const float *logits, route_bufs *b) {
-    di_moe_route_params p = {.router = *r, .n = n, .logits = logits, .scratch = b->scr,
-                             .offsets = b->off, .active = b->act, .src = b->src,
-                             .rows_of = b->rows, .w = b->w};
+    di_moe_route_params p = {.router = *r,
+                             .n = n,
+                             .logits = logits,
+                             .scratch = b->scr,
+                             .offsets = b->off,
+                             .active = b->act,
+                             .src = b->src,
+                             .rows_of = b->rows,
+                             .w = b->w};
     be->ops->moe_route(be->ctx, &p);
 }
 
@@ -754,11 +764,11 @@ TEST(moe_route) {
         int32_t *off = host_ints(db.off, E + 1), *act = host_ints(db.act, E + 1);
         int32_t *src = host_ints(db.src, nk), *rows = host_ints(db.rows, nk);
         float *w = host_floats(db.w, nk);
-        const char *what = memcmp(off, hb.off, (size_t)(E + 1) * 4)       ? "offsets"
+        const char *what = memcmp(off, hb.off, (size_t)(E + 1) * 4)           ? "offsets"
                            : memcmp(act, hb.act, (size_t)(hb.act[0] + 1) * 4) ? "active"
-                           : memcmp(src, hb.src, (size_t)nk * 4)             ? "src"
-                           : memcmp(rows, hb.rows, (size_t)nk * 4)           ? "rows_of"
-                           : memcmp(w, hb.w, (size_t)nk * 4)                 ? "weights"
+                           : memcmp(src, hb.src, (size_t)nk * 4)              ? "src"
+                           : memcmp(rows, hb.rows, (size_t)nk * 4)            ? "rows_of"
+                           : memcmp(w, hb.w, (size_t)nk * 4)                  ? "weights"
                                                                               : NULL;
         CHECK_MSG(what == NULL, "config %d n=%lld%s: %s differ from the CPU", iter % 4,
                   (long long)n, iter % 3 == 0 ? " (ties)" : "", what ? what : "");
@@ -786,8 +796,12 @@ static void check_experts(di_dtype dt, int64_t E, int64_t K, int64_t n, int64_t 
     void *tab = NULL;
     CHECK_MSG(g_be.ops->expert_table(g_be.ctx, dw, E, &tab) == DI_OK, "%s", di_last_error());
     di_expert_weights ew = {.w = dw, .n_experts = E, .table = tab};
-    di_router_params r = {.n_experts = E, .top_k = K, .n_group = 1, .topk_group = 1,
-                          .score = DI_SCORE_SOFTMAX, .method = DI_TOPK_GREEDY,
+    di_router_params r = {.n_experts = E,
+                          .top_k = K,
+                          .n_group = 1,
+                          .topk_group = 1,
+                          .score = DI_SCORE_SOFTMAX,
+                          .method = DI_TOPK_GREEDY,
                           .routed_scaling_factor = 1.0f};
     float *lg = rnd_vec(n * E, 3.0f), *dlg = dev_floats(lg, n * E);
     route_bufs db = route_alloc(E, nk, true);

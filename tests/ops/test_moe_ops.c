@@ -18,8 +18,12 @@ static di_pool *g_pool;
 static di_backend g_cpu;
 
 static di_router_params config(int which) {
-    di_router_params r = {.n_experts = 64, .top_k = 6, .n_group = 1, .topk_group = 1,
-                          .score = DI_SCORE_SOFTMAX, .method = DI_TOPK_GREEDY,
+    di_router_params r = {.n_experts = 64,
+                          .top_k = 6,
+                          .n_group = 1,
+                          .topk_group = 1,
+                          .score = DI_SCORE_SOFTMAX,
+                          .method = DI_TOPK_GREEDY,
                           .routed_scaling_factor = 1.0f};
     switch (which) {
     case 1: /* V2: group-limited greedy */
@@ -60,8 +64,14 @@ TEST(moe_route_cpu) {
         int32_t *off = malloc((size_t)(E + 1) * 4), *act = malloc((size_t)(E + 1) * 4);
         int32_t *src = malloc((size_t)nk * 4), *rows = malloc((size_t)nk * 4);
         float *w = malloc((size_t)nk * 4), *scr = malloc((size_t)(3 * E) * 4);
-        di_moe_route_params p = {.router = r, .n = n, .logits = lg, .scratch = scr,
-                                 .offsets = off, .active = act, .src = src, .rows_of = rows,
+        di_moe_route_params p = {.router = r,
+                                 .n = n,
+                                 .logits = lg,
+                                 .scratch = scr,
+                                 .offsets = off,
+                                 .active = act,
+                                 .src = src,
+                                 .rows_of = rows,
                                  .w = w};
         g_cpu.ops->moe_route(g_cpu.ctx, &p);
         /* Selection: di_router_select per token. */
@@ -111,17 +121,30 @@ TEST(matmul_experts_cpu) {
                 ((uint16_t *)data)[i] = di_f32_to_bf16(rnd_f());
         }
         for (int64_t e = 0; e < E; e++)
-            ws[e] = (di_weight){.dtype = dt, .rows = rows, .cols = cols, .row_stride = cols,
+            ws[e] = (di_weight){.dtype = dt,
+                                .rows = rows,
+                                .cols = cols,
+                                .row_stride = cols,
                                 .data = (char *)data + (size_t)(e * rows * cols) * esz};
-        di_router_params r = {.n_experts = E, .top_k = K, .n_group = 1, .topk_group = 1,
-                              .score = DI_SCORE_SOFTMAX, .method = DI_TOPK_GREEDY,
+        di_router_params r = {.n_experts = E,
+                              .top_k = K,
+                              .n_group = 1,
+                              .topk_group = 1,
+                              .score = DI_SCORE_SOFTMAX,
+                              .method = DI_TOPK_GREEDY,
                               .routed_scaling_factor = 1.0f};
         float *lg = route_logits(n, E, false);
         int32_t *off = malloc((size_t)(E + 1) * 4), *act = malloc((size_t)(E + 1) * 4);
         int32_t *src = malloc((size_t)nk * 4), *rws = malloc((size_t)nk * 4);
         float *w = malloc((size_t)nk * 4), *scr = malloc((size_t)(3 * E) * 4);
-        di_moe_route_params p = {.router = r, .n = n, .logits = lg, .scratch = scr,
-                                 .offsets = off, .active = act, .src = src, .rows_of = rws,
+        di_moe_route_params p = {.router = r,
+                                 .n = n,
+                                 .logits = lg,
+                                 .scratch = scr,
+                                 .offsets = off,
+                                 .active = act,
+                                 .src = src,
+                                 .rows_of = rws,
                                  .w = w};
         g_cpu.ops->moe_route(g_cpu.ctx, &p);
         void *tab = (void *)1;

@@ -401,8 +401,8 @@ cudaError_t di_cuda_launch_mla_attention(const di_cuda_attn_launch *a) {
     const size_t smem = (size_t)att_smem_floats(p->kv_lora_rank, p->rope_dim) * sizeof(float);
     /* Per-query positions live in device memory: the chunk count is unknown here, so such
      * a call walks its chunks in-block (the same bits). */
-    const bool split = a->split && a->partial && !p->q_pos &&
-                       di_cuda_attn_partial_floats(p) <= a->partial_floats;
+    const bool split =
+        a->split && a->partial && !p->q_pos && di_cuda_attn_partial_floats(p) <= a->partial_floats;
     dim3 grid((unsigned)(p->n_tokens * n_groups), split ? (unsigned)cmax : 1u);
     mla_attn_kernel<<<grid, ATT_THREADS, smem, a->stream>>>(*p, a->partial, split ? 1 : 0, cmax);
     cudaError_t err = cudaGetLastError();

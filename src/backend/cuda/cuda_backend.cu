@@ -236,7 +236,8 @@ static di_status cuda_graph_end(void *ctx, void **out) {
     if (graph) cudaGraphDestroy(graph);
     cudaGetLastError(); /* a failed capture leaves nothing for the next launch to report */
     if (err != cudaSuccess)
-        return di_error(DI_ERR_INTERNAL, "cuda backend: graph capture: %s", cudaGetErrorString(err));
+        return di_error(DI_ERR_INTERNAL, "cuda backend: graph capture: %s",
+                        cudaGetErrorString(err));
     *out = exec;
     return DI_OK;
 }
