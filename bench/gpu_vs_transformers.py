@@ -119,22 +119,24 @@ def hf_decode(model, batch, args):
     return batch * (args.gen - 1) / (tn - t1), batch * args.gen / tn
 
 
-def di_generate(args, new_tokens):
+def di_generate(args, new_tokens, env=None):
     """One `deepinfer generate` process: (wall seconds incl. loading, its JSON object)."""
     ids = " ".join(str(10 + 37 * i % 99000) for i in range(args.prompt_len))
     cmd = [args.deepinfer, "generate", "--device", "cuda", "--model", args.model_dir, "--ids", ids,
            "--max-tokens", str(new_tokens), "--ignore-eos", "--format", "json"]
     t = time.perf_counter()
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True,
+                         env=dict(os.environ, **(env or {}))).stdout
     return time.perf_counter() - t, json.loads(out.strip().splitlines()[-1])
 
 
-def di_engine(args, conc):
+def di_engine(args, conc, env=None):
     cmd = [args.bench_engine, "--device", "cuda", "--model", args.model_dir, "--mode", "engine",
            "--concurrency", str(conc), "--requests", str(conc), "--prompt-len", str(args.prompt_len),
            "--gen-len", str(args.gen), "--max-running", str(max(conc, 1)),
            "--max-batch-tokens", str(max(conc * args.prompt_len, 256))]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True,
+                         env=dict(os.environ, **(env or {}))).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -151,6 +153,10 @@ def main():
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--md", help="also write the Markdown table here")
     ap.add_argument("--plot", help="draw a PNG bar chart here")
+    ap.add_argument("--mma", action="store_true",
+                    help="also the engine with DI_CUDA_MMA=1 (opt-in tensor cores, inexact)")
+    ap.add_argument("--no-graphs", action="store_true",
+                    help="also batch-1 decode with DI_CUDA_GRAPHS=0 (every op launched)")
     args = ap.parse_args()
     res = {"device": torch.cuda.get_device_name(), "layers": args.layers, "gen": args.gen,
            "prompt_len": args.prompt_len}
@@ -208,6 +214,28 @@ def main():
         log("deepinfer engine concurrency %d: %.1f output tok/s" % (conc, r["output_tok_s"]))
         save()
 
+    if args.no_graphs:
+        try:
+            wall, js = di_generate(args, args.gen, {"DI_CUDA_GRAPHS": "0"})
+            res["deepinfer_b1_nographs"] = {"decode_tok_s": js["timing"]["decode_tok_s"]}
+            log("deepinfer batch 1, DI_CUDA_GRAPHS=0: decode %.1f tok/s"
+                % js["timing"]["decode_tok_s"])
+        except subprocess.CalledProcessError as e:
+            log("deepinfer generate (no graphs) failed: %s" % e.stderr[-2000:])
+        save()
+    if args.mma:
+        res["deepinfer_engine_mma"] = {}
+        for conc in [c for c in concs if c >= 8]:
+            try:
+                r = di_engine(args, conc, {"DI_CUDA_MMA": "1"})
+            except subprocess.CalledProcessError as e:
+                log("bench_engine DI_CUDA_MMA=1 concurrency %d failed: %s" % (conc, e.stderr[-2000:]))
+                continue
+            res["deepinfer_engine_mma"][str(conc)] = r
+            log("deepinfer engine DI_CUDA_MMA=1 concurrency %d: %.1f output tok/s"
+                % (conc, r["output_tok_s"]))
+            save()
+
     table = report(res, concs)
     print(table)
     if args.md:
@@ -227,6 +255,10 @@ def report(res, concs):
     if d1:
         lines.append("| deepinfer batch-1 decode | %.1f | %.0f %% | %s |"
                      % (d1, 100 * d1 / rl, "%.1fx" % (d1 / h1) if h1 else "-"))
+    d1n = res.get("deepinfer_b1_nographs", {}).get("decode_tok_s")
+    if d1n:
+        lines.append("| deepinfer batch-1 decode, DI_CUDA_GRAPHS=0 | %.1f | %.0f %% | %s |"
+                     % (d1n, 100 * d1n / rl, "%.1fx" % (d1n / h1) if h1 else "-"))
     if h1:
         lines.append("| transformers batch-1 decode | %.1f | %.0f %% | - |" % (h1, 100 * h1 / rl))
     for conc in concs:
@@ -236,6 +268,11 @@ def report(res, concs):
             ratio = "%.1fx" % (e["output_tok_s"] / h["output_tok_s"]) if h else "-"
             lines.append("| deepinfer engine, %d concurrent (output tok/s) | %.1f | - | %s |"
                          % (conc, e["output_tok_s"], ratio))
+        em = res.get("deepinfer_engine_mma", {}).get(str(conc))
+        if em:
+            ratio = "%.1fx" % (em["output_tok_s"] / h["output_tok_s"]) if h else "-"
+            lines.append("| deepinfer engine, %d concurrent, DI_CUDA_MMA=1 (output tok/s) | %.1f "
+                         "| - | %s |" % (conc, em["output_tok_s"], ratio))
         if h:
             lines.append("| transformers generate, batch %d (output tok/s) | %.1f | - | - |"
                          % (conc, h["output_tok_s"]))
@@ -251,9 +288,13 @@ def plot(res, concs, path):
     fig, ax = plt.subplots(figsize=(7, 4))
     xs = range(len(concs))
     di = [res.get("deepinfer_engine", {}).get(str(c), {}).get("output_tok_s", 0) for c in concs]
+    dm = [res.get("deepinfer_engine_mma", {}).get(str(c), {}).get("output_tok_s", 0)
+          for c in concs]
     hf = [res.get("hf", {}).get(str(c), {}).get("output_tok_s", 0) for c in concs]
-    ax.bar([x - 0.2 for x in xs], di, 0.4, label="deepinfer engine (CUDA)")
-    ax.bar([x + 0.2 for x in xs], hf, 0.4, label="transformers generate")
+    ax.bar([x - 0.27 for x in xs], di, 0.27, label="deepinfer engine (CUDA, exact)")
+    if any(dm):
+        ax.bar(list(xs), dm, 0.27, label="deepinfer engine, DI_CUDA_MMA=1")
+    ax.bar([x + 0.27 for x in xs], hf, 0.27, label="transformers generate")
     ax.set_xticks(list(xs))
     ax.set_xticklabels([str(c) for c in concs])
     ax.set_xlabel("concurrent requests")

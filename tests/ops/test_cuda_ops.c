@@ -17,6 +17,7 @@
  * On a machine without a CUDA device (or a build without CUDA) it prints why and counts as
  * skipped (exit status 0).
  */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include "backend/backend.h"
 #include "backend/cpu/cpu_nn.h"
 #include "backend/cpu/cpu_ops.h"
@@ -848,6 +849,89 @@ TEST(matmul_experts) {
     check_experts(DI_DTYPE_F8_E4M3, 16, 8, 9, 256, 7168);
 }
 
+/* The opt-in tensor-core matmul (DI_CUDA_MMA=1, a backend of its own): BF16 at n >= 8
+ * within bf16-activation accuracy of the reference, and bitwise the same for a token in any
+ * batch of >= 8 (the K order is fixed); matmul_experts through it on V2-Lite's shapes. */
+TEST(matmul_mma) {
+    if (!g_have_gpu) SKIP("no CUDA device");
+    setenv("DI_CUDA_MMA", "1", 1);
+    di_backend mb;
+    di_status st = di_backend_cuda_init(&mb, 0, 1024);
+    unsetenv("DI_CUDA_MMA");
+    CHECK_MSG(st == DI_OK, "%s", di_last_error());
+    if (st) return;
+    static const int64_t shapes[][2] = {{64, 128}, {1408, 2048}, {2048, 1408}, {3072, 2048}};
+    static const int64_t ns[] = {8, 13, 64, 100};
+    for (size_t si = 0; si < DI_ARRAY_LEN(shapes); si++) {
+        const int64_t rows = shapes[si][0], cols = shapes[si][1];
+        test_weight t = make_weight(DI_DTYPE_BF16, rows, cols, 0, 0, 0);
+        di_weight dw = upload(&t.w);
+        for (size_t ni = 0; ni < DI_ARRAY_LEN(ns); ni++) {
+            const int64_t n = ns[ni];
+            float *x = rnd_vec(n * cols, 1.0f), *ref = malloc((size_t)(n * rows) * 4);
+            di_cpu_matmul_ref(&t.w, x, n, ref);
+            float *dx = dev_floats(x, n * cols), *dy = dev_poison(n * rows);
+            mb.ops->matmul(mb.ctx, &dw, dx, n, dy);
+            CHECK(di_backend_cuda_sync(&mb) == DI_OK);
+            float *y = host_floats(dy, n * rows);
+            double e = nerr(y, ref, n * rows);
+            CHECK_MSG(e <= 2e-2, "mma %lldx%lld n=%lld: error %.3g", (long long)rows,
+                      (long long)cols, (long long)n, e);
+            /* the first 8 tokens again, alone as a batch of 8: the same bits */
+            float *dy8 = dev_poison(8 * rows);
+            mb.ops->matmul(mb.ctx, &dw, dx, 8, dy8);
+            CHECK(di_backend_cuda_sync(&mb) == DI_OK);
+            float *z = host_floats(dy8, 8 * rows);
+            CHECK_MSG(memcmp(z, y, (size_t)(8 * rows) * 4) == 0,
+                      "mma %lldx%lld n=%lld: first 8 tokens differ from a batch of 8",
+                      (long long)rows, (long long)cols, (long long)n);
+            free(z), free(y), free(x), free(ref);
+            dfree(dx), dfree(dy), dfree(dy8);
+        }
+        di_cuda_weight_free(&g_be, &dw);
+        free_weight(&t);
+    }
+    /* grouped: V2-Lite's experts at a decode batch of 64 and 9 */
+    for (int it = 0; it < 2; it++) {
+        const int64_t E = 64, K = 6, n = it ? 9 : 64, rows = 1408, cols = 2048, nk = n * K;
+        test_weight *tw = malloc((size_t)E * sizeof *tw);
+        di_weight *dw = malloc((size_t)E * sizeof *dw);
+        for (int64_t e = 0; e < E; e++) {
+            tw[e] = make_weight(DI_DTYPE_BF16, rows, cols, 0, 0, 0);
+            dw[e] = upload(&tw[e].w);
+        }
+        void *tab = NULL;
+        CHECK(mb.ops->expert_table(mb.ctx, dw, E, &tab) == DI_OK);
+        di_expert_weights ew = {.w = dw, .n_experts = E, .table = tab};
+        di_router_params r = route_config(0);
+        float *lg = rnd_vec(n * E, 3.0f), *dlg = dev_floats(lg, n * E);
+        route_bufs db = route_alloc(E, nk, true);
+        route_run(&mb, &r, n, dlg, &db);
+        float *x = rnd_vec(nk * cols, 1.0f), *dx = dev_floats(x, nk * cols);
+        float *dy = dev_poison(nk * rows);
+        mb.ops->matmul_experts(mb.ctx, &ew, db.off, db.act, DI_MIN(E, nk), n, dx, dy);
+        CHECK(di_backend_cuda_sync(&mb) == DI_OK);
+        float *y = host_floats(dy, nk * rows);
+        int32_t *off = host_ints(db.off, E + 1);
+        float *ref = malloc((size_t)(nk * rows) * 4);
+        for (int64_t e = 0; e < E; e++)
+            if (off[e + 1] > off[e])
+                di_cpu_matmul_ref(&tw[e].w, x + off[e] * cols, off[e + 1] - off[e],
+                                  ref + off[e] * rows);
+        CHECK_MSG(off[E] == nk && nerr(y, ref, nk * rows) <= 2e-2, "mma experts n=%lld: %.3g",
+                  (long long)n, nerr(y, ref, nk * rows));
+        for (int64_t e = 0; e < E; e++) {
+            di_cuda_weight_free(&g_be, &dw[e]);
+            free_weight(&tw[e]);
+        }
+        mb.ops->buf_free(mb.ctx, tab);
+        route_free(&db, true);
+        dfree(dlg), dfree(dx), dfree(dy);
+        free(tw), free(dw), free(lg), free(x), free(y), free(off), free(ref);
+    }
+    di_backend_free(&mb);
+}
+
 int main(void) {
     di_status st = di_backend_cuda_init(&g_be, 0, 8192);
     g_have_gpu = st == DI_OK;
@@ -869,6 +953,7 @@ int main(void) {
     RUN(copy_rows_moe_combine);
     RUN(moe_route);
     RUN(matmul_experts);
+    RUN(matmul_mma); /* last: a fault here cannot hide the others' results */
     if (g_have_gpu) di_backend_free(&g_be);
     return test_summary();
 }

@@ -23,6 +23,12 @@ typedef struct cuda_backend {
     cudaStream_t stream; /* owned */
     float *attn_partial; /* owned: split-KV chunk states, attn_partial_floats floats */
     int64_t attn_partial_floats;
+    /* Tensor-core matmul (DI_CUDA_MMA=1; cuda_mma.cu): from mma_min_n rows up, BF16 weights
+     * of suitable shape go to mma over bf16 activations staged in mma_scratch. */
+    int mma;
+    int64_t mma_min_n;
+    void *mma_scratch; /* owned: mma_scratch_elems bf16 */
+    int64_t mma_scratch_elems;
     int n_sms;
     di_cuda_attn_mode attn_mode;
     int fp8_bits;            /* FP8 conversion: 1 bit placement, 0 conversion instructions */
@@ -67,6 +73,18 @@ static di_cuda_mm_params mm_params(const di_weight *w, const cuda_backend *be) {
     return p;
 }
 
+/* The opt-in tensor-core path (cuda_mma.cu) when enabled and the shape suits it; x_rows:
+ * the rows of x it stages. Returns false where the GEMV must run. */
+static bool try_mma(cuda_backend *be, const di_cuda_mm_params *p, int64_t n, int64_t x_rows,
+                    const int32_t *x_rows_dev) {
+    if (!be->mma || n < be->mma_min_n || !di_cuda_mma_fits(p)) return false;
+    cudaError_t err =
+        di_cuda_launch_matmul_mma(p, be->mma_scratch, be->mma_scratch_elems, x_rows, x_rows_dev);
+    if (err == cudaErrorMemoryAllocation) return false; /* too big for the staging buffer */
+    note(be, err);
+    return true;
+}
+
 static void cuda_matmul(void *ctx, const di_weight *w, const float *x, int64_t n, float *y) {
     cuda_backend *be = (cuda_backend *)ctx;
     di_cuda_mm_params p = mm_params(w, be);
@@ -75,6 +93,7 @@ static void cuda_matmul(void *ctx, const di_weight *w, const float *x, int64_t n
     p.x_tstride = w->cols;
     p.y = y;
     p.y_tstride = w->rows;
+    if (try_mma(be, &p, n, n, NULL)) return;
     note(be, di_cuda_launch_matmul(&p));
 }
 
@@ -303,6 +322,8 @@ static void cuda_matmul_experts(void *ctx, const di_expert_weights *ew, const in
     p.experts = (const di_cuda_expert_ptrs *)ew->table;
     p.g_off = offsets;
     p.g_active = active;
+    /* The grouped rows: offsets[E] of them (device memory), at most max_active * max_rows. */
+    if (try_mma(be, &p, max_rows, max_active * max_rows, offsets + ew->n_experts)) return;
     note(be, di_cuda_launch_matmul(&p));
 }
 
@@ -430,6 +451,7 @@ static void cuda_free_ctx(void *ctx) {
     cudaSetDevice(be->device);
     if (be->stream) cudaStreamSynchronize(be->stream);
     cudaFree(be->attn_partial);
+    cudaFree(be->mma_scratch);
     if (be->stream) cudaStreamDestroy(be->stream);
     di_free(be);
 }
@@ -537,6 +559,13 @@ extern "C" di_status di_backend_cuda_init(di_backend *out, int device, int64_t m
     be->ksplit_min = env && atoll(env) > 0 ? atoll(env) : 256;
     env = getenv("DI_CUDA_FP8_PIPE");
     be->fp8_pipe = !(env && strcmp(env, "0") == 0);
+    /* DI_CUDA_MMA=1: the tensor-core matmul from DI_CUDA_MMA_MIN_N rows (default 8) up;
+     * not exact vs the CPU and not batch-invariant (cuda_mma.cu), so off by default. */
+    env = getenv("DI_CUDA_MMA");
+    be->mma = env && strcmp(env, "1") == 0;
+    env = getenv("DI_CUDA_MMA_MIN_N");
+    be->mma_min_n = env && atoll(env) > 0 ? atoll(env) : 8;
+    be->mma_scratch_elems = be->mma ? ((int64_t)64 << 20) : 0; /* 128 MiB of bf16 */
     const int64_t chunks = (max_ctx + DI_CUDA_ATTN_CHUNK - 1) / DI_CUDA_ATTN_CHUNK;
     int64_t floats = DI_CUDA_ATTN_SPLIT_TOKENS * 128 * chunks * (DI_CUDA_ATTN_MAX_R + 2);
     if (floats * (int64_t)sizeof(float) > DI_CUDA_ATTN_SCRATCH_MAX)
@@ -547,6 +576,8 @@ extern "C" di_status di_backend_cuda_init(di_backend *out, int device, int64_t m
         (err = cudaStreamCreateWithFlags(&be->stream, cudaStreamNonBlocking)) != cudaSuccess ||
         (err = cudaMalloc((void **)&be->attn_partial, (size_t)floats * sizeof(float))) !=
             cudaSuccess ||
+        (be->mma &&
+         (err = cudaMalloc(&be->mma_scratch, (size_t)be->mma_scratch_elems * 2)) != cudaSuccess) ||
         (err = di_cuda_attn_setup()) != cudaSuccess || (err = di_cuda_v4_setup()) != cudaSuccess) {
         cuda_free_ctx(be);
         return di_error(DI_ERR_OUT_OF_MEMORY, "cuda backend: device %d: %s", device,

@@ -74,6 +74,15 @@ typedef struct di_cuda_expert_ptrs {
 
 cudaError_t di_cuda_launch_matmul(const di_cuda_mm_params *p);
 
+/* Tensor-core y = W x (cuda_mma.cu; opt-in, not exact): does p suit it (BF16, rows and cols
+ * multiples of 16, one head or grouped)? The launch stages x_rows rows of x as bf16 in
+ * scratch (scratch_elems bf16; cudaErrorMemoryAllocation when too small, nothing run);
+ * x_rows_dev (grouped mode: &offsets[E]) caps the rows read from x at its value. */
+bool di_cuda_mma_fits(const di_cuda_mm_params *p);
+cudaError_t di_cuda_launch_matmul_mma(const di_cuda_mm_params *p, void *scratch,
+                                      int64_t scratch_elems, int64_t x_rows,
+                                      const int32_t *x_rows_dev);
+
 /* ---------------------------------------------------------------------------------------- */
 /* Element-wise and row-wise ops                                                              */
 /* ---------------------------------------------------------------------------------------- */
