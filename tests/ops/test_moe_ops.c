@@ -1,16 +1,21 @@
 /*
- * test_moe_ops.c -- the CPU backend's MoE ops (backend.h: moe_route, matmul_experts) against
- * independent references: the routing against di_router_select per token and a grouping
- * checked from its definition (every entry once, experts ascending, tokens in order inside an
- * expert, offsets / active list / gather list consistent); matmul_experts against one matmul
- * per expert over its rows, bitwise. Router configurations of V2 (softmax, greedy and
+ * test_moe_ops.c -- the CPU backend's ops for batched decode: the MoE ops (backend.h: moe_route,
+ * matmul_experts) and the attention's decode-batch form (per-query positions and block
+ * tables, q_pos) against independent references: the routing against di_router_select per token and
+ * a grouping checked from its definition (every entry once, experts ascending, tokens in order
+ * inside an expert, offsets / active list / gather list consistent); matmul_experts against one
+ * matmul per expert over its rows, bitwise. Router configurations of V2 (softmax, greedy and
  * group-limited), V3 (sigmoid + bias, noaux_tc, renormalised, scaled) and V4 (sqrt softplus),
- * with logits drawn from a few levels so that ties occur.
+ * with logits drawn from a few levels so that ties occur. The decode-batch attention: each
+ * query bitwise equal to the scalar reference over its own sequence alone.
  */
 #include "backend/backend.h"
+#include "backend/cpu/cpu_nn.h"
 #include "core/core.h"
 #include "moe/router.h"
 #include "test.h"
+
+#include <math.h>
 #define TEST_RAND_SEED 0x9e3779b97f4a7c15ull
 #include "test_rand.h"
 
@@ -163,11 +168,84 @@ TEST(matmul_experts_cpu) {
     }
 }
 
+/* n sequences of different lengths in one paged pool (block size 4, blocks dealt out of
+ * order), one query each at its last position: the q_pos call against each query alone
+ * through the scalar reference. */
+TEST(mla_attention_decode_batch) {
+    const int64_t nh = 3, R = 16, dr = 8, bs = 4, n = 5, max_blocks = 8, pool = n * max_blocks;
+    float *ckv = rnd_vec(pool * bs * R, 1.0f), *kr = rnd_vec(pool * bs * dr, 1.0f);
+    float *ql = rnd_vec(nh * n * R, 1.0f), *qr = rnd_vec(n * nh * dr, 1.0f);
+    int32_t pos[5], toff[5], tables[5 * 8];
+    for (int64_t t = 0; t < n; t++) {
+        pos[t] = (int32_t)rnd_int(0, max_blocks * bs - 1);
+        toff[t] = (int32_t)(t * max_blocks);
+        for (int64_t b = 0; b < max_blocks; b++) /* sequence t owns blocks b * n + t */
+            tables[t * max_blocks + b] = (int32_t)(b * n + (n - 1 - t));
+    }
+    float *out = malloc((size_t)(nh * n * R) * 4), *ref = malloc((size_t)(nh * R) * 4);
+    di_mla_attn_params p = {.n_tokens = n,
+                            .n_heads = nh,
+                            .pos0 = 999,
+                            .kv_lora_rank = R,
+                            .rope_dim = dr,
+                            .scale = 0.3f,
+                            .q_lat = ql,
+                            .q_rope = qr,
+                            .q_rope_tstride = nh * dr,
+                            .q_rope_hstride = dr,
+                            .c_kv = ckv,
+                            .k_rope = kr,
+                            .out = out,
+                            .block_size = bs,
+                            .q_pos = pos,
+                            .q_tables = tables,
+                            .q_table_off = toff};
+    g_cpu.ops->mla_attention(g_cpu.ctx, &p);
+    for (int64_t t = 0; t < n; t++) {
+        float *q1 = malloc((size_t)(nh * R) * 4);
+        for (int64_t h = 0; h < nh; h++)
+            memcpy(q1 + h * R, ql + (h * n + t) * R, (size_t)R * 4);
+        di_mla_attn_params a = {.n_tokens = 1,
+                                .n_heads = nh,
+                                .pos0 = pos[t],
+                                .kv_lora_rank = R,
+                                .rope_dim = dr,
+                                .scale = 0.3f,
+                                .q_lat = q1,
+                                .q_rope = qr + t * nh * dr,
+                                .q_rope_tstride = nh * dr,
+                                .q_rope_hstride = dr,
+                                .c_kv = ckv,
+                                .k_rope = kr,
+                                .out = ref,
+                                .block_table = tables + t * max_blocks,
+                                .block_size = bs};
+        float *fast = malloc((size_t)(nh * R) * 4);
+        a.out = fast;
+        g_cpu.ops->mla_attention(g_cpu.ctx, &a);
+        for (int64_t h = 0; h < nh; h++)
+            CHECK_MSG(memcmp(out + (h * n + t) * R, fast + h * R, (size_t)R * 4) == 0,
+                      "query %lld head %lld: differs from the query alone", (long long)t,
+                      (long long)h);
+        a.out = ref;
+        di_cpu_mla_attention_ref(&a);
+        double err = 0, mx = 0;
+        for (int64_t i = 0; i < nh * R; i++) {
+            err = fmax(err, fabs((double)fast[i] - ref[i]));
+            mx = fmax(mx, fabs((double)ref[i]));
+        }
+        CHECK_MSG(err <= 1e-5 * mx, "query %lld: %.3g from the reference", (long long)t, err);
+        free(q1), free(fast);
+    }
+    free(ckv), free(kr), free(ql), free(qr), free(out), free(ref);
+}
+
 int main(void) {
     g_pool = di_pool_create(2);
-    CHECK(di_backend_cpu_init(&g_cpu, g_pool, 16) == DI_OK);
+    CHECK(di_backend_cpu_init(&g_cpu, g_pool, 64) == DI_OK); /* max_ctx: the attention test */
     RUN(moe_route_cpu);
     RUN(matmul_experts_cpu);
+    RUN(mla_attention_decode_batch);
     di_backend_free(&g_cpu);
     di_pool_free(g_pool);
     return test_summary();
