@@ -306,7 +306,7 @@ typedef struct di_backend_ops {
                         int64_t n, int64_t K, int64_t dim, float *out);
 
     /* ---- MoE on the backend (appended; see di_moe_route_params) ----
-     * Optional as a pair; without them the model routes on the host. */
+     * The V2/V3 model's MoE layers run through these three (every backend has them). */
     void (*moe_route)(void *ctx, const di_moe_route_params *p);
     /* Grouped rows through their experts: for each active expert e (active and offsets as
      * moe_route writes them), y[g] = W_e x[g] for g in [offsets[e], offsets[e + 1]).

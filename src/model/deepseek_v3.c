@@ -276,7 +276,7 @@ static di_status state_create(const void *weights, int64_t rows, int64_t block_s
                              C * K * w4,
                              C * K * f,
                              3 * E * f};
-    const size_t hsizes[] = {s->in_words * w4, C * sizeof(ds_seg), (C + 1) * sizeof(void *)};
+    const size_t hsizes[] = {s->in_words * w4, C * sizeof(ds_seg)};
     const size_t dtotal = total_of(dsizes, DI_ARRAY_LEN(dsizes));
     const size_t htotal = total_of(hsizes, DI_ARRAY_LEN(hsizes));
     s->dev = mem->ops->buf_alloc(mem->ctx, dtotal);
@@ -428,9 +428,8 @@ static void attention(const ds_model *m, const ds_layer *L, int64_t il, ds_state
                                  .q_tables = s->tables,
                                  .q_table_off = s->toff};
         be->ops->mla_attention(c, &ap);
-        nseg = 0;
     }
-    for (int64_t g = 0; g < nseg; g++) {
+    for (int64_t g = 0; !s->decode && g < nseg; g++) {
         const ds_seg *sg = &s->segs[g];
         di_mla_attn_params ap = {.n_tokens = sg->n,
                                  .n_heads = nh,
