@@ -5,7 +5,7 @@
  *   bench_engine --model DIR [--mode engine|context] [--concurrency C] [--requests N]
  *                [--prompt-len P] [--gen-len G] [--shared-prefix S] [--threads T]
  *                [--max-running M] [--max-batch-tokens B] [--no-prefix-cache] [--seed X]
- *                [--no-batch-invariant] [--overlap]
+ *                [--no-batch-invariant] [--overlap] [--device cpu|cuda|cuda:N]
  *
  * engine:  a closed loop over di_engine: C requests in flight, a new one submitted as soon as
  *          one finishes, N in all. Each prompt is S ids shared by every request (a "system
@@ -21,6 +21,7 @@
  * i.e. the thread that drives the forward (the compute thread with --overlap) sat idle
  * between steps waiting for scheduling, post-processing and the client loop;
  * and, for the roofline, pure-decode steps bucketed by batch size: [batch, steps, mean s].
+ * --device runs the model there (di_model_params.device; default the CPU).
  */
 #include "deepinfer.h"
 
@@ -31,7 +32,7 @@
 #include <time.h>
 
 typedef struct bench_opts {
-    const char *model, *mode;
+    const char *model, *mode, *device;
     int64_t concurrency, requests, prompt_len, gen_len, shared_prefix, threads, max_running,
         max_batch_tokens, seed;
     bool no_prefix_cache, no_batch_invariant, overlap;
@@ -298,7 +299,8 @@ static int usage(void) {
     fprintf(stderr, "usage: bench_engine --model DIR [--mode engine|context] [--concurrency C] "
                     "[--requests N] [--prompt-len P] [--gen-len G] [--shared-prefix S] "
                     "[--threads T] [--max-running M] [--max-batch-tokens B] "
-                    "[--no-prefix-cache] [--seed X] [--no-batch-invariant] [--overlap]\n");
+                    "[--no-prefix-cache] [--seed X] [--no-batch-invariant] [--overlap] "
+                    "[--device cpu|cuda|cuda:N]\n");
     return 2;
 }
 
@@ -335,6 +337,9 @@ int main(int argc, char **argv) {
         } else if (i + 1 < argc && !strcmp(argv[i], "--mode")) {
             o.mode = argv[++i];
             done = true;
+        } else if (i + 1 < argc && !strcmp(argv[i], "--device")) {
+            o.device = argv[++i];
+            done = true;
         }
         for (size_t k = 0; !done && k < sizeof ints / sizeof ints[0]; k++)
             if (i + 1 < argc && !strcmp(argv[i], ints[k].name)) {
@@ -349,18 +354,19 @@ int main(int argc, char **argv) {
     g_rng = (uint64_t)o.seed;
     di_model_params mp = di_model_default_params();
     mp.n_threads = (int32_t)o.threads;
+    mp.device = o.device;
     di_model *model;
     di_model_info info;
     if (di_model_load(o.model, &mp, &model) != DI_OK || di_model_get_info(model, &info) != DI_OK) {
         fprintf(stderr, "bench_engine: %s\n", di_last_error());
         return 1;
     }
-    json_t *out = json_pack("{s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:b, s:b, s:b}", "model", o.model,
-                            "mode", o.mode, "concurrency", (json_int_t)o.concurrency, "requests",
-                            (json_int_t)o.requests, "prompt_len", (json_int_t)o.prompt_len,
-                            "gen_len", (json_int_t)o.gen_len, "shared_prefix",
-                            (json_int_t)o.shared_prefix, "prefix_cache", !o.no_prefix_cache,
-                            "batch_invariant", !o.no_batch_invariant, "overlap", o.overlap);
+    json_t *out = json_pack(
+        "{s:s, s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:b, s:b, s:b}", "model", o.model, "mode", o.mode,
+        "device", o.device ? o.device : "cpu", "concurrency", (json_int_t)o.concurrency, "requests",
+        (json_int_t)o.requests, "prompt_len", (json_int_t)o.prompt_len, "gen_len",
+        (json_int_t)o.gen_len, "shared_prefix", (json_int_t)o.shared_prefix, "prefix_cache",
+        !o.no_prefix_cache, "batch_invariant", !o.no_batch_invariant, "overlap", o.overlap);
     int rc = !strcmp(o.mode, "engine") ? run_engine(&o, model, &info, out)
                                        : run_context(&o, model, &info, out);
     if (rc == 0) {

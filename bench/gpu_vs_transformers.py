@@ -16,8 +16,13 @@ One run measures, on the same device and the same weights:
 usage: gpu_vs_transformers.py --deepinfer BUILD/deepinfer --bench-engine BUILD/bench_engine
                               [--layers 27] [--model-dir /tmp/v2lite-rand] [--gen 64]
                               [--prompt-len 16] [--concurrency 1,8,64] [--out results.json]
-Decode speed = (time of N new tokens - time of 1 new token) / (N - 1) for both programs, so
-prefill and start-up are not counted. Prints a Markdown table and writes the JSON.
+                              [--md table.md] [--plot plot.png] [--skip-hf]
+Batch-1 decode speed: transformers = (time of N new tokens - time of 1 new token) / (N - 1)
+(prefill not counted); deepinfer = the decode tok/s that `deepinfer generate --format json`
+reports (tokens after the first / their time: model loading and prefill not counted). The
+concurrent rows are output tokens / wall time of the whole batch (prefill included) for both.
+The JSON is rewritten after every phase, so a run cut short keeps what it measured. Prints a
+Markdown table (also to --md) and draws --plot (matplotlib) when given.
 """
 import argparse
 import json
@@ -114,24 +119,24 @@ def hf_decode(model, batch, args):
     return batch * (args.gen - 1) / (tn - t1), batch * args.gen / tn
 
 
-def di_generate(args, new_tokens):
+def di_generate(args, new_tokens, env=None):
+    """One `deepinfer generate` process: (wall seconds incl. loading, its JSON object)."""
     ids = " ".join(str(10 + 37 * i % 99000) for i in range(args.prompt_len))
     cmd = [args.deepinfer, "generate", "--device", "cuda", "--model", args.model_dir, "--ids", ids,
            "--max-tokens", str(new_tokens), "--ignore-eos", "--format", "json"]
-    best = float("inf")
-    for _ in range(2):
-        t = time.perf_counter()
-        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-        best = min(best, time.perf_counter() - t)
-    return best, json.loads(out.strip().splitlines()[-1])
+    t = time.perf_counter()
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True,
+                         env=dict(os.environ, **(env or {}))).stdout
+    return time.perf_counter() - t, json.loads(out.strip().splitlines()[-1])
 
 
-def di_engine(args, conc):
+def di_engine(args, conc, env=None):
     cmd = [args.bench_engine, "--device", "cuda", "--model", args.model_dir, "--mode", "engine",
            "--concurrency", str(conc), "--requests", str(conc), "--prompt-len", str(args.prompt_len),
            "--gen-len", str(args.gen), "--max-running", str(max(conc, 1)),
            "--max-batch-tokens", str(max(conc * args.prompt_len, 256))]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True,
+                         env=dict(os.environ, **(env or {}))).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -146,36 +151,58 @@ def main():
     ap.add_argument("--concurrency", default="1,8,64")
     ap.add_argument("--out", default="gpu_vs_transformers.json")
     ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--md", help="also write the Markdown table here")
+    ap.add_argument("--plot", help="draw a PNG bar chart here")
+    ap.add_argument("--mma", action="store_true",
+                    help="also the engine with DI_CUDA_MMA=1 (opt-in tensor cores, inexact)")
+    ap.add_argument("--no-graphs", action="store_true",
+                    help="also batch-1 decode with DI_CUDA_GRAPHS=0 (every op launched)")
     args = ap.parse_args()
     res = {"device": torch.cuda.get_device_name(), "layers": args.layers, "gen": args.gen,
            "prompt_len": args.prompt_len}
+
+    def save():
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=1)
 
     bw, flops = probe_device()
     res.update(copy_bw_Bps=bw, bf16_matmul_flops=flops)
     log("copy bandwidth %.2f TB/s, bf16 matmul %.0f TFLOP/s" % (bw / 1e12, flops / 1e12))
 
+    t = time.perf_counter()
     model, cfg = make_model(args)
+    log("transformers model ready in %.1f s" % (time.perf_counter() - t))
     c = dict(V2_LITE, num_hidden_layers=args.layers)
     nbytes = decode_bytes(c)
     res.update(decode_bytes=nbytes, roofline_tok_s=bw / nbytes)
     log("batch-1 decode reads %.2f GB -> roofline %.1f tok/s" % (nbytes / 1e9, bw / nbytes))
+    save()
 
     concs = [int(x) for x in args.concurrency.split(",")]
+    res["hf"] = {}
     if not args.skip_hf:
-        res["hf"] = {}
         for conc in concs:
-            dec, tot = hf_decode(model, conc, args)
+            try:
+                dec, tot = hf_decode(model, conc, args)
+            except Exception as e:  # noqa: BLE001 -- keep the other measurements
+                log("transformers batch %d failed: %r" % (conc, e))
+                continue
             res["hf"][str(conc)] = {"decode_tok_s": dec, "output_tok_s": tot}
             log("transformers batch %d: decode %.1f tok/s, output %.1f tok/s" % (conc, dec, tot))
+            save()
     del model
     torch.cuda.empty_cache()
 
-    t1, _ = di_generate(args, 1)
-    tn, js = di_generate(args, args.gen)
-    res["deepinfer_b1"] = {"decode_tok_s": (args.gen - 1) / (tn - t1), "wall_1_s": t1,
-                           "wall_n_s": tn, "reported": js.get("timing")}
-    log("deepinfer batch 1: decode %.1f tok/s (process wall: 1 token %.2f s, %d tokens %.2f s)"
-        % (res["deepinfer_b1"]["decode_tok_s"], t1, args.gen, tn))
+    try:
+        wall, js = di_generate(args, args.gen)
+        tm = js.get("timing", {})
+        res["deepinfer_b1"] = {"decode_tok_s": tm.get("decode_tok_s"), "wall_s": wall,
+                               "timing": tm}
+        log("deepinfer batch 1: decode %.1f tok/s (process wall %.1f s incl. loading)"
+            % (tm.get("decode_tok_s", 0.0), wall))
+    except subprocess.CalledProcessError as e:
+        log("deepinfer generate failed: %s" % e.stderr[-2000:])
+    save()
     res["deepinfer_engine"] = {}
     for conc in concs:
         try:
@@ -185,25 +212,98 @@ def main():
             continue
         res["deepinfer_engine"][str(conc)] = r
         log("deepinfer engine concurrency %d: %.1f output tok/s" % (conc, r["output_tok_s"]))
+        save()
 
-    with open(args.out, "w") as f:
-        json.dump(res, f, indent=1)
+    if args.no_graphs:
+        try:
+            wall, js = di_generate(args, args.gen, {"DI_CUDA_GRAPHS": "0"})
+            res["deepinfer_b1_nographs"] = {"decode_tok_s": js["timing"]["decode_tok_s"]}
+            log("deepinfer batch 1, DI_CUDA_GRAPHS=0: decode %.1f tok/s"
+                % js["timing"]["decode_tok_s"])
+        except subprocess.CalledProcessError as e:
+            log("deepinfer generate (no graphs) failed: %s" % e.stderr[-2000:])
+        save()
+    if args.mma:
+        res["deepinfer_engine_mma"] = {}
+        for conc in [c for c in concs if c >= 8]:
+            try:
+                r = di_engine(args, conc, {"DI_CUDA_MMA": "1"})
+            except subprocess.CalledProcessError as e:
+                log("bench_engine DI_CUDA_MMA=1 concurrency %d failed: %s" % (conc, e.stderr[-2000:]))
+                continue
+            res["deepinfer_engine_mma"][str(conc)] = r
+            log("deepinfer engine DI_CUDA_MMA=1 concurrency %d: %.1f output tok/s"
+                % (conc, r["output_tok_s"]))
+            save()
+
+    table = report(res, concs)
+    print(table)
+    if args.md:
+        with open(args.md, "w") as f:
+            f.write(table + "\n")
+    if args.plot:
+        plot(res, concs, args.plot)
+
+
+def report(res, concs):
+    """The Markdown table of one run."""
     rl = res["roofline_tok_s"]
-    print("| what | tok/s | fraction of roofline | vs transformers |")
-    print("|---|---|---|---|")
-    d1 = res["deepinfer_b1"]["decode_tok_s"]
+    lines = ["| what | tok/s | share of the copy-bandwidth roofline | deepinfer / transformers |",
+             "|---|---|---|---|"]
+    d1 = res.get("deepinfer_b1", {}).get("decode_tok_s")
     h1 = res.get("hf", {}).get("1", {}).get("decode_tok_s")
-    print("| deepinfer batch-1 decode | %.1f | %.2f | %s |" % (d1, d1 / rl, "%.1fx" % (d1 / h1) if h1 else "-"))
+    if d1:
+        lines.append("| deepinfer batch-1 decode | %.1f | %.0f %% | %s |"
+                     % (d1, 100 * d1 / rl, "%.1fx" % (d1 / h1) if h1 else "-"))
+    d1n = res.get("deepinfer_b1_nographs", {}).get("decode_tok_s")
+    if d1n:
+        lines.append("| deepinfer batch-1 decode, DI_CUDA_GRAPHS=0 | %.1f | %.0f %% | %s |"
+                     % (d1n, 100 * d1n / rl, "%.1fx" % (d1n / h1) if h1 else "-"))
     if h1:
-        print("| transformers batch-1 decode | %.1f | %.2f | 1 |" % (h1, h1 / rl))
+        lines.append("| transformers batch-1 decode | %.1f | %.0f %% | - |" % (h1, 100 * h1 / rl))
     for conc in concs:
-        e = res["deepinfer_engine"].get(str(conc))
+        e = res.get("deepinfer_engine", {}).get(str(conc))
         h = res.get("hf", {}).get(str(conc))
         if e:
-            print("| deepinfer engine, %d concurrent | %.1f | - | %s |" % (
-                conc, e["output_tok_s"], "%.1fx" % (e["output_tok_s"] / h["output_tok_s"]) if h else "-"))
+            ratio = "%.1fx" % (e["output_tok_s"] / h["output_tok_s"]) if h else "-"
+            lines.append("| deepinfer engine, %d concurrent (output tok/s) | %.1f | - | %s |"
+                         % (conc, e["output_tok_s"], ratio))
+        em = res.get("deepinfer_engine_mma", {}).get(str(conc))
+        if em:
+            ratio = "%.1fx" % (em["output_tok_s"] / h["output_tok_s"]) if h else "-"
+            lines.append("| deepinfer engine, %d concurrent, DI_CUDA_MMA=1 (output tok/s) | %.1f "
+                         "| - | %s |" % (conc, em["output_tok_s"], ratio))
         if h:
-            print("| transformers generate, batch %d | %.1f | - | 1 |" % (conc, h["output_tok_s"]))
+            lines.append("| transformers generate, batch %d (output tok/s) | %.1f | - | - |"
+                         % (conc, h["output_tok_s"]))
+    return "\n".join(lines)
+
+
+def plot(res, concs, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    xs = range(len(concs))
+    di = [res.get("deepinfer_engine", {}).get(str(c), {}).get("output_tok_s", 0) for c in concs]
+    dm = [res.get("deepinfer_engine_mma", {}).get(str(c), {}).get("output_tok_s", 0)
+          for c in concs]
+    hf = [res.get("hf", {}).get(str(c), {}).get("output_tok_s", 0) for c in concs]
+    ax.bar([x - 0.27 for x in xs], di, 0.27, label="deepinfer engine (CUDA, exact)")
+    if any(dm):
+        ax.bar(list(xs), dm, 0.27, label="deepinfer engine, DI_CUDA_MMA=1")
+    ax.bar([x + 0.27 for x in xs], hf, 0.27, label="transformers generate")
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels([str(c) for c in concs])
+    ax.set_xlabel("concurrent requests")
+    ax.set_ylabel("output tokens / s")
+    ax.set_yscale("log")
+    ax.set_title("%s, V2-Lite shape, %d layers, random bf16" % (res["device"], res["layers"]))
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
 
 
 if __name__ == "__main__":

@@ -7,8 +7,9 @@
 #   cuda_ops.log  tests/ops/test_cuda_ops and test_cuda_v4_ops (every CUDA op vs the CPU
 #                 reference)
 #   cuda_model.log tests/e2e/test_cuda_model (V2/V3/V4 goldens, engine and batch invariance
-#                 on CUDA), tests/e2e/test_bundled_model (the bundled V4 model on CPU and
-#                 CUDA) and short CLI generations (V3 and V4) on --device cuda and cpu
+#                 on CUDA; again with DI_CUDA_GRAPHS=0), tests/e2e/test_bundled_model (the
+#                 bundled V4 model on CPU and CUDA) and short CLI generations (V3 and V4) on
+#                 --device cuda and cpu
 #   ctest.log     all tests through ctest (not with QUICK=1 or CTEST=0)
 #   bench.log     bench_cuda_matmul (GEMV GB/s vs the device copy bandwidth, MLA decode)
 #   sanitizer.log compute-sanitizer memcheck over test_cuda_ops (only with SANITIZE=1)
@@ -117,6 +118,10 @@ echo "==== test_bundled_model" >>"$out/cuda_model.log"
 (cd "$repo" && "$build/test_bundled_model") >>"$out/cuda_model.log" 2>&1
 rc=$?
 say "test_bundled_model: rc=$rc in $(($(date +%s) - t0)) s: $(tail -1 "$out/cuda_model.log")"
+# Once more without CUDA graphs (every op of a decode step enqueued one by one).
+echo "==== DI_CUDA_GRAPHS=0 test_cuda_model" >>"$out/cuda_model.log"
+(cd "$repo" && DI_CUDA_GRAPHS=0 "$build/test_cuda_model") >>"$out/cuda_model.log" 2>&1
+say "test_cuda_model with DI_CUDA_GRAPHS=0: rc=$? $(tail -1 "$out/cuda_model.log")"
 # The CLI end to end on the GPU and on the CPU (same greedy ids expected; the speed summary
 # is on stderr).
 for model in tests/data/v3_fp8 tests/data/v4_upstream_fp8; do

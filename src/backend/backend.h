@@ -27,6 +27,7 @@
 #include "backend/weight.h"
 #include "core/core.h"
 #include "core/threadpool.h"
+#include "moe/router.h"
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -59,6 +60,14 @@ typedef struct di_mla_attn_params {
     /* Head strides of q_lat and out in floats (optional; 0: n_tokens * R, the layout above).
      * The engine's runner sets them to address one sequence's rows inside a batch. */
     int64_t q_lat_hstride, out_hstride;
+    /* Queries of different sequences in one call (optional; a decode batch): when q_pos !=
+     * NULL, query t sits at position q_pos[t] (pos0 is ignored) and reads the paged cache
+     * through its own block table q_tables + q_table_off[t] (block_size as above;
+     * block_table is ignored). All three are backend memory, so a captured decode step
+     * (CUDA graphs) reads each step's values. Each query's result is the one it gets alone. */
+    const int32_t *q_pos;
+    const int32_t *q_tables;
+    const int32_t *q_table_off;
 } di_mla_attn_params;
 
 /* q_lat / out rows of (head h, query t). */
@@ -173,29 +182,39 @@ typedef struct di_v4_index_params {
     int64_t out_stride;
 } di_v4_index_params;
 
-/* The routed experts of one MoE layer (the optional moe_experts op). Entries are the
- * n_tokens * top_k (token, slot) pairs, id = token * top_k + slot, grouped by expert: expert e
- * owns positions [e ? expert_end[e - 1] : 0, expert_end[e]) of ent. For each position p of
- * expert e, with x_p = x[ent[p] / top_k]:
- *   h_p = silu(gate_e x_p) * (up_e x_p)        ([inter])
- *   out[ent[p]] = down_e h_p                   ([hidden])
- * each product with matmul's arithmetic and silu_mul's, so the results are bitwise those of
- * running the experts one by one through matmul / silu_mul / copy2d. Expert e's weights are the
- * di_weight structs at (const char *)gate + e * weight_stride bytes (likewise up, down), all
- * experts of the same shapes. out doubles as scratch (the gathered inputs) before it is
- * written; h and u are scratch. */
-typedef struct di_moe_experts_params {
-    int64_t n_tokens, top_k, n_experts;
-    int64_t hidden, inter;
-    const float *x;             /* [n_tokens][hidden] */
-    const int32_t *ent;         /* [n_tokens * top_k] entry ids grouped by expert */
-    const int64_t *expert_end;  /* [n_experts] */
-    const di_weight *gate, *up; /* expert 0's [inter][hidden] */
-    const di_weight *down;      /* expert 0's [hidden][inter] */
-    size_t weight_stride;       /* bytes from one expert's di_weight to the next one's */
-    float *out;                 /* [n_tokens * top_k][hidden], row = entry id */
-    float *h, *u;               /* [n_tokens * top_k][inter] scratch each */
-} di_moe_experts_params;
+/* ---- MoE on the backend: routing and the routed experts without a host round trip ---------- */
+
+/* Routing of n tokens to top_k of n_experts experts, and the grouping of the (token, slot)
+ * entries by expert. For token t, the rules of di_router_select (router.h) over logits[t]
+ * give ids[t][k] and weights[t][k]; then the entries i = t K + k are sorted by expert,
+ * tokens in order inside an expert (a stable counting sort), giving grouped rows
+ * g = 0 .. n K - 1. Outputs (all backend memory, like the inputs):
+ *   offsets[e]  first grouped row of expert e, e <= n_experts (offsets[E] = n K)
+ *   active      active[0] = the number of experts with >= 1 row, then their ids ascending
+ *   src[g]      the token of grouped row g          (a copy_rows gather list)
+ *   rows_of[i]  the grouped row of entry i = t K + k (moe_combine's list)
+ *   w[i]        entry i's weight                     (moe_combine's weights)
+ * router.bias (e_score_correction_bias) is backend memory or NULL. scratch: 3 n_experts
+ * floats of backend memory (a backend may ignore it). A backend must select exactly as
+ * di_router_select; the CUDA one computes the same double-precision formulas with the
+ * device's exp, so a score can differ from the host's in its last float bit (NOTES.md). */
+typedef struct di_moe_route_params {
+    di_router_params router;
+    int64_t n;
+    const float *logits; /* [n][n_experts] */
+    float *scratch;
+    int32_t *offsets, *active, *src, *rows_of;
+    float *w;
+} di_moe_route_params;
+
+/* The experts of one MoE projection (gate, up or down): n_experts weights of the same shape
+ * and dtype (host array of backend weights) and the backend's table of them, made once at
+ * load by expert_table (NULL on a backend that needs none). */
+typedef struct di_expert_weights {
+    const di_weight *w;
+    int64_t n_experts;
+    const void *table;
+} di_expert_weights;
 
 typedef struct di_backend_ops {
     const char *name;
@@ -285,10 +304,34 @@ typedef struct di_backend_ops {
      * on its own slots (batch invariance). w and rows_of are backend memory. */
     void (*moe_combine)(void *ctx, const float *rows, const int32_t *rows_of, const float *w,
                         int64_t n, int64_t K, int64_t dim, float *out);
-    /* ---- optional (appended) ---- */
-    /* A MoE layer's routed experts in one op (di_moe_experts_params). May be NULL: the model
-     * then runs the experts one by one with matmul, silu_mul and copy2d. */
-    void (*moe_experts)(void *ctx, const di_moe_experts_params *p);
+
+    /* ---- MoE on the backend (appended; see di_moe_route_params) ----
+     * The V2/V3 model's MoE layers run through these three (every backend has them). */
+    void (*moe_route)(void *ctx, const di_moe_route_params *p);
+    /* Grouped rows through their experts: for each active expert e (active and offsets as
+     * moe_route writes them), y[g] = W_e x[g] for g in [offsets[e], offsets[e + 1]).
+     * x: [>= offsets[E]][cols], y: [>= offsets[E]][rows] (row strides cols and rows).
+     * max_active bounds active[0] and max_rows the rows of one expert (min(E, n K) and n for
+     * n routed tokens; they size the launch). Each row is computed exactly as matmul
+     * computes it alone (batch invariance). */
+    void (*matmul_experts)(void *ctx, const di_expert_weights *ew, const int32_t *offsets,
+                           const int32_t *active, int64_t max_active, int64_t max_rows,
+                           const float *x, float *y);
+    /* A backend table of n weights of one shape and dtype (backend weights), for
+     * matmul_experts; *out = NULL where the backend needs none. Load time only. Free with
+     * buf_free. */
+    di_status (*expert_table)(void *ctx, const di_weight *w, int64_t n, void **out);
+
+    /* ---- Captured op sequences (appended; optional, NULL on the CPU) ----
+     * graph_begin starts recording the ops enqueued next instead of running them;
+     * graph_end stops and returns a replayable graph in *out (NULL with an error status if
+     * anything in between could not be recorded: then nothing was run and the caller runs
+     * the ops directly). graph_launch replays a graph: the same ops with the same arguments,
+     * reading whatever the buffers hold then. A graph must not outlive the buffers it uses. */
+    void (*graph_begin)(void *ctx);
+    di_status (*graph_end)(void *ctx, void **out);
+    void (*graph_launch)(void *ctx, void *graph);
+    void (*graph_free)(void *ctx, void *graph);
 } di_backend_ops;
 
 typedef struct di_backend {

@@ -13,17 +13,19 @@
  *   - Softmax scale qk_head_dim^-0.5, times mscale(factor, mscale_all_dim)^2 when the rope
  *     type is not "default" and mscale_all_dim is set (the same rule in V2 and V3).
  *   - MoE layers are those with il >= first_k_dense_replace (and il % moe_layer_freq == 0);
- *     router logits in float from the gate weight; di_router_select picks experts (the
- *     per-family rules, e.g. V2 never renormalising, live in di_router_params_from_hparams).
+ *     router logits in float from the gate weight; the backend's moe_route op picks experts
+ *     by di_router_select's rules (the per-family ones, e.g. V2 never renormalising, live in
+ *     di_router_params_from_hparams).
  *
  * Attention runs in absorbed form (see cpu_attention.c): the cache holds only the normed
  * latent c_kv and the rotated k_rope of each token; per head, q_nope is mapped into the
  * latent space through W_UK (matmul_t over a row view of kv_b_proj), and the attention's
  * latent output is mapped back through W_UV.
  *
- * MoE on a batch: tokens are grouped by expert so that each active expert's weights are read
- * once per chunk; each token's routed output is then summed in the order of its selected
- * experts, so the result does not depend on how tokens were grouped (batch invariance).
+ * MoE on a batch: tokens are grouped by expert (on the backend) so that each active expert's
+ * weights are read once per chunk; each token's routed output is then summed in the order of
+ * its selected experts, so the result does not depend on how tokens were grouped (batch
+ * invariance).
  *
  * Batches: the engine's runner packs the tokens of several sequences into chunks of rows, so
  * every projection and expert reads its weights once per chunk; the latent rows go to a paged
@@ -146,8 +148,8 @@ typedef struct ds_seg {
  * same code and give bitwise equal results.
  *
  * Memory: the pool and every activation buffer are backend memory (allocated through the
- * model's memory backend); the host keeps only what it builds or reads: the chunk's inputs
- * before their upload, the router logits after their download, routing and grouping. */
+ * model's memory backend); the host keeps only what it builds: the chunk's inputs before
+ * their upload. Routing and grouping run on the backend (no per-layer round trip). */
 typedef struct ds_state {
     const di_backend *mem;     /* the model's memory backend: allocated the buffers below */
     di_mla_cache cache;        /* the row pool: [n_layers][capacity] rows */
@@ -170,27 +172,33 @@ typedef struct ds_state {
     float *gate, *up;          /* [C][max_inter] */
     float *rlogits;            /* [C][E] router logits */
     float *xe;                 /* [C K][H] routed inputs, grouped by expert */
+    float *xg, *xu;            /* [C K][I] routed gate / up products, grouped by expert */
     float *eo;                 /* [C K][H] routed outputs, grouped by expert */
     float *moe_out;            /* [C][H] */
     float *logits;             /* [C][V] unless backend memory is host memory (then NULL) */
     int32_t *in;               /* chunk inputs (in_words 4-byte words, layout in pack_inputs) */
-    int32_t *moe_in;           /* [3 C K] routing entries (layout in moe) */
+    /* routing (moe_route's outputs): offsets [E + 1], active [E + 1], src / rows_of [C K],
+     * weights [C K], router scratch [3 E] */
+    int32_t *r_off, *r_active, *r_src, *r_rows;
+    float *r_w, *r_scratch;
     /* host memory, one allocation (host) */
     void *host;
-    int32_t *in_h, *moe_in_h; /* staging of `in` and `moe_in` */
+    int32_t *in_h; /* staging of `in` */
     int64_t in_words;
-    float *rlogits_h;          /* [C][E] */
-    float *sel_w;              /* [C][K] expert weights */
-    float *rscratch;           /* [3 E] router scratch */
-    int32_t *sel_id;           /* [C][K] selected experts */
-    int64_t *cnt;              /* [E + 1] tokens per expert, then offsets */
-    int32_t *ent;              /* [C * K] (token * K + slot) grouped by expert */
-    ds_seg *segs;              /* [C] sequences in the chunk */
+    ds_seg *segs; /* [C] sequences in the chunk */
     /* views into `in` for the current chunk (set by pack_inputs) */
     const int32_t *ids;
     const float *cos, *sin;     /* [n][dr / 2] */
     const int32_t *wsrc, *wdst; /* [nw] chunk rows -> pool rows of the new tokens */
     int64_t nw;
+    /* decode chunks (one token per sequence): each row's position, and where its block
+     * table starts among the tables, for one attention call over all rows */
+    bool decode;
+    const int32_t *pos, *toff, *tables;
+    /* Captured decode steps (CUDA graphs), one per row count n <= C (graphs[n]), made on
+     * first use; graphs_off after a capture failed (the ops then run one by one). */
+    void **graphs;
+    bool graphs_off;
 } ds_state;
 
 static void *carve(char **p, size_t bytes) {
@@ -210,6 +218,9 @@ static void ds_state_free(void *state) {
     ds_state *s = state;
     if (!s) return;
     if (!s->cache_shared) di_mla_cache_free(&s->cache);
+    for (int64_t n = 0; s->graphs && n <= s->chunk; n++)
+        if (s->graphs[n]) s->mem->ops->graph_free(s->mem->ctx, s->graphs[n]);
+    di_free(s->graphs);
     if (s->dev) s->mem->ops->buf_free(s->mem->ctx, s->dev);
     di_aligned_free(s->host);
     di_free(s);
@@ -225,7 +236,7 @@ static di_status state_create(const void *weights, int64_t rows, int64_t block_s
     const int64_t H = hp->hidden_size, nh = hp->num_attention_heads, R = hp->kv_lora_rank;
     const int64_t dn = hp->qk_nope_head_dim, dr = hp->qk_rope_head_dim, dv = hp->v_head_dim;
     const int64_t E = DI_MAX(hp->n_routed_experts, 1), K = DI_MAX(hp->num_experts_per_tok, 1);
-    const int64_t V = hp->vocab_size;
+    const int64_t V = hp->vocab_size, I = DI_MAX(hp->moe_intermediate_size, 1);
     ds_state *s = di_calloc(1, sizeof *s);
     if (!s) return di_error(DI_ERR_OUT_OF_MEMORY, "context: out of memory");
     s->mem = mem;
@@ -233,8 +244,9 @@ static di_status state_create(const void *weights, int64_t rows, int64_t block_s
     s->block_size = block_size;
     s->max_blocks = (max_tokens + block_size - 1) / block_size;
     const int64_t C = s->chunk = chunk;
-    /* ids, cos, sin, write rows (src, dst), then one block table per segment */
-    s->in_words = C * (1 + dr + 2) + C * s->max_blocks;
+    /* ids, cos, sin, write rows (src, dst), positions and table offsets (decode), then one
+     * block table per segment */
+    s->in_words = C * (1 + dr + 4) + C * s->max_blocks;
     di_status st = DI_OK;
     if (share) { /* the same pool: rows written by one state are read by the other */
         if (share->cache.capacity != rows || share->block_size != block_size)
@@ -266,20 +278,19 @@ static di_status state_create(const void *weights, int64_t rows, int64_t block_s
                              C * m->max_inter * f,
                              C * E * f,
                              C * K * H * f,
+                             C * K * I * f,
+                             C * K * I * f,
                              C * K * H * f,
                              C * H * f,
                              mem->ops->host_memory ? 0 : C * V * f,
                              s->in_words * w4,
-                             3 * C * K * w4};
-    const size_t hsizes[] = {s->in_words * w4,
-                             3 * C * K * w4,
-                             C * E * f,
+                             (E + 1) * w4,
+                             (E + 1) * w4,
+                             C * K * w4,
+                             C * K * w4,
                              C * K * f,
-                             3 * E * f,
-                             C * K * w4,
-                             (E + 1) * sizeof(int64_t),
-                             C * K * w4,
-                             C * sizeof(ds_seg)};
+                             3 * E * f};
+    const size_t hsizes[] = {s->in_words * w4, C * sizeof(ds_seg)};
     const size_t dtotal = total_of(dsizes, DI_ARRAY_LEN(dsizes));
     const size_t htotal = total_of(hsizes, DI_ARRAY_LEN(hsizes));
     s->dev = mem->ops->buf_alloc(mem->ctx, dtotal);
@@ -307,22 +318,27 @@ static di_status state_create(const void *weights, int64_t rows, int64_t block_s
     s->up = carve(&p, dsizes[k++]);
     s->rlogits = carve(&p, dsizes[k++]);
     s->xe = carve(&p, dsizes[k++]);
+    s->xg = carve(&p, dsizes[k++]);
+    s->xu = carve(&p, dsizes[k++]);
     s->eo = carve(&p, dsizes[k++]);
     s->moe_out = carve(&p, dsizes[k++]);
     s->logits = mem->ops->host_memory ? (k++, NULL) : carve(&p, dsizes[k++]);
     s->in = carve(&p, dsizes[k++]);
-    s->moe_in = carve(&p, dsizes[k++]);
+    s->r_off = carve(&p, dsizes[k++]);
+    s->r_active = carve(&p, dsizes[k++]);
+    s->r_src = carve(&p, dsizes[k++]);
+    s->r_rows = carve(&p, dsizes[k++]);
+    s->r_w = carve(&p, dsizes[k++]);
+    s->r_scratch = carve(&p, dsizes[k++]);
     p = s->host;
     k = 0;
     s->in_h = carve(&p, hsizes[k++]);
-    s->moe_in_h = carve(&p, hsizes[k++]);
-    s->rlogits_h = carve(&p, hsizes[k++]);
-    s->sel_w = carve(&p, hsizes[k++]);
-    s->rscratch = carve(&p, hsizes[k++]);
-    s->sel_id = carve(&p, hsizes[k++]);
-    s->cnt = carve(&p, hsizes[k++]);
-    s->ent = carve(&p, hsizes[k++]);
     s->segs = carve(&p, hsizes[k++]);
+    s->graphs = di_calloc((size_t)(C + 1), sizeof(void *));
+    if (!s->graphs) {
+        ds_state_free(s);
+        return di_error(DI_ERR_OUT_OF_MEMORY, "context: out of memory");
+    }
     *out = s;
     return DI_OK;
 }
@@ -405,8 +421,30 @@ static void attention(const ds_model *m, const ds_layer *L, int64_t il, ds_state
                                 .y_tstride = R};
     be->ops->head_matmul(c, &uk);
 
-    /* Attention per sequence, over its own rows of the pool. */
-    for (int64_t g = 0; g < nseg; g++) {
+    /* Attention per sequence, over its own rows of the pool; a decode chunk (one row per
+     * sequence) in one call, positions and block tables read from backend memory. */
+    if (s->decode) {
+        di_mla_attn_params ap = {.n_tokens = n,
+                                 .n_heads = nh,
+                                 .kv_lora_rank = R,
+                                 .rope_dim = dr,
+                                 .scale = m->softmax_scale,
+                                 .q_lat = s->q_lat,
+                                 .q_rope = s->q + dn,
+                                 .q_rope_tstride = nh * qk,
+                                 .q_rope_hstride = qk,
+                                 .c_kv = ckv,
+                                 .k_rope = kr,
+                                 .out = s->o_lat,
+                                 .block_size = bs,
+                                 .q_lat_hstride = n * R,
+                                 .out_hstride = n * R,
+                                 .q_pos = s->pos,
+                                 .q_tables = s->tables,
+                                 .q_table_off = s->toff};
+        be->ops->mla_attention(c, &ap);
+    }
+    for (int64_t g = 0; !s->decode && g < nseg; g++) {
         const ds_seg *sg = &s->segs[g];
         di_mla_attn_params ap = {.n_tokens = sg->n,
                                  .n_heads = nh,
@@ -454,79 +492,38 @@ static void mlp(const ds_mlp *w, ds_state *s, const di_backend *be, const float 
 }
 
 /* DeepSeekMoE over s->xn: routed experts grouped by expert, plus shared experts.
- * Writes s->moe_out ([n][H]). The router logits come to the host once per layer; routing
- * and grouping run there, and their result goes back in one upload (routing on the device
- * is a later step). The routed inputs are gathered into expert order with one op, each
- * active expert runs once over its rows, and the combine sums each token's outputs in its
- * slot order, so the result does not depend on the grouping (batch invariance). */
+ * Writes s->moe_out ([n][H]). Everything stays on the backend: moe_route selects and groups
+ * (the offsets and the active-expert list live in backend memory), the routed rows are
+ * gathered into expert order with one op, matmul_experts runs each active expert once over
+ * its rows (gate, up, then down), and the combine sums each token's outputs in its slot
+ * order, so the result does not depend on the grouping (batch invariance). */
 static void moe(const ds_model *m, const ds_layer *L, ds_state *s, const di_backend *be,
                 int64_t n) {
     const di_hparams *hp = m->hp;
-    const int64_t H = hp->hidden_size, E = hp->n_routed_experts, K = hp->num_experts_per_tok;
-    const int64_t nk = n * K;
+    const int64_t H = hp->hidden_size, K = hp->num_experts_per_tok;
+    const int64_t nk = n * K, I = hp->moe_intermediate_size;
+    const int64_t na = DI_MIN(hp->n_routed_experts, nk); /* most experts that can be active */
     void *c = be->ctx;
 
     be->ops->matmul(c, &L->router, s->xn, n, s->rlogits);
-    be->ops->download(c, s->rlogits_h, s->rlogits, (size_t)(n * E) * sizeof(float));
-    di_router_params rp = m->router;
-    rp.bias = L->router_bias;
-    for (int64_t t = 0; t < n; t++)
-        di_router_select(&rp, s->rlogits_h + t * E, s->sel_id + t * K, s->sel_w + t * K,
-                         s->rscratch);
+    di_moe_route_params rp = {.router = m->router,
+                              .n = n,
+                              .logits = s->rlogits,
+                              .scratch = s->r_scratch,
+                              .offsets = s->r_off,
+                              .active = s->r_active,
+                              .src = s->r_src,
+                              .rows_of = s->r_rows,
+                              .w = s->r_w};
+    rp.router.bias = L->router_bias;
+    be->ops->moe_route(c, &rp);
 
-    /* Counting sort of (token, slot) entries by expert; tokens stay in order. */
-    memset(s->cnt, 0, (size_t)(E + 1) * sizeof *s->cnt);
-    for (int64_t i = 0; i < nk; i++)
-        s->cnt[s->sel_id[i] + 1]++;
-    for (int64_t e = 0; e < E; e++)
-        s->cnt[e + 1] += s->cnt[e];
-    for (int64_t i = 0; i < nk; i++)
-        s->ent[s->cnt[s->sel_id[i]]++] = (int32_t)i;
-    /* cnt[e] is now the end of expert e's entries; its start is cnt[e - 1] (0 for e = 0). */
-
-    /* Routing entries, one upload: src[g] = the token of grouped entry g, pos[t K + k] = the
-     * row of token t's slot k in s->eo (its grouped row, or t K + k itself when the backend's
-     * moe_experts op writes rows in entry order), w[t K + k] = its weight. */
-    const int64_t I = hp->moe_intermediate_size;
-    const bool fused = be->ops->moe_experts && K * I <= m->max_inter;
-    int32_t *src_h = s->moe_in_h, *pos_h = src_h + nk;
-    for (int64_t g = 0; g < nk; g++) {
-        src_h[g] = (int32_t)(s->ent[g] / K);
-        pos_h[s->ent[g]] = fused ? s->ent[g] : (int32_t)g;
-    }
-    memcpy(pos_h + nk, s->sel_w, (size_t)nk * sizeof(float));
-    be->ops->upload(c, s->moe_in, s->moe_in_h, (size_t)(3 * nk) * sizeof(int32_t));
-    const int32_t *src = s->moe_in, *pos = src + nk;
-    const float *w = (const float *)(pos + nk);
-
-    if (fused) {
-        /* All experts in one op (a host-memory backend; its h / u scratch, [n K][I] each,
-         * fits in gate / up): the same bits as the loop below. */
-        di_moe_experts_params mp = {.n_tokens = n,
-                                    .top_k = K,
-                                    .n_experts = E,
-                                    .hidden = H,
-                                    .inter = I,
-                                    .x = s->xn,
-                                    .ent = s->ent,
-                                    .expert_end = s->cnt,
-                                    .gate = &L->experts[0].gate,
-                                    .up = &L->experts[0].up,
-                                    .down = &L->experts[0].down,
-                                    .weight_stride = sizeof(ds_mlp),
-                                    .out = s->eo,
-                                    .h = s->gate,
-                                    .u = s->up};
-        be->ops->moe_experts(c, &mp);
-    } else {
-        be->ops->copy_rows(c, s->xe, H, NULL, s->xn, H, src, nk, H);
-        for (int64_t e = 0, begin = 0; e < E; begin = s->cnt[e], e++) {
-            int64_t ne = s->cnt[e] - begin;
-            if (ne == 0) continue;
-            mlp(&L->experts[e], s, be, s->xe + begin * H, ne, s->eo + begin * H);
-        }
-    }
-    be->ops->moe_combine(c, s->eo, pos, w, n, K, H, s->moe_out);
+    be->ops->copy_rows(c, s->xe, H, NULL, s->xn, H, s->r_src, nk, H);
+    be->ops->matmul_experts(c, &L->x_gate, s->r_off, s->r_active, na, n, s->xe, s->xg);
+    be->ops->matmul_experts(c, &L->x_up, s->r_off, s->r_active, na, n, s->xe, s->xu);
+    be->ops->silu_mul(c, s->xg, s->xu, nk * I, s->xg);
+    be->ops->matmul_experts(c, &L->x_down, s->r_off, s->r_active, na, n, s->xg, s->eo);
+    be->ops->moe_combine(c, s->eo, s->r_rows, s->r_w, n, K, H, s->moe_out);
     if (L->has_shared) {
         mlp(&L->shared, s, be, s->xn, n, s->hbuf);
         be->ops->axpy(c, 1.0f, s->hbuf, n * H, s->moe_out);
@@ -543,7 +540,8 @@ static void pack_inputs(const ds_model *m, ds_state *s, const di_backend *be, in
     int32_t *ids = h;
     float *cs = (float *)(ids + n), *sn = cs + n * half;
     int32_t *wsrc = (int32_t *)(sn + n * half), *wdst = wsrc + n;
-    int32_t *tab = wdst + n;
+    int32_t *qpos = wdst + n, *toff = qpos + n;
+    int32_t *tab = toff + n;
     int64_t nw = 0;
     for (int64_t g = 0; g < nseg; g++) {
         const ds_seg *sg = &s->segs[g];
@@ -557,13 +555,18 @@ static void pack_inputs(const ds_model *m, ds_state *s, const di_backend *be, in
             nw++;
         }
     }
-    /* Block tables after the write rows (offsets known now that nw is). */
+    /* Block tables after the write rows; in a decode chunk also each row's position and
+     * the offset of its table (row g = segment g). */
     int64_t used = tab - h;
     for (int64_t g = 0; g < nseg; g++) {
         ds_seg *sg = &s->segs[g];
         int64_t nb = (sg->seq->pos0 + sg->off + sg->n + bs - 1) / bs;
         memcpy(h + used, sg->seq->block_table, (size_t)nb * sizeof(int32_t));
         sg->table = s->in + used;
+        if (s->decode) {
+            qpos[g] = (int32_t)(sg->seq->pos0 + sg->off);
+            toff[g] = (int32_t)(used - (tab - h));
+        }
         used += nb;
     }
     be->ops->upload(be->ctx, s->in, h, (size_t)used * sizeof(int32_t));
@@ -572,20 +575,35 @@ static void pack_inputs(const ds_model *m, ds_state *s, const di_backend *be, in
     s->sin = s->cos + n * half;
     s->wsrc = (const int32_t *)(s->sin + n * half);
     s->wdst = s->wsrc + n;
+    s->pos = s->wdst + n;
+    s->toff = s->pos + n;
+    s->tables = s->toff + n;
     s->nw = nw;
 }
 
-/* One chunk of n <= C rows holding s->segs[0 .. nseg). The logits rows of its sequences
- * (each one's last n_logits tokens) go to logits[0 ..) (host memory), in order; returns their
- * count. */
-static int64_t forward_chunk(const ds_model *m, ds_state *s, const di_backend *be, int64_t n,
-                             int64_t nseg, float *logits) {
+/* Is the chunk a decode step: one new token per sequence, each wanting its logits, none
+ * replayed? Then row g is segment g, the attention runs in one call and the step can be
+ * captured once per row count (its shapes and buffers are then fixed). */
+static bool is_decode(const ds_state *s, int64_t n, int64_t nseg) {
+    if (nseg != n) return false;
+    for (int64_t g = 0; g < nseg; g++) {
+        const ds_seg *sg = &s->segs[g];
+        if (sg->n != 1 || sg->off != 0 || sg->seq->n != 1 || sg->seq->n_logits < 1 ||
+            sg->seq->n_replay > 0)
+            return false;
+    }
+    return true;
+}
+
+/* The layers over the chunk's rows, then the final norm of the rows that need logits into
+ * s->xn (returns their count; their lm_head product is the caller's). */
+static int64_t forward_layers(const ds_model *m, ds_state *s, const di_backend *be, int64_t n,
+                              int64_t nseg) {
     const di_hparams *hp = m->hp;
     const int64_t H = hp->hidden_size;
     const float eps = (float)hp->rms_norm_eps;
     void *c = be->ctx;
 
-    pack_inputs(m, s, be, n, nseg);
     be->ops->embed(c, &m->embed, s->ids, n, s->x);
     for (int64_t il = 0; il < hp->num_hidden_layers; il++) {
         const ds_layer *L = &m->layers[il];
@@ -602,7 +620,11 @@ static int64_t forward_chunk(const ds_model *m, ds_state *s, const di_backend *b
             be->ops->axpy(c, 1.0f, s->hbuf, n * H, s->x);
         }
     }
-    /* Gather the rows that need logits (final norm per row), then one lm_head product. */
+    if (s->decode) { /* every row, in order */
+        be->ops->rmsnorm(c, s->x, H, m->norm, n, H, eps, s->xn, H);
+        return n;
+    }
+    /* Gather the rows that need logits (final norm per row). */
     int64_t k = 0;
     for (int64_t g = 0; g < nseg; g++) {
         const ds_seg *sg = &s->segs[g];
@@ -613,12 +635,51 @@ static int64_t forward_chunk(const ds_model *m, ds_state *s, const di_backend *b
                          s->xn + k * H, H);
         k += cnt;
     }
+    return k;
+}
+
+/* A decode step on a backend with graphs: the step's ops (layers and lm_head into s->logits)
+ * are captured the first time a row count n comes, then replayed; the inputs were uploaded
+ * into the fixed buffers already. Returns false where no graph can be used (the caller then
+ * runs the ops directly). */
+static bool forward_graph(const ds_model *m, ds_state *s, const di_backend *be, int64_t n,
+                          int64_t nseg) {
+    if (!s->decode || s->graphs_off || !be->ops->graph_begin || be->ops->host_memory) return false;
+    void *c = be->ctx;
+    if (!s->graphs[n]) {
+        be->ops->graph_begin(c);
+        int64_t k = forward_layers(m, s, be, n, nseg);
+        be->ops->matmul(c, &m->lm_head, s->xn, k, s->logits);
+        if (be->ops->graph_end(c, &s->graphs[n]) != DI_OK) {
+            s->graphs_off = true; /* e.g. a backend op that cannot be captured */
+            return false;
+        }
+    }
+    be->ops->graph_launch(c, s->graphs[n]);
+    return true;
+}
+
+/* One chunk of n <= C rows holding s->segs[0 .. nseg). The logits rows of its sequences
+ * (each one's last n_logits tokens) go to logits[0 ..) (host memory), in order; returns their
+ * count. */
+static int64_t forward_chunk(const ds_model *m, ds_state *s, const di_backend *be, int64_t n,
+                             int64_t nseg, float *logits) {
+    const int64_t V = m->hp->vocab_size;
+    void *c = be->ctx;
+
+    s->decode = logits && is_decode(s, n, nseg);
+    pack_inputs(m, s, be, n, nseg);
+    if (s->decode && forward_graph(m, s, be, n, nseg)) {
+        be->ops->download(c, logits, s->logits, (size_t)(n * V) * sizeof(float));
+        return n;
+    }
+    int64_t k = forward_layers(m, s, be, n, nseg);
     if (k > 0 && logits) {
         if (be->ops->host_memory) {
             be->ops->matmul(c, &m->lm_head, s->xn, k, logits);
         } else {
             be->ops->matmul(c, &m->lm_head, s->xn, k, s->logits);
-            be->ops->download(c, logits, s->logits, (size_t)(k * hp->vocab_size) * sizeof(float));
+            be->ops->download(c, logits, s->logits, (size_t)(k * V) * sizeof(float));
         }
     }
     return k;
@@ -694,6 +755,7 @@ static di_status ds_load(const di_hparams *hp, const di_st_set *st, const char *
     ds_rope_setup(m);
     m->be = be;
     s = ds_model_upload(m);
+    if (!s) s = ds_model_expert_sets(m);
     if (s) {
         ds_model_free(m);
         return di_error_prefix(s, "%s", dir);

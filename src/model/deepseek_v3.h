@@ -47,6 +47,10 @@ typedef struct ds_layer {
     ds_mlp *experts;          /* [E], inter = I */
     bool has_shared;
     ds_mlp shared; /* inter = I * n_shared_experts */
+    /* The routed experts per projection for the backend's matmul_experts (made at load by
+     * ds_model_expert_sets; xw: [3][E] weights, gate / up / down, model-owned). */
+    di_weight *xw;
+    di_expert_weights x_gate, x_up, x_down;
 } ds_layer;
 
 /* A multi-token-prediction module (DeepSeek-V3 stores it as layer num_hidden_layers + k):
@@ -87,8 +91,8 @@ typedef struct ds_model {
     int64_t n_owned, cap_owned;
 
     /* The memory backend (model.h): states allocate through it. When it uploads weights,
-     * every di_weight and norm above refers to its copies (router_bias stays on the host:
-     * routing runs there), listed here for release. */
+     * every di_weight and norm above refers to its copies (router_bias too: routing runs on
+     * the backend), listed here for release. */
     const di_backend *be;
     di_weight *dev_w;
     int64_t n_dev_w, cap_dev_w;
@@ -103,6 +107,8 @@ void ds_rope_setup(ds_model *m);
 /* deepseek_v3_device.c: copies every tensor the forward reads to m->be's memory (a no-op for
  * a backend without weight_upload), and releases those copies. */
 di_status ds_model_upload(ds_model *m);
+/* Fills every MoE layer's x_gate / x_up / x_down (after ds_model_upload; any backend). */
+di_status ds_model_expert_sets(ds_model *m);
 void ds_model_release_device(ds_model *m);
 
 #endif /* DI_DEEPSEEK_V3_H */

@@ -5,9 +5,11 @@
  * Design stance: the binder (deepseek_v3_weights.c) always binds host views; this pass then
  * replaces, in place, every di_weight and norm vector the forward pass reads with a backend
  * copy, so the forward code is the same for every backend. What the forward does not read
- * stays on the host: the router bias (routing runs on the host) and the MTP modules (bound
- * but not run). MLA's per-head views of kv_b_proj are rebuilt over its one device copy, so
- * the head products still see uniformly strided heads (one launch for all heads).
+ * stays on the host: the MTP modules (bound but not run). The router bias goes up too:
+ * routing runs on the backend (moe_route), so a MoE layer needs no host round trip. MLA's
+ * per-head views of kv_b_proj are rebuilt over its one device copy, so the head products
+ * still see uniformly strided heads (one launch for all heads). ds_model_expert_sets then
+ * makes each MoE projection's expert table for matmul_experts.
  */
 #include "model/deepseek_v3.h"
 
@@ -79,6 +81,7 @@ static di_status up_layer(ds_model *m, ds_layer *L) {
     }
     if (!L->is_moe) return up_mlp(m, &L->dense);
     st = up_weight(m, &L->router);
+    if (!st) st = up_vec(m, &L->router_bias, hp->n_routed_experts);
     for (int64_t e = 0; !st && e < hp->n_routed_experts; e++)
         st = up_mlp(m, &L->experts[e]);
     if (!st && L->has_shared) st = up_mlp(m, &L->shared);
@@ -102,7 +105,46 @@ di_status ds_model_upload(ds_model *m) {
     return st;
 }
 
+/* One expert set: the host array of the E weights of a projection and the backend's table. */
+static di_status expert_set(ds_model *m, di_weight *xw, di_expert_weights *out) {
+    const int64_t E = m->hp->n_routed_experts;
+    void *tab = NULL;
+    di_status st = m->be->ops->expert_table(m->be->ctx, xw, E, &tab);
+    if (st) return di_error_prefix(st, "expert table");
+    *out = (di_expert_weights){.w = xw, .n_experts = E, .table = tab};
+    return DI_OK;
+}
+
+di_status ds_model_expert_sets(ds_model *m) {
+    const int64_t E = m->hp->n_routed_experts;
+    for (int64_t il = 0; il < m->hp->num_hidden_layers; il++) {
+        ds_layer *L = &m->layers[il];
+        if (!L->is_moe) continue;
+        L->xw = di_calloc((size_t)(3 * E), sizeof(di_weight));
+        if (!L->xw) return di_error(DI_ERR_OUT_OF_MEMORY, "expert sets: out of memory");
+        for (int64_t e = 0; e < E; e++) {
+            L->xw[e] = L->experts[e].gate;
+            L->xw[E + e] = L->experts[e].up;
+            L->xw[2 * E + e] = L->experts[e].down;
+        }
+        di_status st = expert_set(m, L->xw, &L->x_gate);
+        if (!st) st = expert_set(m, L->xw + E, &L->x_up);
+        if (!st) st = expert_set(m, L->xw + 2 * E, &L->x_down);
+        if (st) return st;
+    }
+    return DI_OK;
+}
+
 void ds_model_release_device(ds_model *m) {
+    for (int64_t il = 0; m->layers && il < m->hp->num_hidden_layers; il++) {
+        ds_layer *L = &m->layers[il];
+        di_expert_weights *sets[3] = {&L->x_gate, &L->x_up, &L->x_down};
+        for (int k = 0; k < 3; k++)
+            if (sets[k]->table) m->be->ops->buf_free(m->be->ctx, (void *)sets[k]->table);
+        di_free(L->xw);
+        L->xw = NULL;
+        L->x_gate = L->x_up = L->x_down = (di_expert_weights){0};
+    }
     for (int64_t i = 0; i < m->n_dev_w; i++)
         m->be->ops->weight_free(m->be->ctx, &m->dev_w[i]);
     for (int64_t i = 0; i < m->n_dev_buf; i++)

@@ -5,8 +5,7 @@
  * arithmetic as the reference (RMSNorm, RoPE, SwiGLU) must match bitwise; the attention
  * (SIMD dot products) within 1e-5. Thread invariance (1 vs 2 threads) is checked bitwise,
  * and the backend vtable is checked to forward to the same kernels; the memory slots and the
- * MoE data-movement ops (copy_rows, moe_combine) against direct loops. The fused MoE experts
- * op (cpu_moe.c) must equal the expert-by-expert matmul path bitwise, for 1-3 threads.
+ * MoE data-movement ops (copy_rows, moe_combine) against direct loops.
  */
 #include "backend/backend.h"
 #include "backend/cpu/cpu_nn.h"
@@ -416,168 +415,6 @@ TEST(memory_and_moe_ops) {
     di_backend_free(&be);
 }
 
-/* ---- moe_experts: all routed experts in one op vs expert by expert ------------------------- */
-
-typedef struct {
-    di_weight gate, up, down;
-} test_expert; /* laid out like the model's ds_mlp: weight_stride = sizeof(test_expert) */
-
-/* A [rows][cols] weight: bf16, or e4m3 with 128 x 128 block scales (never a NaN byte). */
-static di_weight moe_weight(bool fp8, int64_t rows, int64_t cols, void **data, float **scale) {
-    di_weight w = {.rows = rows, .cols = cols, .row_stride = cols};
-    *scale = NULL;
-    if (!fp8) {
-        uint16_t *d = malloc((size_t)(rows * cols) * sizeof(uint16_t));
-        for (int64_t i = 0; i < rows * cols; i++)
-            d[i] = di_f32_to_bf16(rnd_f() * 0.2f);
-        w.dtype = DI_DTYPE_BF16, w.data = d, *data = d;
-        return w;
-    }
-    uint8_t *d = malloc((size_t)(rows * cols));
-    for (int64_t i = 0; i < rows * cols; i++)
-        d[i] = (uint8_t)(rnd_u32() & 0xf7u);
-    w.block_rows = w.block_cols = 128;
-    w.scale_cols = (cols + 127) / 128;
-    int64_t ns = (rows + 127) / 128 * w.scale_cols;
-    float *sc = malloc((size_t)ns * sizeof(float));
-    for (int64_t i = 0; i < ns; i++)
-        sc[i] = 0.001f * (1.0f + (float)rnd_int(0, 7));
-    w.dtype = DI_DTYPE_F8_E4M3, w.data = d, w.scale = sc, *data = d, *scale = sc;
-    return w;
-}
-
-/* The model's expert-by-expert path (deepseek_v3.c's loop): gather, gate / up, SiLU, down,
- * scatter, through the plain matmul (or the fast one). */
-static void moe_loop(const di_moe_experts_params *p, bool fast, float *xe, float *out) {
-    const int64_t H = p->hidden, I = p->inter;
-    for (int64_t e = 0, begin = 0; e < p->n_experts; begin = p->expert_end[e], e++) {
-        const int64_t ne = p->expert_end[e] - begin;
-        if (ne == 0) continue;
-        const test_expert *w = (const test_expert *)((const char *)p->gate + e * p->weight_stride);
-        for (int64_t i = 0; i < ne; i++)
-            memcpy(xe + i * H, p->x + (p->ent[begin + i] / p->top_k) * H,
-                   (size_t)H * sizeof(float));
-        void (*mm)(di_pool *, const di_weight *, const float *, int64_t, float *) =
-            fast ? di_cpu_matmul_fast : di_cpu_matmul;
-        mm(g_pool2, &w->gate, xe, ne, p->h);
-        mm(g_pool2, &w->up, xe, ne, p->u);
-        di_cpu_silu_mul(g_pool2, p->h, p->u, ne * I, p->h);
-        mm(g_pool2, &w->down, p->h, ne, xe);
-        for (int64_t i = 0; i < ne; i++)
-            memcpy(out + p->ent[begin + i] * H, xe + i * H, (size_t)H * sizeof(float));
-    }
-}
-
-TEST(moe_experts) {
-    di_pool *pool3 = di_pool_create(3);
-    di_backend be;
-    CHECK(di_backend_cpu_init(&be, g_pool2, 64) == DI_OK);
-    CHECK(be.ops->moe_experts != NULL);
-    for (int iter = 0; iter < 24; iter++) {
-        const bool fp8 = iter % 3 == 2, fast = iter % 4 == 1;
-        int64_t E = rnd_int(1, 9), K = rnd_int(1, DI_MIN(E, 4)), n = rnd_int(1, 40);
-        int64_t H = rnd_int(1, 300), I = rnd_int(1, 200);
-        if (iter >= 20) E = 6, K = 2, n = iter * 2, H = 512, I = 200; /* several units each */
-        test_expert *ex = calloc((size_t)E, sizeof *ex);
-        void **data = calloc((size_t)(3 * E), sizeof(void *));
-        float **scales = calloc((size_t)(3 * E), sizeof(float *));
-        for (int64_t e = 0; e < E; e++) {
-            ex[e].gate = moe_weight(fp8, I, H, &data[3 * e], &scales[3 * e]);
-            ex[e].up = moe_weight(fp8, I, H, &data[3 * e + 1], &scales[3 * e + 1]);
-            ex[e].down = moe_weight(fp8, H, I, &data[3 * e + 2], &scales[3 * e + 2]);
-        }
-        /* Routing: K distinct experts per token, then the model's counting sort. */
-        int32_t *sel = malloc((size_t)(n * K) * sizeof(int32_t));
-        for (int64_t t = 0; t < n; t++)
-            for (int64_t k = 0; k < K; k++) {
-                int32_t id;
-                bool dup;
-                do {
-                    id = (int32_t)rnd_int(0, E - 1);
-                    dup = false;
-                    for (int64_t j = 0; j < k; j++)
-                        dup |= sel[t * K + j] == id;
-                } while (dup);
-                sel[t * K + k] = id;
-            }
-        int64_t *end = calloc((size_t)(E + 1), sizeof(int64_t));
-        int32_t *ent = malloc((size_t)(n * K) * sizeof(int32_t));
-        for (int64_t i = 0; i < n * K; i++)
-            end[sel[i] + 1]++;
-        for (int64_t e = 0; e < E; e++)
-            end[e + 1] += end[e];
-        for (int64_t i = 0; i < n * K; i++)
-            ent[end[sel[i]]++] = (int32_t)i;
-        float *x = rnd_vec(n * H, 1.0f);
-        float *h = malloc((size_t)(n * K * I) * sizeof(float));
-        float *u = malloc((size_t)(n * K * I) * sizeof(float));
-        float *xe = malloc((size_t)(n * K * H) * sizeof(float));
-        float *ref = calloc((size_t)(n * K * H), sizeof(float));
-        float *got = calloc((size_t)(n * K * H), sizeof(float));
-        di_moe_experts_params p = {.n_tokens = n,
-                                   .top_k = K,
-                                   .n_experts = E,
-                                   .hidden = H,
-                                   .inter = I,
-                                   .x = x,
-                                   .ent = ent,
-                                   .expert_end = end,
-                                   .gate = &ex[0].gate,
-                                   .up = &ex[0].up,
-                                   .down = &ex[0].down,
-                                   .weight_stride = sizeof(test_expert),
-                                   .out = got,
-                                   .h = h,
-                                   .u = u};
-        moe_loop(&p, fast, xe, ref);
-        /* An independent check of one output: silu(g) * u and the down product in double. */
-        {
-            const int64_t q = n * K - 1, e = sel[ent[q]], r = H - 1;
-            const float *xt = x + (ent[q] / K) * H;
-            float *row_g = malloc((size_t)I * sizeof(float)),
-                  *row_u = malloc((size_t)I * sizeof(float));
-            float *wrow = malloc((size_t)DI_MAX(H, I) * sizeof(float));
-            double acc = 0;
-            for (int64_t i = 0; i < I; i++) {
-                double g = 0, v = 0;
-                di_cpu_weight_row_f32(&ex[e].gate, i, wrow);
-                for (int64_t c = 0; c < H; c++)
-                    g += (double)wrow[c] * xt[c];
-                di_cpu_weight_row_f32(&ex[e].up, i, wrow);
-                for (int64_t c = 0; c < H; c++)
-                    v += (double)wrow[c] * xt[c];
-                row_g[i] = (float)(g / (1.0 + exp(-g)) * v);
-            }
-            di_cpu_weight_row_f32(&ex[e].down, r, wrow);
-            for (int64_t i = 0; i < I; i++)
-                acc += (double)wrow[i] * row_g[i];
-            CHECK_NEAR(ref[ent[q] * H + r], acc, 1e-3 * (1 + fabs(acc)));
-            free(row_g), free(row_u), free(wrow);
-        }
-        di_pool *pools[3] = {g_pool1, g_pool2, pool3};
-        for (int pi = 0; pi < 3; pi++) {
-            memset(got, 0, (size_t)(n * K * H) * sizeof(float));
-            di_cpu_moe_experts(pools[pi], &p, fast);
-            CHECK_MSG(memcmp(got, ref, (size_t)(n * K * H) * sizeof(float)) == 0,
-                      "iter %d (%s%s, E %lld K %lld n %lld H %lld I %lld) pool %d: not bitwise "
-                      "the expert-by-expert result (error %.3g)",
-                      iter, fp8 ? "fp8" : "bf16", fast ? ", fast" : "", (long long)E, (long long)K,
-                      (long long)n, (long long)H, (long long)I, pi, nerr(got, ref, n * K * H));
-        }
-        if (!fast) { /* the backend slot forwards to the same kernel */
-            memset(got, 0, (size_t)(n * K * H) * sizeof(float));
-            be.ops->moe_experts(be.ctx, &p);
-            CHECK(memcmp(got, ref, (size_t)(n * K * H) * sizeof(float)) == 0);
-        }
-        for (int64_t i = 0; i < 3 * E; i++)
-            free(data[i]), free(scales[i]);
-        free(ex), free(data), free(scales), free(sel), free(end), free(ent), free(x), free(h);
-        free(u), free(xe), free(ref), free(got);
-    }
-    di_backend_free(&be);
-    di_pool_free(pool3);
-}
-
 int main(void) {
     g_pool1 = di_pool_create(1);
     g_pool2 = di_pool_create(2);
@@ -590,7 +427,6 @@ int main(void) {
     RUN(head_matmul);
     RUN(backend_vtable);
     RUN(memory_and_moe_ops);
-    RUN(moe_experts);
     di_pool_free(g_pool1);
     di_pool_free(g_pool2);
     return test_summary();

@@ -8,13 +8,16 @@
  * load paths agree, per-head products take the one-launch and per-head paths alike, and the
  * attention gives the same bits split along the KV axis, walked sequentially, or with the
  * query alone; the paged cache and head strides bitwise against the contiguous layout; the
- * MoE data-movement ops (copy_rows, moe_combine) bitwise against the CPU backend. Shapes
+ * MoE data-movement ops (copy_rows, moe_combine) and the MoE routing (moe_route) bitwise
+ * against the CPU backend, and the grouped expert GEMV (matmul_experts) bitwise against
+ * matmul per expert. Shapes
  * include odd sizes, row views and FP8 partial blocks (block sizes 128x128, 8x32, 3x20, 1x7,
  * 2x48 over sizes that are not multiples of them).
  *
  * On a machine without a CUDA device (or a build without CUDA) it prints why and counts as
  * skipped (exit status 0).
  */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include "backend/backend.h"
 #include "backend/cpu/cpu_nn.h"
 #include "backend/cpu/cpu_ops.h"
@@ -578,6 +581,31 @@ static void check_attn_paged(int64_t n, int64_t nh, int64_t R, int64_t dr, int64
                       (long long)bs, mode, (long long)h);
         free(yw);
     }
+    /* Per-query positions and tables (a decode batch, q_pos): query t as a sequence of its
+     * own at position pos0 + t, over one of two copies of the table, in any mode. */
+    int32_t *qpos = malloc((size_t)n * 4), *toff = malloc((size_t)n * 4);
+    int32_t *tabs = malloc((size_t)(2 * nb) * 4);
+    memcpy(tabs, table, (size_t)nb * 4), memcpy(tabs + nb, table, (size_t)nb * 4);
+    for (int64_t t = 0; t < n; t++)
+        qpos[t] = (int32_t)(pos0 + t), toff[t] = (int32_t)(t % 2 ? nb : 0);
+    int32_t *dqpos = dev_from(qpos, (size_t)n * 4), *dtoff = dev_from(toff, (size_t)n * 4);
+    int32_t *dtabs = dev_from(tabs, (size_t)(2 * nb) * 4);
+    for (int mode = 0; mode < 3; mode++) {
+        di_backend_cuda_set_attn_mode(&g_be, mode == 0   ? DI_CUDA_ATTN_AUTO
+                                             : mode == 1 ? DI_CUDA_ATTN_SPLIT
+                                                         : DI_CUDA_ATTN_SEQUENTIAL);
+        di_mla_attn_params pq = pp;
+        pq.pos0 = 12345, pq.block_table = NULL; /* ignored */
+        pq.q_pos = dqpos, pq.q_tables = dtabs, pq.q_table_off = dtoff;
+        g_be.ops->mla_attention(g_be.ctx, &pq);
+        float *yq = host_floats(dout, no);
+        CHECK_MSG(memcmp(yq, yc, (size_t)no * sizeof(float)) == 0,
+                  "per-query n=%lld bs=%lld pos0=%lld mode %d: differs from contiguous",
+                  (long long)n, (long long)bs, (long long)pos0, mode);
+        free(yq);
+    }
+    dfree(dqpos), dfree(dtoff), dfree(dtabs);
+    free(qpos), free(toff), free(tabs);
     di_backend_cuda_set_attn_mode(&g_be, DI_CUDA_ATTN_AUTO);
     dfree(dql), dfree(dqr), dfree(dckv), dfree(dkr), dfree(dtab), dfree(dqw), dfree(dow);
     dfree(dout);
@@ -640,6 +668,270 @@ TEST(copy_rows_moe_combine) {
     di_pool_free(pool);
 }
 
+/* ---------------------------------------------------------------------------------------- */
+/* MoE on the device: routing and the grouped expert GEMV                                     */
+/* ---------------------------------------------------------------------------------------- */
+
+/* Router configurations: V2 softmax greedy, V2 group-limited, V3 sigmoid + bias noaux_tc
+ * (renormalised, scaled), V4-like sqrt(softplus). */
+static di_router_params route_config(int which) {
+    di_router_params r = {.n_experts = 64,
+                          .top_k = 6,
+                          .n_group = 1,
+                          .topk_group = 1,
+                          .score = DI_SCORE_SOFTMAX,
+                          .method = DI_TOPK_GREEDY,
+                          .routed_scaling_factor = 1.0f};
+    if (which == 1) {
+        r.n_experts = 160, r.n_group = 8, r.topk_group = 3;
+        r.method = DI_TOPK_GROUP_LIMITED_GREEDY, r.routed_scaling_factor = 16.0f;
+    } else if (which == 2) {
+        r.n_experts = 256, r.top_k = 8, r.n_group = 8, r.topk_group = 4;
+        r.score = DI_SCORE_SIGMOID, r.method = DI_TOPK_NOAUX_TC, r.norm_topk_prob = true;
+        r.routed_scaling_factor = 2.5f;
+    } else if (which == 3) {
+        r.n_experts = 16, r.top_k = 2, r.score = DI_SCORE_SQRTSOFTPLUS;
+        r.method = DI_TOPK_NOAUX_TC, r.norm_topk_prob = true, r.routed_scaling_factor = 1.5f;
+    }
+    return r;
+}
+
+/* Host and device buffers of one routing call. */
+typedef struct {
+    int32_t *off, *act, *src, *rows;
+    float *w, *scr;
+} route_bufs;
+
+static route_bufs route_alloc(int64_t E, int64_t nk, bool dev) {
+    route_bufs b;
+    const size_t e4 = (size_t)(E + 1) * 4, k4 = (size_t)nk * 4, s4 = (size_t)(3 * E) * 4;
+    if (dev) {
+        b.off = di_cuda_malloc(&g_be, e4), b.act = di_cuda_malloc(&g_be, e4);
+        b.src = di_cuda_malloc(&g_be, k4), b.rows = di_cuda_malloc(&g_be, k4);
+        b.w = di_cuda_malloc(&g_be, k4), b.scr = di_cuda_malloc(&g_be, s4);
+    } else {
+        b.off = malloc(e4), b.act = malloc(e4), b.src = malloc(k4), b.rows = malloc(k4);
+        b.w = malloc(k4), b.scr = malloc(s4);
+    }
+    return b;
+}
+
+static void route_free(route_bufs *b, bool dev) {
+    void *p[] = {b->off, b->act, b->src, b->rows, b->w, b->scr};
+    for (size_t i = 0; i < DI_ARRAY_LEN(p); i++)
+        dev ? dfree(p[i]) : free(p[i]);
+}
+
+static void route_run(const di_backend *be, const di_router_params *r, int64_t n,
+                      const float *logits, route_bufs *b) {
+    di_moe_route_params p = {.router = *r,
+                             .n = n,
+                             .logits = logits,
+                             .scratch = b->scr,
+                             .offsets = b->off,
+                             .active = b->act,
+                             .src = b->src,
+                             .rows_of = b->rows,
+                             .w = b->w};
+    be->ops->moe_route(be->ctx, &p);
+}
+
+static int32_t *host_ints(const int32_t *dev, int64_t n) {
+    return (int32_t *)host_floats((const float *)dev, n);
+}
+
+/* moe_route on the device: the CPU backend's selection, weights and grouping, bitwise
+ * (the scores use the device's double exp: equal after rounding to float in practice, see
+ * cuda_moe.cu). Logits on a few levels make ties, which must go to the lower id. */
+TEST(moe_route) {
+    if (!g_have_gpu) SKIP("no CUDA device");
+    di_pool *pool = di_pool_create(1);
+    di_backend cpu;
+    CHECK(di_backend_cpu_init(&cpu, pool, 16) == DI_OK);
+    static const int64_t ns[] = {1, 2, 7, 64, 200, 256};
+    for (int iter = 0; iter < 32; iter++) {
+        di_router_params r = route_config(iter % 4);
+        const int64_t E = r.n_experts, K = r.top_k, n = ns[(iter / 4) % 6], nk = n * K;
+        float *bias = rnd_vec(E, 0.5f), *lg = rnd_vec(n * E, 4.0f);
+        if (iter % 3 == 0)
+            for (int64_t i = 0; i < n * E; i++)
+                lg[i] = (float)rnd_int(-3, 3) * 0.5f;
+        float *dbias = dev_floats(bias, E), *dlg = dev_floats(lg, n * E);
+        di_router_params rc = r, rg = r;
+        if (r.score == DI_SCORE_SIGMOID) rc.bias = bias, rg.bias = dbias;
+        route_bufs hb = route_alloc(E, nk, false), db = route_alloc(E, nk, true);
+        route_run(&cpu, &rc, n, lg, &hb);
+        route_run(&g_be, &rg, n, dlg, &db);
+        int32_t *off = host_ints(db.off, E + 1), *act = host_ints(db.act, E + 1);
+        int32_t *src = host_ints(db.src, nk), *rows = host_ints(db.rows, nk);
+        float *w = host_floats(db.w, nk);
+        const char *what = memcmp(off, hb.off, (size_t)(E + 1) * 4)           ? "offsets"
+                           : memcmp(act, hb.act, (size_t)(hb.act[0] + 1) * 4) ? "active"
+                           : memcmp(src, hb.src, (size_t)nk * 4)              ? "src"
+                           : memcmp(rows, hb.rows, (size_t)nk * 4)            ? "rows_of"
+                           : memcmp(w, hb.w, (size_t)nk * 4)                  ? "weights"
+                                                                              : NULL;
+        CHECK_MSG(what == NULL, "config %d n=%lld%s: %s differ from the CPU", iter % 4,
+                  (long long)n, iter % 3 == 0 ? " (ties)" : "", what ? what : "");
+        CHECK(di_backend_cuda_sync(&g_be) == DI_OK);
+        route_free(&hb, false), route_free(&db, true);
+        dfree(dbias), dfree(dlg);
+        free(off), free(act), free(src), free(rows), free(w), free(bias), free(lg);
+    }
+    di_backend_free(&cpu);
+    di_pool_free(pool);
+}
+
+/* matmul_experts: each expert's rows bitwise equal to matmul of the same rows (so to a row
+ * alone: batch invariance), and within tolerance of the scalar reference. Experts of one
+ * shape uploaded separately, routing by moe_route on the device. */
+static void check_experts(di_dtype dt, int64_t E, int64_t K, int64_t n, int64_t rows,
+                          int64_t cols) {
+    const int64_t nk = n * K;
+    test_weight *tw = malloc((size_t)E * sizeof *tw);
+    di_weight *dw = malloc((size_t)E * sizeof *dw);
+    for (int64_t e = 0; e < E; e++) {
+        tw[e] = make_weight(dt, rows, cols, 0, 0, 0);
+        dw[e] = upload(&tw[e].w);
+    }
+    void *tab = NULL;
+    CHECK_MSG(g_be.ops->expert_table(g_be.ctx, dw, E, &tab) == DI_OK, "%s", di_last_error());
+    di_expert_weights ew = {.w = dw, .n_experts = E, .table = tab};
+    di_router_params r = {.n_experts = E,
+                          .top_k = K,
+                          .n_group = 1,
+                          .topk_group = 1,
+                          .score = DI_SCORE_SOFTMAX,
+                          .method = DI_TOPK_GREEDY,
+                          .routed_scaling_factor = 1.0f};
+    float *lg = rnd_vec(n * E, 3.0f), *dlg = dev_floats(lg, n * E);
+    route_bufs db = route_alloc(E, nk, true);
+    route_run(&g_be, &r, n, dlg, &db);
+    float *x = rnd_vec(nk * cols, 1.0f), *dx = dev_floats(x, nk * cols);
+    float *dy = dev_poison(nk * rows);
+    g_be.ops->matmul_experts(g_be.ctx, &ew, db.off, db.act, DI_MIN(E, nk), n, dx, dy);
+    float *y = host_floats(dy, nk * rows);
+    int32_t *off = host_ints(db.off, E + 1);
+    float *ref = malloc((size_t)(nk * rows) * 4);
+    for (int64_t e = 0; e < E; e++) {
+        const int64_t g0 = off[e], ne = off[e + 1] - g0;
+        if (ne == 0) continue;
+        di_cpu_matmul_ref(&tw[e].w, x + g0 * cols, ne, ref + g0 * rows);
+        float *y1 = gpu_mm(&dw[e], false, x + g0 * cols, ne);
+        CHECK_MSG(memcmp(y1, y + g0 * rows, (size_t)(ne * rows) * 4) == 0,
+                  "%s E=%lld K=%lld n=%lld %lldx%lld: expert %lld differs from matmul",
+                  di_dtype_name(dt), (long long)E, (long long)K, (long long)n, (long long)rows,
+                  (long long)cols, (long long)e);
+        free(y1);
+    }
+    CHECK_MSG(nerr(y, ref, nk * rows) <= 1e-5, "%s experts: error %.3g", di_dtype_name(dt),
+              nerr(y, ref, nk * rows));
+    CHECK(di_backend_cuda_sync(&g_be) == DI_OK);
+    for (int64_t e = 0; e < E; e++) {
+        di_cuda_weight_free(&g_be, &dw[e]);
+        free_weight(&tw[e]);
+    }
+    g_be.ops->buf_free(g_be.ctx, tab);
+    route_free(&db, true);
+    dfree(dlg), dfree(dx), dfree(dy);
+    free(tw), free(dw), free(lg), free(x), free(y), free(off), free(ref);
+}
+
+TEST(matmul_experts) {
+    if (!g_have_gpu) SKIP("no CUDA device");
+    for (size_t d = 0; d < DI_ARRAY_LEN(g_dtypes); d++) {
+        check_experts(g_dtypes[d], 8, 2, 1, rnd_int(1, 200), rnd_int(1, 700));
+        check_experts(g_dtypes[d], 12, 3, rnd_int(2, 40), rnd_int(1, 200), rnd_int(1, 700));
+    }
+    /* V2-Lite's expert shapes (gate / up 1408 x 2048, down 2048 x 1408), decode batches */
+    check_experts(DI_DTYPE_BF16, 64, 6, 1, 1408, 2048);
+    check_experts(DI_DTYPE_BF16, 64, 6, 64, 2048, 1408);
+    check_experts(DI_DTYPE_F8_E4M3, 16, 8, 9, 256, 7168);
+}
+
+/* The opt-in tensor-core matmul (DI_CUDA_MMA=1, a backend of its own): BF16 at n >= 8
+ * within bf16-activation accuracy of the reference, and bitwise the same for a token in any
+ * batch of >= 8 (the K order is fixed); matmul_experts through it on V2-Lite's shapes. */
+TEST(matmul_mma) {
+    if (!g_have_gpu) SKIP("no CUDA device");
+    setenv("DI_CUDA_MMA", "1", 1);
+    di_backend mb;
+    di_status st = di_backend_cuda_init(&mb, 0, 1024);
+    unsetenv("DI_CUDA_MMA");
+    CHECK_MSG(st == DI_OK, "%s", di_last_error());
+    if (st) return;
+    static const int64_t shapes[][2] = {{64, 128}, {1408, 2048}, {2048, 1408}, {3072, 2048}};
+    static const int64_t ns[] = {8, 13, 64, 100};
+    for (size_t si = 0; si < DI_ARRAY_LEN(shapes); si++) {
+        const int64_t rows = shapes[si][0], cols = shapes[si][1];
+        test_weight t = make_weight(DI_DTYPE_BF16, rows, cols, 0, 0, 0);
+        di_weight dw = upload(&t.w);
+        for (size_t ni = 0; ni < DI_ARRAY_LEN(ns); ni++) {
+            const int64_t n = ns[ni];
+            float *x = rnd_vec(n * cols, 1.0f), *ref = malloc((size_t)(n * rows) * 4);
+            di_cpu_matmul_ref(&t.w, x, n, ref);
+            float *dx = dev_floats(x, n * cols), *dy = dev_poison(n * rows);
+            mb.ops->matmul(mb.ctx, &dw, dx, n, dy);
+            CHECK(di_backend_cuda_sync(&mb) == DI_OK);
+            float *y = host_floats(dy, n * rows);
+            double e = nerr(y, ref, n * rows);
+            CHECK_MSG(e <= 2e-2, "mma %lldx%lld n=%lld: error %.3g", (long long)rows,
+                      (long long)cols, (long long)n, e);
+            /* the first 8 tokens again, alone as a batch of 8: the same bits */
+            float *dy8 = dev_poison(8 * rows);
+            mb.ops->matmul(mb.ctx, &dw, dx, 8, dy8);
+            CHECK(di_backend_cuda_sync(&mb) == DI_OK);
+            float *z = host_floats(dy8, 8 * rows);
+            CHECK_MSG(memcmp(z, y, (size_t)(8 * rows) * 4) == 0,
+                      "mma %lldx%lld n=%lld: first 8 tokens differ from a batch of 8",
+                      (long long)rows, (long long)cols, (long long)n);
+            free(z), free(y), free(x), free(ref);
+            dfree(dx), dfree(dy), dfree(dy8);
+        }
+        di_cuda_weight_free(&g_be, &dw);
+        free_weight(&t);
+    }
+    /* grouped: V2-Lite's experts at a decode batch of 64 and 9 */
+    for (int it = 0; it < 2; it++) {
+        const int64_t E = 64, K = 6, n = it ? 9 : 64, rows = 1408, cols = 2048, nk = n * K;
+        test_weight *tw = malloc((size_t)E * sizeof *tw);
+        di_weight *dw = malloc((size_t)E * sizeof *dw);
+        for (int64_t e = 0; e < E; e++) {
+            tw[e] = make_weight(DI_DTYPE_BF16, rows, cols, 0, 0, 0);
+            dw[e] = upload(&tw[e].w);
+        }
+        void *tab = NULL;
+        CHECK(mb.ops->expert_table(mb.ctx, dw, E, &tab) == DI_OK);
+        di_expert_weights ew = {.w = dw, .n_experts = E, .table = tab};
+        di_router_params r = route_config(0);
+        float *lg = rnd_vec(n * E, 3.0f), *dlg = dev_floats(lg, n * E);
+        route_bufs db = route_alloc(E, nk, true);
+        route_run(&mb, &r, n, dlg, &db);
+        float *x = rnd_vec(nk * cols, 1.0f), *dx = dev_floats(x, nk * cols);
+        float *dy = dev_poison(nk * rows);
+        mb.ops->matmul_experts(mb.ctx, &ew, db.off, db.act, DI_MIN(E, nk), n, dx, dy);
+        CHECK(di_backend_cuda_sync(&mb) == DI_OK);
+        float *y = host_floats(dy, nk * rows);
+        int32_t *off = host_ints(db.off, E + 1);
+        float *ref = malloc((size_t)(nk * rows) * 4);
+        for (int64_t e = 0; e < E; e++)
+            if (off[e + 1] > off[e])
+                di_cpu_matmul_ref(&tw[e].w, x + off[e] * cols, off[e + 1] - off[e],
+                                  ref + off[e] * rows);
+        CHECK_MSG(off[E] == nk && nerr(y, ref, nk * rows) <= 2e-2, "mma experts n=%lld: %.3g",
+                  (long long)n, nerr(y, ref, nk * rows));
+        for (int64_t e = 0; e < E; e++) {
+            di_cuda_weight_free(&g_be, &dw[e]);
+            free_weight(&tw[e]);
+        }
+        mb.ops->buf_free(mb.ctx, tab);
+        route_free(&db, true);
+        dfree(dlg), dfree(dx), dfree(dy);
+        free(tw), free(dw), free(lg), free(x), free(y), free(off), free(ref);
+    }
+    di_backend_free(&mb);
+}
+
 int main(void) {
     di_status st = di_backend_cuda_init(&g_be, 0, 8192);
     g_have_gpu = st == DI_OK;
@@ -659,6 +951,9 @@ int main(void) {
     RUN(mla_attention);
     RUN(mla_attention_paged);
     RUN(copy_rows_moe_combine);
+    RUN(moe_route);
+    RUN(matmul_experts);
+    RUN(matmul_mma); /* last: a fault here cannot hide the others' results */
     if (g_have_gpu) di_backend_free(&g_be);
     return test_summary();
 }

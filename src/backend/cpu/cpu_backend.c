@@ -64,7 +64,25 @@ static void cpu_rope(void *ctx, const di_rope_op_params *p) {
 
 static void cpu_mla_attention(void *ctx, const di_mla_attn_params *p) {
     cpu_backend *be = ctx;
-    di_cpu_mla_attention(be->pool, p, be->scratch, be->max_ctx);
+    if (!p->q_pos) {
+        di_cpu_mla_attention(be->pool, p, be->scratch, be->max_ctx);
+        return;
+    }
+    /* Queries of different sequences: each one alone, as its own call would run it. */
+    for (int64_t t = 0; t < p->n_tokens; t++) {
+        di_mla_attn_params q = *p;
+        q.n_tokens = 1;
+        q.pos0 = p->q_pos[t];
+        q.block_table = p->q_tables + p->q_table_off[t];
+        q.q_lat = di_mla_attn_q(p, 0, t);
+        q.out = di_mla_attn_out(p, 0, t);
+        q.q_lat_hstride = p->q_lat_hstride ? p->q_lat_hstride : p->n_tokens * p->kv_lora_rank;
+        q.out_hstride = p->out_hstride ? p->out_hstride : p->n_tokens * p->kv_lora_rank;
+        q.q_rope = p->q_rope + t * p->q_rope_tstride;
+        q.q_pos = NULL;
+        q.q_tables = q.q_table_off = NULL;
+        di_cpu_mla_attention(be->pool, &q, be->scratch, be->max_ctx);
+    }
 }
 
 static void cpu_silu_mul(void *ctx, const float *gate, const float *up, int64_t n, float *out) {
@@ -137,6 +155,52 @@ static void cpu_moe_combine(void *ctx, const float *rows, const int32_t *rows_of
                         out + t * dim);
 }
 
+/* MoE routing: di_router_select per token (the model's former host loop, the same bits),
+ * then a stable counting sort of the entries by expert. rows_of holds the selected ids
+ * until the sort overwrites it with grouped rows; the router scratch then serves as the
+ * per-expert cursors. */
+static void cpu_moe_route(void *ctx, const di_moe_route_params *p) {
+    (void)ctx;
+    const int64_t E = p->router.n_experts, K = p->router.top_k, nk = p->n * K;
+    for (int64_t t = 0; t < p->n; t++)
+        di_router_select(&p->router, p->logits + t * E, p->rows_of + t * K, p->w + t * K,
+                         p->scratch);
+    int32_t *cur = (int32_t *)p->scratch;
+    memset(cur, 0, (size_t)E * sizeof *cur);
+    for (int64_t i = 0; i < nk; i++)
+        cur[p->rows_of[i]]++;
+    int32_t *act = p->active + 1;
+    int32_t na = 0, off = 0;
+    for (int64_t e = 0; e < E; e++) {
+        p->offsets[e] = off;
+        if (cur[e] > 0) act[na++] = (int32_t)e;
+        off += cur[e];
+        cur[e] = p->offsets[e];
+    }
+    p->offsets[E] = off;
+    p->active[0] = na;
+    for (int64_t i = 0; i < nk; i++) {
+        int32_t g = cur[p->rows_of[i]]++;
+        p->src[g] = (int32_t)(i / K);
+        p->rows_of[i] = g;
+    }
+}
+
+/* Each active expert's rows through matmul, as the model's former per-expert loop did. */
+static void cpu_matmul_experts(void *ctx, const di_expert_weights *ew, const int32_t *offsets,
+                               const int32_t *active, int64_t max_active, int64_t max_rows,
+                               const float *x, float *y) {
+    (void)max_active, (void)max_rows;
+    cpu_backend *be = ctx;
+    di_cpu_matmul_experts(be->pool, ew, offsets, active, x, y, be->fast);
+}
+
+static di_status cpu_expert_table(void *ctx, const di_weight *w, int64_t n, void **out) {
+    (void)ctx, (void)w, (void)n;
+    *out = NULL; /* host weights are addressed through the di_weight array itself */
+    return DI_OK;
+}
+
 /* DeepSeek-V4 ops (cpu_v4_ops.c). */
 static void cpu_matmul_fp4(void *ctx, const di_weight *w, const float *x, int64_t n, float *y) {
     if (w->dtype != DI_DTYPE_F4_E2M1) {
@@ -172,10 +236,6 @@ static void cpu_v4_swiglu(void *ctx, const float *gate, const float *up, int64_t
     di_cpu_v4_swiglu(((cpu_backend *)ctx)->pool, gate, up, n, limit, out);
 }
 
-static void cpu_moe_experts(void *ctx, const di_moe_experts_params *p) {
-    const cpu_backend *be = ctx;
-    di_cpu_moe_experts(be->pool, p, be->fast);
-}
 
 static void cpu_free(void *ctx) {
     cpu_backend *be = ctx;
@@ -215,7 +275,9 @@ static const di_backend_ops g_cpu_ops = {
     .weight_free = NULL,
     .copy_rows = cpu_copy_rows,
     .moe_combine = cpu_moe_combine,
-    .moe_experts = cpu_moe_experts,
+    .moe_route = cpu_moe_route,
+    .matmul_experts = cpu_matmul_experts,
+    .expert_table = cpu_expert_table,
 };
 
 di_status di_backend_cpu_init(di_backend *out, di_pool *pool, int64_t max_ctx) {

@@ -52,9 +52,10 @@ void di_cpu_matmul_t_ref(const di_weight *w, const float *x, int64_t n, float *y
 /* Dequantizes row r of w into out[w->cols]. */
 void di_cpu_weight_row_f32(const di_weight *w, int64_t r, float *out);
 
-/* A MoE layer's routed experts (backend.h, di_moe_experts_params; cpu_moe.c): bitwise the
- * expert-by-expert di_cpu_matmul (fast: di_cpu_matmul_fast) / di_cpu_silu_mul path. */
-void di_cpu_moe_experts(di_pool *pool, const di_moe_experts_params *p, bool fast);
+/* One MoE projection over the grouped rows of every active expert (backend.h's
+ * matmul_experts; cpu_moe.c): bitwise a matmul per expert, in one dynamic pool loop. */
+void di_cpu_matmul_experts(di_pool *pool, const di_expert_weights *ew, const int32_t *offsets,
+                           const int32_t *active, const float *x, float *y, bool fast);
 
 /* Measured memory read bandwidth in bytes/s over `bytes` of memory with all pool threads
  * (for the benchmarks' roofline). */

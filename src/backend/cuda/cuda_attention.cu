@@ -287,12 +287,17 @@ static __device__ __forceinline__ float *slot(float *partial, const di_mla_attn_
 
 /* blockIdx.x = t * n_groups + head group; blockIdx.y = chunk (split) or 0 (sequential). */
 __global__ void __launch_bounds__(ATT_THREADS, 2) /* 2 blocks of ~93 KiB per SM */
-    mla_attn_kernel(const di_mla_attn_params p, float *partial, int split, int64_t cmax) {
+    mla_attn_kernel(const di_mla_attn_params p_in, float *partial, int split, int64_t cmax) {
     extern __shared__ float smem[];
+    di_mla_attn_params p = p_in;
     const int R = (int)p.kv_lora_rank, dr = (int)p.rope_dim, tid = threadIdx.x;
     const att_smem s = att_carve(smem, R, dr);
     const int64_t n_groups = (p.n_heads + ATT_HG - 1) / ATT_HG;
     const int64_t t = blockIdx.x / n_groups, h0 = (blockIdx.x % n_groups) * ATT_HG;
+    if (p_in.q_pos) { /* a query of its own sequence: its position and table from memory */
+        p.pos0 = p_in.q_pos[t] - t;
+        p.block_table = p_in.q_tables + p_in.q_table_off[t];
+    }
     const int64_t L = p.pos0 + t + 1, n_chunks = (L + DI_CUDA_ATTN_CHUNK - 1) / DI_CUDA_ATTN_CHUNK;
     int64_t c_begin = 0, c_end = n_chunks;
     if (split) {
@@ -394,8 +399,10 @@ cudaError_t di_cuda_launch_mla_attention(const di_cuda_attn_launch *a) {
     if (p->n_tokens <= 0 || p->n_heads <= 0 || p->kv_lora_rank <= 0) return cudaSuccess;
     const int64_t n_groups = (p->n_heads + ATT_HG - 1) / ATT_HG, cmax = n_chunks_max(p);
     const size_t smem = (size_t)att_smem_floats(p->kv_lora_rank, p->rope_dim) * sizeof(float);
+    /* Per-query positions live in device memory: the chunk count is unknown here, so such
+     * a call walks its chunks in-block (the same bits). */
     const bool split =
-        a->split && a->partial && di_cuda_attn_partial_floats(p) <= a->partial_floats;
+        a->split && a->partial && !p->q_pos && di_cuda_attn_partial_floats(p) <= a->partial_floats;
     dim3 grid((unsigned)(p->n_tokens * n_groups), split ? (unsigned)cmax : 1u);
     mla_attn_kernel<<<grid, ATT_THREADS, smem, a->stream>>>(*p, a->partial, split ? 1 : 0, cmax);
     cudaError_t err = cudaGetLastError();

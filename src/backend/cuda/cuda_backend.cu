@@ -23,12 +23,20 @@ typedef struct cuda_backend {
     cudaStream_t stream; /* owned */
     float *attn_partial; /* owned: split-KV chunk states, attn_partial_floats floats */
     int64_t attn_partial_floats;
+    /* Tensor-core matmul (DI_CUDA_MMA=1; cuda_mma.cu): from mma_min_n rows up, BF16 weights
+     * of suitable shape go to mma over bf16 activations staged in mma_scratch. */
+    int mma;
+    int64_t mma_min_n;
+    void *mma_scratch; /* owned: mma_scratch_elems bf16 */
+    int64_t mma_scratch_elems;
     int n_sms;
     di_cuda_attn_mode attn_mode;
     int fp8_bits;            /* FP8 conversion: 1 bit placement, 0 conversion instructions */
     int64_t ksplit_min;      /* GEMV rows of at least this many 16-byte vectors split K */
     int fp8_pipe;            /* FP8 GEMV software pipeline on (1) or off (0) */
     cudaError_t first_error; /* first failed launch since the last sync */
+    bool capturing;          /* between graph_begin and graph_end, capture started */
+    cudaError_t capture_saved_error, capture_error;
     char name[256];
 } cuda_backend;
 
@@ -65,6 +73,18 @@ static di_cuda_mm_params mm_params(const di_weight *w, const cuda_backend *be) {
     return p;
 }
 
+/* The opt-in tensor-core path (cuda_mma.cu) when enabled and the shape suits it; x_rows:
+ * the rows of x it stages. Returns false where the GEMV must run. */
+static bool try_mma(cuda_backend *be, const di_cuda_mm_params *p, int64_t n, int64_t x_rows,
+                    const int32_t *x_rows_dev) {
+    if (!be->mma || n < be->mma_min_n || !di_cuda_mma_fits(p)) return false;
+    cudaError_t err =
+        di_cuda_launch_matmul_mma(p, be->mma_scratch, be->mma_scratch_elems, x_rows, x_rows_dev);
+    if (err == cudaErrorMemoryAllocation) return false; /* too big for the staging buffer */
+    note(be, err);
+    return true;
+}
+
 static void cuda_matmul(void *ctx, const di_weight *w, const float *x, int64_t n, float *y) {
     cuda_backend *be = (cuda_backend *)ctx;
     di_cuda_mm_params p = mm_params(w, be);
@@ -73,6 +93,7 @@ static void cuda_matmul(void *ctx, const di_weight *w, const float *x, int64_t n
     p.x_tstride = w->cols;
     p.y = y;
     p.y_tstride = w->rows;
+    if (try_mma(be, &p, n, n, NULL)) return;
     note(be, di_cuda_launch_matmul(&p));
 }
 
@@ -208,6 +229,48 @@ static void cuda_moe_combine(void *ctx, const float *rows, const int32_t *rows_o
     note(be, di_cuda_launch_moe_combine(rows, rows_of, w, n, K, dim, out, be->stream));
 }
 
+/* CUDA graphs: stream capture of the ops enqueued between graph_begin and graph_end.
+ * Relaxed capture mode, so another thread's allocations (another context loading) do not
+ * break it. A launch that fails while capturing ends in graph_end's error; the errors noted
+ * during the capture are dropped with the capture (nothing ran), and the caller runs the
+ * ops directly. */
+static void cuda_graph_begin(void *ctx) {
+    cuda_backend *be = (cuda_backend *)ctx;
+    be->capture_saved_error = be->first_error;
+    cudaError_t err = cudaStreamBeginCapture(be->stream, cudaStreamCaptureModeRelaxed);
+    be->capturing = err == cudaSuccess;
+    if (!be->capturing) be->capture_error = err;
+}
+
+static di_status cuda_graph_end(void *ctx, void **out) {
+    cuda_backend *be = (cuda_backend *)ctx;
+    *out = NULL;
+    cudaGraph_t graph = NULL;
+    cudaError_t err = be->capturing ? cudaStreamEndCapture(be->stream, &graph) : be->capture_error;
+    be->capturing = false;
+    if (err == cudaSuccess && be->first_error != be->capture_saved_error) err = be->first_error;
+    be->first_error = be->capture_saved_error;
+    cudaGraphExec_t exec = NULL;
+    if (err == cudaSuccess) err = cudaGraphInstantiate(&exec, graph, 0);
+    if (graph) cudaGraphDestroy(graph);
+    cudaGetLastError(); /* a failed capture leaves nothing for the next launch to report */
+    if (err != cudaSuccess)
+        return di_error(DI_ERR_INTERNAL, "cuda backend: graph capture: %s",
+                        cudaGetErrorString(err));
+    *out = exec;
+    return DI_OK;
+}
+
+static void cuda_graph_launch(void *ctx, void *graph) {
+    cuda_backend *be = (cuda_backend *)ctx;
+    note(be, cudaGraphLaunch((cudaGraphExec_t)graph, be->stream));
+}
+
+static void cuda_graph_free(void *ctx, void *graph) {
+    (void)ctx;
+    if (graph) cudaGraphExecDestroy((cudaGraphExec_t)graph);
+}
+
 /* Memory slots: the C helpers below, called with a di_backend made from the context. */
 static di_backend wrap(void *ctx);
 
@@ -235,6 +298,66 @@ static void cuda_buf_free(void *ctx, void *p) {
 static di_status cuda_upload_op(void *ctx, void *dst, const void *src, size_t bytes) {
     di_backend b = wrap(ctx);
     return di_cuda_upload(&b, dst, src, bytes);
+}
+
+static void cuda_moe_route(void *ctx, const di_moe_route_params *p) {
+    cuda_backend *be = (cuda_backend *)ctx;
+    note(be, di_cuda_launch_moe_route(p, be->stream));
+}
+
+/* One launch per projection: the GEMV kernel in grouped mode (cuda_internal.cuh), the
+ * common shape from expert 0, the per-expert pointers from the table. */
+static void cuda_matmul_experts(void *ctx, const di_expert_weights *ew, const int32_t *offsets,
+                                const int32_t *active, int64_t max_active, int64_t max_rows,
+                                const float *x, float *y) {
+    cuda_backend *be = (cuda_backend *)ctx;
+    if (max_active <= 0 || max_rows <= 0) return;
+    di_cuda_mm_params p = mm_params(&ew->w[0], be);
+    p.n_heads = max_active;
+    p.n_tokens = max_rows;
+    p.x = x;
+    p.x_tstride = p.cols;
+    p.y = y;
+    p.y_tstride = p.rows;
+    p.experts = (const di_cuda_expert_ptrs *)ew->table;
+    p.g_off = offsets;
+    p.g_active = active;
+    /* The grouped rows: offsets[E] of them (device memory), at most max_active * max_rows. */
+    if (try_mma(be, &p, max_rows, max_active * max_rows, offsets + ew->n_experts)) return;
+    note(be, di_cuda_launch_matmul(&p));
+}
+
+/* The device table of n experts' data / scale pointers; every field the kernel reads from
+ * expert 0 must be the same for all. */
+static di_status cuda_expert_table(void *ctx, const di_weight *w, int64_t n, void **out) {
+    *out = NULL;
+    if (n <= 0) return di_error(DI_ERR_INVALID_ARG, "expert_table: n = %lld", (long long)n);
+    di_cuda_expert_ptrs *h = (di_cuda_expert_ptrs *)malloc((size_t)n * sizeof *h);
+    if (!h) return di_error(DI_ERR_OUT_OF_MEMORY, "expert_table: out of memory");
+    for (int64_t e = 0; e < n; e++) {
+        const di_weight *a = &w[0], *b = &w[e];
+        if (b->dtype != a->dtype || b->rows != a->rows || b->cols != a->cols ||
+            b->row_stride != a->row_stride || b->scale_cols != a->scale_cols ||
+            b->block_rows != a->block_rows || b->block_cols != a->block_cols ||
+            b->row_offset != a->row_offset || (b->scale == NULL) != (a->scale == NULL)) {
+            free(h);
+            return di_error(DI_ERR_INVALID_ARG,
+                            "expert_table: expert %lld differs from expert 0 in shape or dtype",
+                            (long long)e);
+        }
+        h[e].data = b->data;
+        h[e].scale = b->scale;
+    }
+    const size_t bytes = (size_t)n * sizeof *h;
+    void *d = cuda_buf_alloc(ctx, bytes);
+    di_status st = d ? cuda_upload_op(ctx, d, h, bytes) : DI_ERR_OUT_OF_MEMORY;
+    free(h);
+    if (st) {
+        if (d) cuda_buf_free(ctx, d);
+        return di_error_prefix(st, "expert_table");
+    }
+    *out = d;
+    return DI_OK;
 }
 
 static di_status cuda_download_op(void *ctx, void *dst, const void *src, size_t bytes) {
@@ -328,6 +451,7 @@ static void cuda_free_ctx(void *ctx) {
     cudaSetDevice(be->device);
     if (be->stream) cudaStreamSynchronize(be->stream);
     cudaFree(be->attn_partial);
+    cudaFree(be->mma_scratch);
     if (be->stream) cudaStreamDestroy(be->stream);
     di_free(be);
 }
@@ -360,6 +484,17 @@ static di_backend_ops make_ops(void) {
     o.weight_free = cuda_weight_free_op;
     o.copy_rows = cuda_copy_rows;
     o.moe_combine = cuda_moe_combine;
+    o.moe_route = cuda_moe_route;
+    o.matmul_experts = cuda_matmul_experts;
+    o.expert_table = cuda_expert_table;
+    /* DI_CUDA_GRAPHS=0: no graphs (the model then enqueues every op of every step). */
+    const char *graphs = getenv("DI_CUDA_GRAPHS");
+    if (!graphs || strcmp(graphs, "0") != 0) {
+        o.graph_begin = cuda_graph_begin;
+        o.graph_end = cuda_graph_end;
+        o.graph_launch = cuda_graph_launch;
+        o.graph_free = cuda_graph_free;
+    }
     o.matmul_fp4 = cuda_matmul_fp4;
     o.v4_hc_pre = cuda_v4_hc_pre;
     o.v4_hc_post = cuda_v4_hc_post;
@@ -424,6 +559,13 @@ extern "C" di_status di_backend_cuda_init(di_backend *out, int device, int64_t m
     be->ksplit_min = env && atoll(env) > 0 ? atoll(env) : 256;
     env = getenv("DI_CUDA_FP8_PIPE");
     be->fp8_pipe = !(env && strcmp(env, "0") == 0);
+    /* DI_CUDA_MMA=1: the tensor-core matmul from DI_CUDA_MMA_MIN_N rows (default 8) up;
+     * not exact vs the CPU and not batch-invariant (cuda_mma.cu), so off by default. */
+    env = getenv("DI_CUDA_MMA");
+    be->mma = env && strcmp(env, "1") == 0;
+    env = getenv("DI_CUDA_MMA_MIN_N");
+    be->mma_min_n = env && atoll(env) > 0 ? atoll(env) : 8;
+    be->mma_scratch_elems = be->mma ? ((int64_t)64 << 20) : 0; /* 128 MiB of bf16 */
     const int64_t chunks = (max_ctx + DI_CUDA_ATTN_CHUNK - 1) / DI_CUDA_ATTN_CHUNK;
     int64_t floats = DI_CUDA_ATTN_SPLIT_TOKENS * 128 * chunks * (DI_CUDA_ATTN_MAX_R + 2);
     if (floats * (int64_t)sizeof(float) > DI_CUDA_ATTN_SCRATCH_MAX)
@@ -434,6 +576,8 @@ extern "C" di_status di_backend_cuda_init(di_backend *out, int device, int64_t m
         (err = cudaStreamCreateWithFlags(&be->stream, cudaStreamNonBlocking)) != cudaSuccess ||
         (err = cudaMalloc((void **)&be->attn_partial, (size_t)floats * sizeof(float))) !=
             cudaSuccess ||
+        (be->mma &&
+         (err = cudaMalloc(&be->mma_scratch, (size_t)be->mma_scratch_elems * 2)) != cudaSuccess) ||
         (err = di_cuda_attn_setup()) != cudaSuccess || (err = di_cuda_v4_setup()) != cudaSuccess) {
         cuda_free_ctx(be);
         return di_error(DI_ERR_OUT_OF_MEMORY, "cuda backend: device %d: %s", device,

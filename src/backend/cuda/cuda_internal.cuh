@@ -57,9 +57,31 @@ typedef struct di_cuda_mm_params {
     int64_t scale_vshift;
     uint32_t scale_vpb;
     cudaStream_t stream;
+    /* Grouped mode (matmul_experts), when experts != NULL: blockIdx.z is an active-expert
+     * slot z < n_heads (= the most experts that can be active); block z runs expert
+     * e = active[1 + z] (exits when z >= active[0]) with weight experts[e] (the fields
+     * above give the common shape) over the rows [off[e], off[e + 1]) of x and y (x_tstride
+     * and y_tstride apart); n_tokens bounds one expert's rows. */
+    const struct di_cuda_expert_ptrs *experts;
+    const int32_t *g_off, *g_active;
 } di_cuda_mm_params;
 
+/* One expert's device weight pointers (a table of them per projection: expert_table). */
+typedef struct di_cuda_expert_ptrs {
+    const void *data;
+    const float *scale;
+} di_cuda_expert_ptrs;
+
 cudaError_t di_cuda_launch_matmul(const di_cuda_mm_params *p);
+
+/* Tensor-core y = W x (cuda_mma.cu; opt-in, not exact): does p suit it (BF16, rows and cols
+ * multiples of 16, one head or grouped)? The launch stages x_rows rows of x as bf16 in
+ * scratch (scratch_elems bf16; cudaErrorMemoryAllocation when too small, nothing run);
+ * x_rows_dev (grouped mode: &offsets[E]) caps the rows read from x at its value. */
+bool di_cuda_mma_fits(const di_cuda_mm_params *p);
+cudaError_t di_cuda_launch_matmul_mma(const di_cuda_mm_params *p, void *scratch,
+                                      int64_t scratch_elems, int64_t x_rows,
+                                      const int32_t *x_rows_dev);
 
 /* ---------------------------------------------------------------------------------------- */
 /* Element-wise and row-wise ops                                                              */
@@ -80,6 +102,14 @@ cudaError_t di_cuda_launch_copy_rows(float *dst, int64_t dst_stride, const int32
 cudaError_t di_cuda_launch_moe_combine(const float *rows, const int32_t *rows_of, const float *w,
                                        int64_t n, int64_t K, int64_t dim, float *out,
                                        cudaStream_t stream);
+
+/* MoE routing (cuda_moe.cu): selection by di_router_select's rules and the grouping by
+ * expert, as backend.h's moe_route describes. At most DI_CUDA_ROUTE_MAX_E experts and
+ * DI_CUDA_ROUTE_MAX_ENTRIES (token, slot) entries per call (cudaErrorNotSupported past
+ * them). */
+#define DI_CUDA_ROUTE_MAX_E       1024
+#define DI_CUDA_ROUTE_MAX_ENTRIES 8192
+cudaError_t di_cuda_launch_moe_route(const di_moe_route_params *p, cudaStream_t stream);
 
 /* ---------------------------------------------------------------------------------------- */
 /* MLA attention                                                                              */

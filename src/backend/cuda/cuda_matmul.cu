@@ -320,13 +320,24 @@ __global__ void __launch_bounds__(MM_WARPS * 32, PIPE &&TB == 1 ? MM_FP8_MIN_BLO
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int kw = warp % ks, group = warp / ks;
     const int64_t r0 = ((int64_t)blockIdx.x * (MM_WARPS / ks) + group) * RB;
-    const int64_t t0 = (int64_t)blockIdx.y * TB, h = blockIdx.z;
+    int64_t t0 = (int64_t)blockIdx.y * TB, t_end = p.n_tokens, h = blockIdx.z;
     /* With ks > 1 a block holds one row group, so this exit is block-uniform. */
     if (r0 >= p.rows) return;
+    const void *wdata = p.data;
+    const float *wscale = p.scale;
+    if (p.experts) { /* grouped: slot z runs one active expert over its rows (uniform exits) */
+        if (h >= p.g_active[0]) return;
+        const int e = p.g_active[1 + h];
+        wdata = p.experts[e].data;
+        wscale = p.experts[e].scale;
+        t0 += p.g_off[e];
+        t_end = p.g_off[e + 1];
+        h = 0;
+        if (t0 >= t_end) return;
+    }
     const int nr = (int)min((int64_t)RB, p.rows - r0);
-    const int nt = (int)min((int64_t)TB, p.n_tokens - t0);
 
-    const char *w0 = static_cast<const char *>(p.data) + h * p.head_elem_stride * T::ESZ;
+    const char *w0 = static_cast<const char *>(wdata) + h * p.head_elem_stride * T::ESZ;
     const int64_t roff = p.row_offset + h * p.head_row_offset_stride;
     const char *wrow[RB];
     const float *srow[RB];
@@ -334,100 +345,110 @@ __global__ void __launch_bounds__(MM_WARPS * 32, PIPE &&TB == 1 ? MM_FP8_MIN_BLO
     for (int j = 0; j < RB; j++) {
         int64_t r = r0 + min(j, nr - 1); /* rows past the end alias the last one, unused */
         wrow[j] = w0 + r * p.row_stride * T::ESZ;
-        srow[j] = DT == DI_DTYPE_F8_E4M3 ? scale_row(p, roff + r) : nullptr;
+        srow[j] = DT == DI_DTYPE_F8_E4M3 && wscale
+                      ? wscale + ((roff + r) / p.block_rows) * p.scale_cols
+                      : nullptr;
     }
     const bool one_scale = DT == DI_DTYPE_F8_E4M3 && p.block_cols % V == 0;
-    const float *xb = p.x + h * p.x_hstride + t0 * p.x_tstride;
+    /* Grouped mode: the block walks all its expert's token groups (the launch has one
+     * group row, so no blocks wait for groups that may not exist); else this runs once. */
+    const int64_t t_step = p.experts ? (int64_t)TB : (int64_t)TB * gridDim.y;
+    for (; t0 < t_end; t0 += t_step) {
+        const int nt = (int)min((int64_t)TB, t_end - t0);
+        const float *xb = p.x + h * p.x_hstride + t0 * p.x_tstride;
 
-    float acc[TB][RB];
-#pragma unroll
-    for (int i = 0; i < TB; i++)
-#pragma unroll
-        for (int j = 0; j < RB; j++)
-            acc[i][j] = 0.0f;
-
-    const int64_t step = 32 * (int64_t)ks; /* vectors between a slot's consecutive vectors */
-    const int64_t vfirst = kw * 32 + lane;
-    uint4 raw[U][RB];
-    load_group<DT, U, RB>(raw, wrow, vfirst, step, nvec, p.cols, wvec);
-    for (int64_t vb = vfirst; vb < nvec; vb += step * U) {
-        uint4 next[U][RB];
-        if constexpr (PIPE)
-            load_group<DT, U, RB>(next, wrow, vb + step * U, step, nvec, p.cols, wvec);
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int64_t v = vb + step * u;
-            if (v >= nvec) break;
-            const int64_t c0 = v * V;
-            const int nvalid = (int)min((int64_t)V, p.cols - c0);
-            const int64_t sc = one_scale ? scale_col(p, v) : 0;
-            if constexpr (PIPE) { /* FP8, one_scale (the launcher's condition) */
-                float sj[RB];
-#pragma unroll
-                for (int j = 0; j < RB; j++)
-                    sj[j] = srow[j][sc];
-                fp8_vec<TB, RB>(raw[u], sj, p.fp8_bits, xb, p.x_tstride, c0, nvalid, xvec, nt, acc);
-            } else {
-                float wf[RB][V];
-#pragma unroll
-                for (int j = 0; j < RB; j++)
-                    dequant<DT>(raw[u][j], c0, nvalid, srow[j], p.block_cols, one_scale,
-                                one_scale ? srow[j][sc] : 1.0f, p.fp8_bits, wf[j]);
-#pragma unroll
-                for (int i = 0; i < TB; i++) {
-                    if (i >= nt) break;
-                    float xf[V];
-                    load_x<V>(xb + i * p.x_tstride, c0, nvalid, xvec, xf);
-                    /* Elements past nvalid are zero in both, and only the last vector of a
-                     * row has them: adding 0 * 0 there changes no bit of a finite sum. */
-#pragma unroll
-                    for (int j = 0; j < RB; j++)
-#pragma unroll
-                        for (int e = 0; e < V; e++)
-                            acc[i][j] = fmaf(wf[j][e], xf[e], acc[i][j]);
-                }
-            }
-        }
-        if constexpr (PIPE) {
-#pragma unroll
-            for (int u = 0; u < U; u++)
-#pragma unroll
-                for (int j = 0; j < RB; j++)
-                    raw[u][j] = next[u][j];
-        } else {
-            load_group<DT, U, RB>(raw, wrow, vb + step * U, step, nvec, p.cols, wvec);
-        }
-    }
-
-    /* The fixed butterfly: every lane ends with its warp's total. */
-#pragma unroll
-    for (int i = 0; i < TB; i++)
-#pragma unroll
-        for (int j = 0; j < RB; j++)
-#pragma unroll
-            for (int off = 16; off >= 1; off >>= 1)
-                acc[i][j] += __shfl_xor_sync(0xffffffffu, acc[i][j], off);
-    float *y = p.y + h * p.y_hstride + t0 * p.y_tstride + r0;
-    if (ks == 1) {
+        float acc[TB][RB];
 #pragma unroll
         for (int i = 0; i < TB; i++)
 #pragma unroll
             for (int j = 0; j < RB; j++)
-                if (lane == i * RB + j && i < nt && j < nr) y[i * p.y_tstride + j] = acc[i][j];
-        return;
-    }
-    /* ks == 4: the four warp totals, added in a fixed tree. */
+                acc[i][j] = 0.0f;
+
+        const int64_t step = 32 * (int64_t)ks; /* vectors between a slot's consecutive vectors */
+        const int64_t vfirst = kw * 32 + lane;
+        uint4 raw[U][RB];
+        load_group<DT, U, RB>(raw, wrow, vfirst, step, nvec, p.cols, wvec);
+        for (int64_t vb = vfirst; vb < nvec; vb += step * U) {
+            uint4 next[U][RB];
+            if constexpr (PIPE)
+                load_group<DT, U, RB>(next, wrow, vb + step * U, step, nvec, p.cols, wvec);
 #pragma unroll
-    for (int i = 0; i < TB; i++)
+            for (int u = 0; u < U; u++) {
+                const int64_t v = vb + step * u;
+                if (v >= nvec) break;
+                const int64_t c0 = v * V;
+                const int nvalid = (int)min((int64_t)V, p.cols - c0);
+                const int64_t sc = one_scale ? scale_col(p, v) : 0;
+                if constexpr (PIPE) { /* FP8, one_scale (the launcher's condition) */
+                    float sj[RB];
 #pragma unroll
-        for (int j = 0; j < RB; j++)
-            if (lane == i * RB + j) warp_sums[warp][i * RB + j] = acc[i][j];
-    __syncthreads();
-    if (warp == 0 && lane < TB * RB) {
-        const int i = lane / RB, j = lane % RB;
-        const float tot =
-            (warp_sums[0][lane] + warp_sums[1][lane]) + (warp_sums[2][lane] + warp_sums[3][lane]);
-        if (i < nt && j < nr) y[i * p.y_tstride + j] = tot;
+                    for (int j = 0; j < RB; j++)
+                        sj[j] = srow[j][sc];
+                    fp8_vec<TB, RB>(raw[u], sj, p.fp8_bits, xb, p.x_tstride, c0, nvalid, xvec, nt,
+                                    acc);
+                } else {
+                    float wf[RB][V];
+#pragma unroll
+                    for (int j = 0; j < RB; j++)
+                        dequant<DT>(raw[u][j], c0, nvalid, srow[j], p.block_cols, one_scale,
+                                    one_scale ? srow[j][sc] : 1.0f, p.fp8_bits, wf[j]);
+#pragma unroll
+                    for (int i = 0; i < TB; i++) {
+                        if (i >= nt) break;
+                        float xf[V];
+                        load_x<V>(xb + i * p.x_tstride, c0, nvalid, xvec, xf);
+                        /* Elements past nvalid are zero in both, and only the last vector of a
+                         * row has them: adding 0 * 0 there changes no bit of a finite sum. */
+#pragma unroll
+                        for (int j = 0; j < RB; j++)
+#pragma unroll
+                            for (int e = 0; e < V; e++)
+                                acc[i][j] = fmaf(wf[j][e], xf[e], acc[i][j]);
+                    }
+                }
+            }
+            if constexpr (PIPE) {
+#pragma unroll
+                for (int u = 0; u < U; u++)
+#pragma unroll
+                    for (int j = 0; j < RB; j++)
+                        raw[u][j] = next[u][j];
+            } else {
+                load_group<DT, U, RB>(raw, wrow, vb + step * U, step, nvec, p.cols, wvec);
+            }
+        }
+
+        /* The fixed butterfly: every lane ends with its warp's total. */
+#pragma unroll
+        for (int i = 0; i < TB; i++)
+#pragma unroll
+            for (int j = 0; j < RB; j++)
+#pragma unroll
+                for (int off = 16; off >= 1; off >>= 1)
+                    acc[i][j] += __shfl_xor_sync(0xffffffffu, acc[i][j], off);
+        float *y = p.y + h * p.y_hstride + t0 * p.y_tstride + r0;
+        if (ks == 1) {
+#pragma unroll
+            for (int i = 0; i < TB; i++)
+#pragma unroll
+                for (int j = 0; j < RB; j++)
+                    if (lane == i * RB + j && i < nt && j < nr) y[i * p.y_tstride + j] = acc[i][j];
+            continue;
+        }
+        /* ks == 4: the four warp totals, added in a fixed tree. */
+#pragma unroll
+        for (int i = 0; i < TB; i++)
+#pragma unroll
+            for (int j = 0; j < RB; j++)
+                if (lane == i * RB + j) warp_sums[warp][i * RB + j] = acc[i][j];
+        __syncthreads();
+        if (warp == 0 && lane < TB * RB) {
+            const int i = lane / RB, j = lane % RB;
+            const float tot = (warp_sums[0][lane] + warp_sums[1][lane]) +
+                              (warp_sums[2][lane] + warp_sums[3][lane]);
+            if (i < nt && j < nr) y[i * p.y_tstride + j] = tot;
+        }
+        __syncthreads(); /* warp_sums is written again by the next token group */
     }
 }
 
@@ -527,6 +548,7 @@ template <di_dtype DT> static cudaError_t launch_dtype(const di_cuda_mm_params *
     const bool wvec = aligned16(p->data) && (p->row_stride * T::ESZ) % 16 == 0 &&
                       (p->head_elem_stride * T::ESZ) % 16 == 0 && p->row_stride >= p->cols;
     if (p->transposed) {
+        if (p->experts) return cudaErrorInvalidValue; /* grouped mode is W x only */
         const int64_t nvec = (p->cols + T::V - 1) / T::V;
         const int tb = p->n_tokens == 1 ? 1 : 4;
         dim3 grid((unsigned)((nvec + MMT_THREADS - 1) / MMT_THREADS),
@@ -545,7 +567,7 @@ template <di_dtype DT> static cudaError_t launch_dtype(const di_cuda_mm_params *
     const int rb = tb == 1 ? 2 : 4;
     const int64_t rows_per_block = MM_WARPS / mm_ksplit(nvec, p->ksplit_min) * rb;
     dim3 grid((unsigned)((p->rows + rows_per_block - 1) / rows_per_block),
-              (unsigned)((n + tb - 1) / tb), (unsigned)p->n_heads);
+              p->experts ? 1u : (unsigned)((n + tb - 1) / tb), (unsigned)p->n_heads);
     const dim3 block(MM_WARPS * 32);
     if constexpr (DT == DI_DTYPE_F8_E4M3) {
         const bool pipe = p->fp8_pipe && p->block_cols % T::V == 0;
