@@ -309,7 +309,10 @@ load_group(uint4 (&raw)[U][RB], const char *const (&wrow)[RB], int64_t vb, int64
  * requested before the current ones are converted (a software pipeline: the loads' latency
  * overlaps the dequantization, at the cost of twice the raw registers). The schedule never
  * changes the arithmetic. */
-template <di_dtype DT, int TB, int RB, int U, bool PIPE>
+/* G: grouped mode (p.experts, matmul_experts): a separate instantiation, so that the plain
+ * GEMV keeps its one-group body (a loop the compiler cannot bound costs the n = 1 kernel
+ * about a fifth of its bandwidth in registers). */
+template <di_dtype DT, int TB, int RB, int U, bool PIPE, bool G>
 __global__ void __launch_bounds__(MM_WARPS * 32, PIPE &&TB == 1 ? MM_FP8_MIN_BLOCKS : 1)
     gemv_kernel(const di_cuda_mm_params p, bool wvec, bool xvec) {
     typedef wtype<DT> T;
@@ -325,7 +328,7 @@ __global__ void __launch_bounds__(MM_WARPS * 32, PIPE &&TB == 1 ? MM_FP8_MIN_BLO
     if (r0 >= p.rows) return;
     const void *wdata = p.data;
     const float *wscale = p.scale;
-    if (p.experts) { /* grouped: slot z runs one active expert over its rows (uniform exits) */
+    if constexpr (G) { /* grouped: slot z runs one active expert over its rows (uniform exits) */
         if (h >= p.g_active[0]) return;
         const int e = p.g_active[1 + h];
         wdata = p.experts[e].data;
@@ -352,7 +355,7 @@ __global__ void __launch_bounds__(MM_WARPS * 32, PIPE &&TB == 1 ? MM_FP8_MIN_BLO
     const bool one_scale = DT == DI_DTYPE_F8_E4M3 && p.block_cols % V == 0;
     /* Grouped mode: the block walks all its expert's token groups (the launch has one
      * group row, so no blocks wait for groups that may not exist); else this runs once. */
-    const int64_t t_step = p.experts ? (int64_t)TB : (int64_t)TB * gridDim.y;
+    const int64_t t_step = G ? (int64_t)TB : (int64_t)TB * gridDim.y;
     for (; t0 < t_end; t0 += t_step) {
         const int nt = (int)min((int64_t)TB, t_end - t0);
         const float *xb = p.x + h * p.x_hstride + t0 * p.x_tstride;
@@ -433,22 +436,23 @@ __global__ void __launch_bounds__(MM_WARPS * 32, PIPE &&TB == 1 ? MM_FP8_MIN_BLO
 #pragma unroll
                 for (int j = 0; j < RB; j++)
                     if (lane == i * RB + j && i < nt && j < nr) y[i * p.y_tstride + j] = acc[i][j];
-            continue;
-        }
-        /* ks == 4: the four warp totals, added in a fixed tree. */
+        } else {
+            /* ks == 4: the four warp totals, added in a fixed tree. */
 #pragma unroll
-        for (int i = 0; i < TB; i++)
+            for (int i = 0; i < TB; i++)
 #pragma unroll
-            for (int j = 0; j < RB; j++)
-                if (lane == i * RB + j) warp_sums[warp][i * RB + j] = acc[i][j];
-        __syncthreads();
-        if (warp == 0 && lane < TB * RB) {
-            const int i = lane / RB, j = lane % RB;
-            const float tot = (warp_sums[0][lane] + warp_sums[1][lane]) +
-                              (warp_sums[2][lane] + warp_sums[3][lane]);
-            if (i < nt && j < nr) y[i * p.y_tstride + j] = tot;
+                for (int j = 0; j < RB; j++)
+                    if (lane == i * RB + j) warp_sums[warp][i * RB + j] = acc[i][j];
+            __syncthreads();
+            if (warp == 0 && lane < TB * RB) {
+                const int i = lane / RB, j = lane % RB;
+                const float tot = (warp_sums[0][lane] + warp_sums[1][lane]) +
+                                  (warp_sums[2][lane] + warp_sums[3][lane]);
+                if (i < nt && j < nr) y[i * p.y_tstride + j] = tot;
+            }
+            __syncthreads(); /* warp_sums is written again by the next token group */
         }
-        __syncthreads(); /* warp_sums is written again by the next token group */
+        if constexpr (!G) break; /* one token group per block (blockIdx.y) */
     }
 }
 
@@ -528,6 +532,15 @@ static bool aligned16(const void *ptr) {
     return ((uintptr_t)ptr & 15u) == 0;
 }
 
+/* One GEMV launch, in grouped or plain form (gemv_kernel's G). */
+template <di_dtype DT, int TB, int RB, int U, bool PIPE>
+static void launch_gemv(dim3 grid, dim3 block, const di_cuda_mm_params *p, bool wvec, bool xvec) {
+    if (p->experts)
+        gemv_kernel<DT, TB, RB, U, PIPE, true><<<grid, block, 0, p->stream>>>(*p, wvec, xvec);
+    else
+        gemv_kernel<DT, TB, RB, U, PIPE, false><<<grid, block, 0, p->stream>>>(*p, wvec, xvec);
+}
+
 template <di_dtype DT> static cudaError_t launch_dtype(const di_cuda_mm_params *pin) {
     typedef wtype<DT> T;
     /* Scale column of a vector (one_scale): a shift when the vectors per scale block are a
@@ -574,32 +587,32 @@ template <di_dtype DT> static cudaError_t launch_dtype(const di_cuda_mm_params *
         /* Pipelined: half the vectors per group, the same raw registers in flight. */
         if (pipe) switch (tb) {
             case 1:
-                gemv_kernel<DT, 1, 2, 2, true><<<grid, block, 0, p->stream>>>(*p, wvec, xvec);
+                launch_gemv<DT, 1, 2, 2, true>(grid, block, p, wvec, xvec);
                 break;
             case 2:
-                gemv_kernel<DT, 2, 4, 1, true><<<grid, block, 0, p->stream>>>(*p, wvec, xvec);
+                launch_gemv<DT, 2, 4, 1, true>(grid, block, p, wvec, xvec);
                 break;
             case 4:
-                gemv_kernel<DT, 4, 4, 1, true><<<grid, block, 0, p->stream>>>(*p, wvec, xvec);
+                launch_gemv<DT, 4, 4, 1, true>(grid, block, p, wvec, xvec);
                 break;
             default:
-                gemv_kernel<DT, 8, 4, 1, true><<<grid, block, 0, p->stream>>>(*p, wvec, xvec);
+                launch_gemv<DT, 8, 4, 1, true>(grid, block, p, wvec, xvec);
                 break;
             }
         if (pipe) return cudaGetLastError();
     }
     switch (tb) {
     case 1:
-        gemv_kernel<DT, 1, 2, 4, false><<<grid, block, 0, p->stream>>>(*p, wvec, xvec);
+        launch_gemv<DT, 1, 2, 4, false>(grid, block, p, wvec, xvec);
         break;
     case 2:
-        gemv_kernel<DT, 2, 4, 2, false><<<grid, block, 0, p->stream>>>(*p, wvec, xvec);
+        launch_gemv<DT, 2, 4, 2, false>(grid, block, p, wvec, xvec);
         break;
     case 4:
-        gemv_kernel<DT, 4, 4, 2, false><<<grid, block, 0, p->stream>>>(*p, wvec, xvec);
+        launch_gemv<DT, 4, 4, 2, false>(grid, block, p, wvec, xvec);
         break;
     default:
-        gemv_kernel<DT, 8, 4, 2, false><<<grid, block, 0, p->stream>>>(*p, wvec, xvec);
+        launch_gemv<DT, 8, 4, 2, false>(grid, block, p, wvec, xvec);
         break;
     }
     return cudaGetLastError();
