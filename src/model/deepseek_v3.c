@@ -754,6 +754,7 @@ static di_status ds_load(const di_hparams *hp, const di_st_set *st, const char *
     m->router = di_router_params_from_hparams(hp);
     ds_rope_setup(m);
     m->be = be;
+    m->dev.be = be;
     s = ds_model_upload(m);
     if (!s) s = ds_model_expert_sets(m);
     if (s) {

@@ -12,6 +12,7 @@
 #ifndef DI_DEEPSEEK_V3_H
 #define DI_DEEPSEEK_V3_H
 
+#include "model/device_copies.h"
 #include "model/model.h"
 #include "moe/router.h"
 
@@ -94,10 +95,7 @@ typedef struct ds_model {
      * every di_weight and norm above refers to its copies (router_bias too: routing runs on
      * the backend), listed here for release. */
     const di_backend *be;
-    di_weight *dev_w;
-    int64_t n_dev_w, cap_dev_w;
-    void **dev_buf;
-    int64_t n_dev_buf, cap_dev_buf;
+    di_dev_copies dev; /* the backend copies (device_copies.h); dev.be == be */
 } ds_model;
 
 /* deepseek_v3_weights.c */

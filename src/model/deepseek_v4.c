@@ -627,6 +627,7 @@ static di_status v4_load(const di_hparams *hp, const di_st_set *st, const char *
     di_status s = v4_model_bind(hp, st, dir, &m);
     if (s) return s;
     m->be = be;
+    m->dev.be = be;
     const di_v4_hparams *v = m->v;
     rope_inv_freq(&v->rope_main, v->rope_dim, m->inv_main);
     rope_inv_freq(&v->rope_compress, v->rope_dim, m->inv_comp);

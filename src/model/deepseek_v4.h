@@ -13,6 +13,7 @@
 #define DI_DEEPSEEK_V4_H
 
 #include "kv/v4_state.h"
+#include "model/device_copies.h"
 #include "model/model.h"
 #include "moe/router.h"
 
@@ -99,10 +100,7 @@ typedef struct v4_model {
     /* The memory backend (borrowed from load). With weight_upload (CUDA) every tensor the
      * forward reads was replaced by a backend copy (deepseek_v4_device.c), owned here. */
     const di_backend *be;
-    di_weight *dev_w;
-    int64_t n_dev_w, cap_dev_w;
-    void **dev_buf;
-    int64_t n_dev_buf, cap_dev_buf;
+    di_dev_copies dev; /* the backend copies (device_copies.h); dev.be == be */
 } v4_model;
 
 /* The attention storage a runner reads and writes: the paged entry pool (compressed rows and

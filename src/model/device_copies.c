@@ -1,0 +1,52 @@
+/*
+ * device_copies.c -- see device_copies.h.
+ */
+#include "model/device_copies.h"
+
+static di_status grow(void **arr, int64_t *cap, int64_t n, size_t elem) {
+    if (n < *cap) return DI_OK;
+    int64_t c = *cap ? 2 * *cap : 256;
+    void *p = di_realloc(*arr, (size_t)c * elem);
+    if (!p) return di_error(DI_ERR_OUT_OF_MEMORY, "weight upload: out of memory");
+    *arr = p;
+    *cap = c;
+    return DI_OK;
+}
+
+di_status di_dev_copy_weight(di_dev_copies *dc, di_weight *w) {
+    if (!w->data || w->rows <= 0) return DI_OK;
+    di_status st = grow((void **)&dc->w, &dc->cap_w, dc->n_w, sizeof(di_weight));
+    if (st) return st;
+    di_weight d;
+    st = dc->be->ops->weight_upload(dc->be->ctx, w, &d);
+    if (st) return st;
+    dc->w[dc->n_w++] = d;
+    *w = d;
+    return DI_OK;
+}
+
+di_status di_dev_copy_vec(di_dev_copies *dc, const float **v, int64_t n) {
+    if (!*v) return DI_OK;
+    di_status st = grow((void **)&dc->buf, &dc->cap_buf, dc->n_buf, sizeof(void *));
+    if (st) return st;
+    const size_t bytes = (size_t)n * sizeof(float);
+    float *d = dc->be->ops->buf_alloc(dc->be->ctx, bytes);
+    if (!d) return di_error_prefix(DI_ERR_OUT_OF_MEMORY, "weight upload");
+    dc->buf[dc->n_buf++] = d;
+    st = dc->be->ops->upload(dc->be->ctx, d, *v, bytes);
+    if (st) return st;
+    *v = d;
+    return DI_OK;
+}
+
+void di_dev_copies_free(di_dev_copies *dc) {
+    for (int64_t i = 0; i < dc->n_w; i++)
+        dc->be->ops->weight_free(dc->be->ctx, &dc->w[i]);
+    for (int64_t i = 0; i < dc->n_buf; i++)
+        dc->be->ops->buf_free(dc->be->ctx, dc->buf[i]);
+    di_free(dc->w);
+    di_free(dc->buf);
+    dc->w = NULL;
+    dc->buf = NULL;
+    dc->n_w = dc->n_buf = dc->cap_w = dc->cap_buf = 0;
+}

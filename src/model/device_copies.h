@@ -1,0 +1,28 @@
+/*
+ * device_copies.h -- the backend copies of a model's weights (CUDA), made once at load and
+ * freed with the model. Both architectures' upload passes (deepseek_v3_device.c,
+ * deepseek_v4_device.c) replace host views in place through these two calls, so the forward
+ * code is the same for every backend; the list remembers what to release.
+ */
+#ifndef DI_DEVICE_COPIES_H
+#define DI_DEVICE_COPIES_H
+
+#include "backend/backend.h"
+
+typedef struct di_dev_copies {
+    const di_backend *be; /* borrowed: the model's memory backend */
+    di_weight *w;         /* weight copies (weight_free) */
+    int64_t n_w, cap_w;
+    void **buf; /* vector copies (buf_free) */
+    int64_t n_buf, cap_buf;
+} di_dev_copies;
+
+/* Replaces *w by its backend copy (weight_upload); an unbound (absent) weight is left alone. */
+di_status di_dev_copy_weight(di_dev_copies *dc, di_weight *w);
+/* Replaces the n floats at *v by a backend copy (the host array stays where it was owned);
+ * NULL is left alone. */
+di_status di_dev_copy_vec(di_dev_copies *dc, const float **v, int64_t n);
+/* Frees every copy and empties the list (the backend stays set). */
+void di_dev_copies_free(di_dev_copies *dc);
+
+#endif /* DI_DEVICE_COPIES_H */
