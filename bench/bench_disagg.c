@@ -15,55 +15,13 @@
  * the engine's stats (each worker's steps and busy seconds in disagg mode).
  */
 #include "deepinfer.h"
+#include "bench_samples.h"
 
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-typedef struct samples {
-    double *v;
-    int64_t n, cap;
-} samples;
-
-static void push(samples *s, double x) {
-    if (s->n == s->cap) {
-        s->cap = s->cap ? 2 * s->cap : 1024;
-        s->v = realloc(s->v, (size_t)s->cap * sizeof(double));
-        if (!s->v) abort();
-    }
-    s->v[s->n++] = x;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static json_t *percentiles(samples *s) {
-    if (s->n == 0) return json_null();
-    qsort(s->v, (size_t)s->n, sizeof(double), cmp_double);
-    double sum = 0;
-    for (int64_t i = 0; i < s->n; i++)
-        sum += s->v[i];
-#define PCT(p) s->v[(int64_t)((p) / 100.0 * (double)(s->n - 1) + 0.5)]
-    return json_pack("{s:f, s:f, s:f, s:f, s:f}", "mean", sum / (double)s->n, "p50", PCT(50), "p90",
-                     PCT(90), "p99", PCT(99), "max", s->v[s->n - 1]);
-#undef PCT
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    timespec_get(&ts, TIME_UTC);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static uint64_t g_rng;
-static int32_t rand_id(int64_t vocab) {
-    g_rng = g_rng * 6364136223846793005ull + 1442695040888963407ull;
-    return (int32_t)(2 + (g_rng >> 33) % (uint64_t)(vocab - 2));
-}
 
 typedef struct opts {
     const char *model, *mode;
