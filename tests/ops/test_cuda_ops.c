@@ -26,46 +26,7 @@
 #include "test.h"
 #define TEST_RAND_SEED 0x853c49e6748fea9bull
 #include "test_rand.h"
-
-static di_backend g_be;
-static bool g_have_gpu;
-
-/* ---------------------------------------------------------------------------------------- */
-/* Device buffers                                                                             */
-/* ---------------------------------------------------------------------------------------- */
-
-static void *dev_from(const void *host, size_t bytes) {
-    void *d = di_cuda_malloc(&g_be, bytes ? bytes : 4);
-    if (d && bytes) di_cuda_upload(&g_be, d, host, bytes);
-    return d;
-}
-
-static float *dev_floats(const float *host, int64_t n) {
-    return dev_from(host, (size_t)n * sizeof(float));
-}
-
-/* A device buffer of n floats, all NaN (so that unwritten outputs show). */
-static float *dev_poison(int64_t n) {
-    float *h = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
-    for (int64_t i = 0; i < n; i++)
-        h[i] = NAN;
-    float *d = dev_floats(h, n);
-    free(h);
-    return d;
-}
-
-/* Waits for the queued ops and downloads n floats. */
-static float *host_floats(const float *dev, int64_t n) {
-    float *h = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
-    di_status st = di_backend_cuda_sync(&g_be);
-    CHECK_MSG(st == DI_OK, "%s", di_last_error());
-    di_cuda_download(&g_be, h, dev, (size_t)n * sizeof(float));
-    return h;
-}
-
-static void dfree(void *d) {
-    di_cuda_free(&g_be, d);
-}
+#include "test_cuda_util.h"
 
 /* ---------------------------------------------------------------------------------------- */
 /* Random weights                                                                             */

@@ -20,51 +20,14 @@
 #include "test.h"
 #define TEST_RAND_SEED 0x2545f4914f6cdd1dull
 #include "test_rand.h"
+#include "test_cuda_util.h"
 
-static di_backend g_be;
-static bool g_have_gpu;
-
-/* ---------------------------------------------------------------------------------------- */
-/* Device buffers                                                                             */
-/* ---------------------------------------------------------------------------------------- */
-
-static void *dev_from(const void *host, size_t bytes) {
-    void *d = di_cuda_malloc(&g_be, bytes ? bytes : 4);
-    if (d && bytes) di_cuda_upload(&g_be, d, host, bytes);
-    return d;
-}
-
-static float *dev_floats(const float *host, int64_t n) {
-    return dev_from(host, (size_t)n * sizeof(float));
-}
-
-static float *dev_poison(int64_t n) {
-    float *h = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
-    for (int64_t i = 0; i < n; i++)
-        h[i] = NAN;
-    float *d = dev_floats(h, n);
-    free(h);
-    return d;
-}
-
-/* Waits for the queued ops (and checks they ran) and downloads n floats. */
-static float *host_floats(const float *dev, int64_t n) {
-    float *h = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
-    di_status st = di_backend_cuda_sync(&g_be);
-    CHECK_MSG(st == DI_OK, "%s", di_last_error());
-    di_cuda_download(&g_be, h, dev, (size_t)n * sizeof(float));
-    return h;
-}
-
+/* A host array of n NaNs (CPU-reference outputs, so that unwritten elements show). */
 static float *nan_vec(int64_t n) {
     float *h = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
     for (int64_t i = 0; i < n; i++)
         h[i] = NAN;
     return h;
-}
-
-static void dfree(void *d) {
-    di_cuda_free(&g_be, d);
 }
 
 /* A device array of device pointers: dev_base + (host[i] - host_base) for each i. */
