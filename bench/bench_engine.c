@@ -20,7 +20,8 @@
  * the compute wait (engine mode): the share of the wall time during which no forward ran,
  * i.e. the thread that drives the forward (the compute thread with --overlap) sat idle
  * between steps waiting for scheduling, post-processing and the client loop;
- * and, for the roofline, pure-decode steps bucketed by batch size: [batch, steps, mean s].
+ * and, for the roofline, pure-decode steps bucketed by batch size: [batch, steps, mean s,
+ * mean routed-expert loads per step] (the engine's n_expert_loads; 0 where not counted).
  * --device runs the model there (di_model_params.device; default the CPU).
  */
 #include "deepinfer.h"
@@ -59,6 +60,7 @@ typedef struct req_time {
 typedef struct step_buckets {
     int64_t *count;
     double *seconds;
+    double *expert_loads; /* the engine's n_expert_loads over those steps (0: not counted) */
     int64_t cap;
 } step_buckets;
 
@@ -86,6 +88,7 @@ static int run_engine(const bench_opts *o, di_model *model, const di_model_info 
     step_buckets sb = {.cap = ep.max_running + 1};
     sb.count = calloc((size_t)sb.cap, sizeof(int64_t));
     sb.seconds = calloc((size_t)sb.cap, sizeof(double));
+    sb.expert_loads = calloc((size_t)sb.cap, sizeof(double));
     for (int64_t k = 0; k < o->shared_prefix; k++)
         prefix[k] = rand_id(info->vocab_size);
     di_sampling_params sp = di_sampling_default_params();
@@ -94,6 +97,7 @@ static int run_engine(const bench_opts *o, di_model *model, const di_model_info 
     sp.max_tokens = o->gen_len;
     samples ttft = {0}, itl = {0};
     int64_t submitted = 0, finished = 0, in_flight = 0, tokens = 0, prev_prompt_tokens = 0;
+    int64_t prev_loads = 0; /* without --overlap a step's delta is that step's forward */
     double t0 = now_s();
     int rc = 0;
     while (finished < o->requests && rc == 0) {
@@ -142,8 +146,10 @@ static int run_engine(const bench_opts *o, di_model *model, const di_model_info 
         if (st.n_prompt_tokens == prev_prompt_tokens && step_tokens > 0 && step_tokens < sb.cap) {
             sb.count[step_tokens]++;
             sb.seconds[step_tokens] += te - ts;
+            sb.expert_loads[step_tokens] += (double)(st.n_expert_loads - prev_loads);
         }
         prev_prompt_tokens = st.n_prompt_tokens;
+        prev_loads = st.n_expert_loads;
     }
     double wall = now_s() - t0;
     di_engine_stats st;
@@ -152,8 +158,9 @@ static int run_engine(const bench_opts *o, di_model *model, const di_model_info 
     for (int64_t b = 1; b < sb.cap; b++)
         if (sb.count[b])
             json_array_append_new(steps,
-                                  json_pack("[I, I, f]", (json_int_t)b, (json_int_t)sb.count[b],
-                                            sb.seconds[b] / (double)sb.count[b]));
+                                  json_pack("[I, I, f, f]", (json_int_t)b, (json_int_t)sb.count[b],
+                                            sb.seconds[b] / (double)sb.count[b],
+                                            sb.expert_loads[b] / (double)sb.count[b]));
     json_object_set_new(out, "wall_s", json_real(wall));
     json_object_set_new(out, "output_tokens", json_integer(tokens));
     json_object_set_new(out, "output_tok_s", json_real(wall > 0 ? (double)tokens / wall : 0));
@@ -179,6 +186,7 @@ static int run_engine(const bench_opts *o, di_model *model, const di_model_info 
     free(itl.v);
     free(sb.count);
     free(sb.seconds);
+    free(sb.expert_loads);
     free(outs);
     free(rt);
     free(prompt);

@@ -364,6 +364,10 @@ typedef struct di_engine_stats {
      * their sum; the two run concurrently). Zero otherwise. */
     int64_t n_prefill_steps, n_decode_steps;
     double time_prefill_busy_s, time_decode_busy_s;
+    /* Routed experts whose weights the forwards read (cumulative): for every forward chunk
+     * and MoE layer, the distinct experts its tokens were routed to. Counted by the V2/V3
+     * models on the CPU backend; 0 elsewhere. What a step's memory traffic depends on. */
+    int64_t n_expert_loads;
 } di_engine_stats;
 
 DI_API di_status di_engine_get_stats(const di_engine *e, di_engine_stats *out);

@@ -84,6 +84,8 @@ static void run_forward(di_engine *e, const eng_batch *b) {
             e->logits[i] = NAN;
     }
     e->work_time = di_time_now() - t0;
+    e->work_expert_loads =
+        e->model->arch->take_expert_loads ? e->model->arch->take_expert_loads(e->state) : 0;
 }
 
 static void *compute_main(void *arg) {
@@ -110,6 +112,7 @@ static void launch(di_engine *e, const eng_batch *b) {
     if (!e->thread_started) {
         run_forward(e, b);
         e->stats.time_device_s += e->work_time;
+        e->stats.n_expert_loads += e->work_expert_loads;
         return;
     }
     pthread_mutex_lock(&e->tlock);
@@ -129,6 +132,7 @@ static void wait_forward(di_engine *e) {
     pthread_mutex_unlock(&e->tlock);
     e->in_flight = false;
     e->stats.time_device_s += e->work_time;
+    e->stats.n_expert_loads += e->work_expert_loads;
 }
 
 /* ---------------------------------------------------------------------------------------- */

@@ -31,6 +31,8 @@ static void run_worker_forward(eng_worker *w) {
     di_batch_args a = {.seqs = w->batch.seqs, .n_seqs = w->batch.sb->n_seqs, .logits = w->logits};
     e->model->arch->forward_batch(e->model->weights, w->state, &w->be, &a);
     w->work_time = di_time_now() - t0;
+    w->work_expert_loads =
+        e->model->arch->take_expert_loads ? e->model->arch->take_expert_loads(w->state) : 0;
 }
 
 static void *worker_main(void *arg) {
@@ -72,6 +74,7 @@ static eng_worker *wait_any(di_engine *e) {
     w->busy = w->done = false;
     pthread_mutex_unlock(&e->tlock);
     e->stats.time_device_s += w->work_time;
+    e->stats.n_expert_loads += w->work_expert_loads;
     if (w->side == DI_SCHED_DECODE_SIDE) {
         e->stats.n_decode_steps++;
         e->stats.time_decode_busy_s += w->work_time;

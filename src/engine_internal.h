@@ -117,6 +117,7 @@ typedef struct eng_worker {
     bool started, busy;
     bool work_ready, done, quit;
     double work_time;
+    int64_t work_expert_loads; /* the last forward's (arch->take_expert_loads) */
 } eng_worker;
 
 /* Open-addressing map from caller id to request (linear probing, tombstones). */
@@ -187,6 +188,7 @@ struct di_engine {
     pthread_cond_t cv;
     const eng_batch *work;
     double work_time;
+    int64_t work_expert_loads; /* the last forward's (arch->take_expert_loads) */
 
     eng_worker workers[2]; /* p.disaggregate: [DI_SCHED_PREFILL_SIDE], [DI_SCHED_DECODE_SIDE] */
 

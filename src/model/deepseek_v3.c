@@ -154,6 +154,7 @@ typedef struct ds_state {
     const di_backend *mem;     /* the model's memory backend: allocated the buffers below */
     di_mla_cache cache;        /* the row pool: [n_layers][capacity] rows */
     bool cache_shared;         /* borrowed from another state (di_batch_config.share) */
+    int64_t expert_loads;      /* distinct experts per chunk and MoE layer (take_expert_loads) */
     int64_t block_size;        /* rows per block of the pool */
     int32_t ctx_table[1];      /* {0}: the context path's block table */
     int64_t max_tokens, chunk; /* chunk = C below */
@@ -517,6 +518,8 @@ static void moe(const ds_model *m, const ds_layer *L, ds_state *s, const di_back
                               .w = s->r_w};
     rp.router.bias = L->router_bias;
     be->ops->moe_route(c, &rp);
+    /* On a host-memory backend the op has run: count the experts this chunk reads. */
+    if (be->ops->host_memory) s->expert_loads += s->r_active[0];
 
     be->ops->copy_rows(c, s->xe, H, NULL, s->xn, H, s->r_src, nk, H);
     be->ops->matmul_experts(c, &L->x_gate, s->r_off, s->r_active, na, n, s->xe, s->xg);
@@ -731,6 +734,13 @@ static bool ds_prefix_cache_ok(const void *weights) {
     return true;
 }
 
+static int64_t ds_take_expert_loads(void *state) {
+    ds_state *s = state;
+    int64_t n = s->expert_loads;
+    s->expert_loads = 0;
+    return n;
+}
+
 static int64_t ds_block_multiple(const void *weights) {
     (void)weights;
     return 1;
@@ -795,4 +805,5 @@ const di_arch_vtable di_arch_deepseek_v3 = {
     .replay_tokens = ds_replay_tokens,
     .prefix_cache_ok = ds_prefix_cache_ok,
     .block_multiple = ds_block_multiple,
+    .take_expert_loads = ds_take_expert_loads,
 };

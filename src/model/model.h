@@ -110,6 +110,11 @@ typedef struct di_arch_vtable {
     int64_t (*replay_tokens)(const void *weights);
     bool (*prefix_cache_ok)(const void *weights);
     int64_t (*block_multiple)(const void *weights);
+    /* Optional (NULL: not counted). Routed-expert weight reads since the last call, and the
+     * counter reset: for every forward chunk and MoE layer, the number of distinct experts
+     * its tokens were routed to (each is read once per chunk). Called by the thread that ran
+     * the forward, after it. 0 where the backend's memory is not host-readable. */
+    int64_t (*take_expert_loads)(void *state);
 } di_arch_vtable;
 
 /* The vtable for a parsed config, or NULL with an error naming the architecture and

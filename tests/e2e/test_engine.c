@@ -192,6 +192,71 @@ TEST(prefix_reuse) {
     di_model_free(m);
 }
 
+/* ---- Experts read per step (di_engine_stats.n_expert_loads) ------------------------------ */
+
+/* tests/data/v2_lite/config.json: 3 layers, the first dense (first_k_dense_replace 1), so 2 MoE
+ * layers; 8 routed experts, top-2. A decode step of one sequence reads exactly its top-2
+ * experts in each MoE layer; a step of B tokens reads between 2 and min(8, 2 B) per layer. */
+#define EL_MOE_LAYERS 2
+#define EL_E          8
+#define EL_K          2
+
+TEST(expert_loads) {
+    di_model *m = NULL;
+    if (!eu_load("v2_lite", 2, &m)) {
+        CHECK(false);
+        return;
+    }
+    di_engine_params ep = small_params();
+    di_engine *e = NULL;
+    CHECK(di_engine_create(m, &ep, &e) == DI_OK);
+    di_sampling_params sp = greedy(6);
+    int32_t prompt[3][12];
+    for (int r = 0; r < 3; r++)
+        for (int k = 0; k < 12; k++)
+            prompt[r][k] = 2 + rnd(390);
+    di_engine_output outs[8];
+    int64_t prev = 0, n_checked = 0;
+    /* One request alone, then three together. */
+    for (int round = 0; round < 2; round++) {
+        const int n_req = round == 0 ? 1 : 3;
+        for (int r = 0; r < n_req; r++) {
+            di_engine_request q = {.prompt_ids = prompt[r],
+                                   .n_prompt_ids = 12,
+                                   .sampling = &sp,
+                                   .id = (uint64_t)(10 * round + r)};
+            CHECK(di_engine_add_request(e, &q) == DI_OK);
+        }
+        for (int done = 0, guard = 0; done < n_req && guard < 100; guard++) {
+            di_engine_stats before;
+            di_engine_get_stats(e, &before);
+            int64_t n = 0;
+            CHECK(di_engine_step(e, outs, 8, &n) == DI_OK);
+            di_engine_stats st;
+            di_engine_get_stats(e, &st);
+            const int64_t loads = st.n_expert_loads - prev, rows = st.n_prompt_tokens -
+                                                                   before.n_prompt_tokens;
+            prev = st.n_expert_loads;
+            int64_t gen = 0;
+            for (int64_t i = 0; i < n; i++) {
+                gen += outs[i].n_tokens;
+                done += outs[i].finished;
+            }
+            if (rows == 0 && gen > 0) { /* a pure decode step of `gen` sequences */
+                const int64_t lo = EL_MOE_LAYERS * EL_K;
+                const int64_t hi = EL_MOE_LAYERS * (EL_K * gen < EL_E ? EL_K * gen : EL_E);
+                if (gen == 1) CHECK_EQ_INT(loads, lo);
+                CHECK_MSG(loads >= lo && loads <= hi, "batch %lld: %lld loads", (long long)gen,
+                          (long long)loads);
+                n_checked++;
+            }
+        }
+    }
+    CHECK_MSG(n_checked >= 8, "%lld decode steps checked", (long long)n_checked);
+    di_engine_free(e);
+    di_model_free(m);
+}
+
 /* ---- Prompt logprobs --------------------------------------------------------------------- */
 
 #define PLP_LEN 110 /* > the engine's 64 prompt-logits rows per step */
@@ -579,6 +644,7 @@ int main(void) {
     RUN(mixed_batches);
     RUN(preemption);
     RUN(prefix_reuse);
+    RUN(expert_loads);
     RUN(prompt_logprobs);
     RUN(n_samples);
     RUN(stop_strings_and_text);
