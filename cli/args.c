@@ -159,13 +159,8 @@ int cli_parse(const char *cmd, const char *usage, const cli_opt *opts, int n_opt
 /* ---------------------------------------------------------------------------------------- */
 
 int cli_check_device(const char *cmd, const char *device) {
-    if (!device || strcmp(device, "cpu") == 0 || strcmp(device, "cuda") == 0) return CLI_CONTINUE;
-    if (strncmp(device, "cuda:", 5) == 0 && device[5]) {
-        const char *p = device + 5;
-        while (*p >= '0' && *p <= '9')
-            p++;
-        if (!*p && p - device <= 9) return CLI_CONTINUE;
-    }
+    int cuda_device;
+    if (di_device_parse(device, &cuda_device) == DI_OK) return CLI_CONTINUE;
     return cli_error(CLI_EXIT_USAGE, cmd, "--device \"%s\": expected cpu, cuda or cuda:N", device);
 }
 

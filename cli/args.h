@@ -65,7 +65,8 @@ int cli_parse_format(const char *cmd, const char *format, bool *json);
  * source tree the program was built from. Returns NULL after printing an error (exit 2). */
 const char *cli_model_dir(const char *cmd, const char *given);
 
-/* Checks --device: NULL (absent), "cpu", "cuda" or "cuda:N"; else a usage error. */
+/* Checks --device with the library's di_device_parse (absent, "cpu", "cuda" or "cuda:N");
+ * else a usage error (exit 2) before anything is loaded. */
 int cli_check_device(const char *cmd, const char *device);
 
 /* Loads the model in dir on `device` (NULL: the CPU; see --device) with n_threads threads

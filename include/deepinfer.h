@@ -115,6 +115,11 @@ typedef struct di_device_info {
  * CUDA. */
 DI_API di_status di_cuda_devices(di_device_info *out, int32_t cap, int32_t *n);
 
+/* Parses a device name as di_model_params.device takes it: NULL, "" or "cpu" gives -1,
+ * "cuda" 0, "cuda:N" N. Fails with DI_ERR_INVALID_ARG naming the string and the accepted
+ * forms. Checks the name only, not whether such a device exists. */
+DI_API di_status di_device_parse(const char *device, int *cuda_device);
+
 /* Loads a checkpoint folder as published (config.json + *.safetensors [+ index]).
  * Weights are memory-mapped and used in their stored dtype. */
 DI_API di_status di_model_load(const char *dir, const di_model_params *params, di_model **out);
