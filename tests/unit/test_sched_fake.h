@@ -192,6 +192,46 @@ static inline bool in_batch(const di_sched_batch *b, int64_t id) {
 }
 
 /* Runs until every spec has been added and finished, checking everything (see top). */
+/* After a run: every request finished with the output it has when run alone (aborted ones
+ * with "abort", ones that can never fit with an error naming max_model_len), and once all
+ * are released no block is held and the scheduler's invariants hold. */
+static inline void check_all_finished(di_sched *s, const di_sched_config *cfg, const spec *sp,
+                                      int n) {
+    int32_t *ref = malloc(8192 * sizeof *ref);
+    for (int i = 0; i < n && !test_cur_failed; i++) {
+        di_sched_req_info info;
+        CHECK_EQ_INT(di_sched_get(s, sp[i].id, &info), DI_OK);
+        CHECK_EQ_INT(info.state, DI_REQ_FINISHED);
+        if (sp[i].aborted) {
+            CHECK_EQ_INT(info.finish_reason, DI_FINISH_ABORT);
+            continue;
+        }
+        if (sp[i].n_prompt >= cfg->max_model_len) {
+            CHECK_EQ_INT(info.finish_reason, DI_FINISH_ERROR);
+            CHECK(strstr(info.error, "max_model_len") != NULL);
+            continue;
+        }
+        di_finish_reason why;
+        int64_t n_out = ref_generate(sp[i].prompt, sp[i].n_prompt, &sp[i].params,
+                                     cfg->max_model_len, ref, &why);
+        CHECK_EQ_INT(info.n_output, n_out);
+        CHECK_EQ_INT(info.finish_reason, why);
+        CHECK(info.n_output == n_out &&
+              memcmp(info.output, ref + sp[i].n_prompt, (size_t)n_out * sizeof *ref) == 0);
+    }
+    free(ref);
+    int64_t ids[256];
+    int64_t n_fin = di_sched_finished(s, ids, 256);
+    CHECK_EQ_INT(n_fin, n);
+    for (int64_t i = 0; i < n_fin && i < 256; i++)
+        CHECK_EQ_INT(di_sched_release(s, ids[i]), DI_OK);
+    di_sched_stats st;
+    di_sched_get_stats(s, &st);
+    CHECK_EQ_INT(st.n_running + st.n_waiting + st.n_finished, 0);
+    CHECK_EQ_INT(st.kv_blocks_used, 0); /* no leaks: only cached blocks nobody holds remain */
+    CHECK_EQ_INT(di_sched_check(s), DI_OK);
+}
+
 static inline run_totals run_all(di_sched *s, const di_sched_config *cfg, spec *sp, int n,
                                  run_opts o) {
     fake_runner fr;
@@ -288,40 +328,7 @@ static inline run_totals run_all(di_sched *s, const di_sched_config *cfg, spec *
         di_status st = di_sched_check(s);
         CHECK_MSG(st == DI_OK, "step %lld: %s", (long long)step, di_last_error());
     }
-    /* Every request finished with the output it has when run alone. */
-    int32_t *ref = malloc(8192 * sizeof *ref);
-    for (int i = 0; i < n && !test_cur_failed; i++) {
-        di_sched_req_info info;
-        CHECK_EQ_INT(di_sched_get(s, sp[i].id, &info), DI_OK);
-        CHECK_EQ_INT(info.state, DI_REQ_FINISHED);
-        if (sp[i].aborted) {
-            CHECK_EQ_INT(info.finish_reason, DI_FINISH_ABORT);
-            continue;
-        }
-        if (sp[i].n_prompt >= cfg->max_model_len) {
-            CHECK_EQ_INT(info.finish_reason, DI_FINISH_ERROR);
-            CHECK(strstr(info.error, "max_model_len") != NULL);
-            continue;
-        }
-        di_finish_reason why;
-        int64_t n_out = ref_generate(sp[i].prompt, sp[i].n_prompt, &sp[i].params,
-                                     cfg->max_model_len, ref, &why);
-        CHECK_EQ_INT(info.n_output, n_out);
-        CHECK_EQ_INT(info.finish_reason, why);
-        CHECK(info.n_output == n_out &&
-              memcmp(info.output, ref + sp[i].n_prompt, (size_t)n_out * sizeof *ref) == 0);
-    }
-    free(ref);
-    int64_t ids[256];
-    int64_t n_fin = di_sched_finished(s, ids, 256);
-    CHECK_EQ_INT(n_fin, n);
-    for (int64_t i = 0; i < n_fin && i < 256; i++)
-        CHECK_EQ_INT(di_sched_release(s, ids[i]), DI_OK);
-    di_sched_stats st;
-    di_sched_get_stats(s, &st);
-    CHECK_EQ_INT(st.n_running + st.n_waiting + st.n_finished, 0);
-    CHECK_EQ_INT(st.kv_blocks_used, 0); /* no leaks: only cached blocks nobody holds remain */
-    CHECK_EQ_INT(di_sched_check(s), DI_OK);
+    check_all_finished(s, cfg, sp, n);
     tot.placeholders = fr.n_placeholders;
     free(cur);
     free(prev);
@@ -346,6 +353,57 @@ static inline di_sched *make(const di_sched_config *c) {
     di_status st = di_sched_create(c, &s);
     CHECK_MSG(st == DI_OK, "%s", di_last_error());
     return s;
+}
+
+/* A random configuration for the random-mix tests: block size 1-8, max_model_len 40-119, a
+ * pool of one sequence's blocks plus up to as many again (tiny: forces preemption) or, roomy,
+ * 64 sequences' worth; budgets, prefix cache and V4 replay drawn too. */
+static inline di_sched_config random_config(di_sched_config c, bool roomy) {
+    c.block_size = 1 << rnd(4);
+    c.max_model_len = 40 + rnd(80);
+    int32_t min_blocks = (int32_t)((c.max_model_len + c.block_size - 1) / c.block_size);
+    c.n_blocks = roomy ? 64 * min_blocks : min_blocks + (int32_t)rnd((uint32_t)min_blocks + 1);
+    c.max_running = 1 + (int32_t)rnd(8);
+    c.max_batch_tokens = c.max_running + rnd(64);
+    c.max_prefill_tokens = rnd(2) ? 0 : 1 + rnd((uint32_t)c.max_batch_tokens);
+    c.enable_prefix_cache = rnd(4) != 0;
+    const int64_t replay_choices[5] = {0, 0, 3, 10, 30};
+    c.replay_tokens = replay_choices[rnd(5)];
+    c.eos_token_id = EOS;
+    return c;
+}
+
+/* 10-39 random requests into sp[]: prompts sharing prefixes of three base sequences, one in
+ * 20 too long to ever fit, random lengths, min_tokens, ignore_eos, a stop token and arrival
+ * step. Returns their count. */
+static inline int random_specs(const di_sched_config *c, spec *sp) {
+    int32_t base[3][120];
+    for (int k = 0; k < 3; k++)
+        fill_random(base[k], 120);
+    int n = 10 + (int)rnd(30);
+    for (int i = 0; i < n; i++) {
+        spec *p = &sp[i];
+        memset(p, 0, sizeof *p);
+        p->id = 1000 + i;
+        int64_t shared = 1 + rnd(60), tail = rnd(10);
+        memcpy(p->prompt, base[rnd(3)], (size_t)shared * sizeof(int32_t));
+        fill_random(p->prompt + shared, tail);
+        p->n_prompt = shared + tail;
+        if (rnd(20) == 0) { /* can never fit */
+            p->n_prompt = c->max_model_len + rnd(3);
+            fill_random(p->prompt, p->n_prompt);
+        }
+        p->params.max_tokens = 1 + rnd(40);
+        p->params.min_tokens = rnd(4);
+        p->params.ignore_eos = rnd(4) == 0;
+        if (rnd(3) == 0) {
+            p->stop[0] = (int32_t)rnd(VOCAB);
+            p->params.stop_token_ids = p->stop;
+            p->params.n_stop_token_ids = 1;
+        }
+        p->arrival = rnd(60);
+    }
+    return n;
 }
 
 #endif /* DI_TEST_SCHED_FAKE_H */

@@ -11,46 +11,10 @@ TEST(random_mixes) {
     static spec sp[40];
     int64_t preemptions = 0, hits = 0, replays = 0, placeholders = 0;
     for (int trial = 0; trial < 400 && !test_cur_failed; trial++) {
-        di_sched_config c = di_sched_default_config();
-        c.block_size = 1 << rnd(4);
-        c.max_model_len = 40 + rnd(80);
-        int32_t min_blocks = (int32_t)((c.max_model_len + c.block_size - 1) / c.block_size);
-        c.n_blocks = min_blocks + (int32_t)rnd((uint32_t)min_blocks + 1); /* tiny: preempts */
-        c.max_running = 1 + (int32_t)rnd(8);
-        c.max_batch_tokens = c.max_running + rnd(64);
-        c.max_prefill_tokens = rnd(2) ? 0 : 1 + rnd((uint32_t)c.max_batch_tokens);
-        c.enable_prefix_cache = rnd(4) != 0;
-        const int64_t replay_choices[5] = {0, 0, 3, 10, 30};
-        c.replay_tokens = replay_choices[rnd(5)];
-        c.eos_token_id = EOS;
+        di_sched_config c = random_config(di_sched_default_config(), false);
         di_sched *s = make(&c);
         if (!s) return;
-        int32_t base[3][120];
-        for (int k = 0; k < 3; k++)
-            fill_random(base[k], 120);
-        int n = 10 + (int)rnd(30);
-        for (int i = 0; i < n; i++) {
-            spec *p = &sp[i];
-            memset(p, 0, sizeof *p);
-            p->id = 1000 + i;
-            int64_t shared = 1 + rnd(60), tail = rnd(10);
-            memcpy(p->prompt, base[rnd(3)], (size_t)shared * sizeof(int32_t));
-            fill_random(p->prompt + shared, tail);
-            p->n_prompt = shared + tail;
-            if (rnd(20) == 0) { /* can never fit */
-                p->n_prompt = c.max_model_len + rnd(3);
-                fill_random(p->prompt, p->n_prompt);
-            }
-            p->params.max_tokens = 1 + rnd(40);
-            p->params.min_tokens = rnd(4);
-            p->params.ignore_eos = rnd(4) == 0;
-            if (rnd(3) == 0) {
-                p->stop[0] = (int32_t)rnd(VOCAB);
-                p->params.stop_token_ids = p->stop;
-                p->params.n_stop_token_ids = 1;
-            }
-            p->arrival = rnd(60);
-        }
+        int n = random_specs(&c, sp);
         run_opts opts = {5, trial % 3 == 0 ? 20 : 0, trial % 2 == 1};
         uint64_t rng_before = rng;
         run_totals t = run_all(s, &c, sp, n, opts);
