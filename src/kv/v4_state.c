@@ -60,14 +60,9 @@ static di_v4_comp_state comp_carve(char **p, int64_t m, int64_t width, bool over
     return cs;
 }
 
-di_status di_v4_slots_init(di_v4_slots *s, int64_t n_slots, int64_t n_layers, const uint8_t *kinds,
-                           const int64_t *rates, int64_t window, int64_t dim, int64_t index_dim) {
-    return di_v4_slots_init_on(s, NULL, n_slots, n_layers, kinds, rates, window, dim, index_dim);
-}
-
-di_status di_v4_slots_init_on(di_v4_slots *s, const di_backend *be, int64_t n_slots,
-                              int64_t n_layers, const uint8_t *kinds, const int64_t *rates,
-                              int64_t window, int64_t dim, int64_t index_dim) {
+di_status di_v4_slots_init(di_v4_slots *s, const di_backend *be, int64_t n_slots,
+                           int64_t n_layers, const uint8_t *kinds, const int64_t *rates,
+                           int64_t window, int64_t dim, int64_t index_dim) {
     memset(s, 0, sizeof *s);
     size_t per_slot = 0;
     for (int64_t il = 0; il < n_layers; il++)
@@ -118,16 +113,9 @@ void di_v4_slots_free(di_v4_slots *s) {
 /* Paged entries                                                                              */
 /* ---------------------------------------------------------------------------------------- */
 
-di_status di_v4_pool_init(di_v4_pool *p, int64_t n_layers, const uint8_t *kinds,
-                          const int64_t *rates, int64_t dim, int64_t index_dim, int64_t n_blocks,
-                          int64_t block_size) {
-    return di_v4_pool_init_on(p, NULL, n_layers, kinds, rates, dim, index_dim, n_blocks,
-                              block_size);
-}
-
-di_status di_v4_pool_init_on(di_v4_pool *p, const di_backend *be, int64_t n_layers,
-                             const uint8_t *kinds, const int64_t *rates, int64_t dim,
-                             int64_t index_dim, int64_t n_blocks, int64_t block_size) {
+di_status di_v4_pool_init(di_v4_pool *p, const di_backend *be, int64_t n_layers,
+                          const uint8_t *kinds, const int64_t *rates, int64_t dim,
+                          int64_t index_dim, int64_t n_blocks, int64_t block_size) {
     memset(p, 0, sizeof *p);
     if (n_blocks <= 0 || block_size <= 0)
         return di_error(DI_ERR_INVALID_ARG,

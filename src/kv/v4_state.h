@@ -65,14 +65,11 @@ typedef struct di_v4_slots {
 } di_v4_slots;
 
 /* Allocates n_slots window states for n_layers layers of the given kinds (uint8_t
- * di_v4_layer_kind per layer) and rates. On failure *s is left empty and the error names
- * the size. */
-di_status di_v4_slots_init(di_v4_slots *s, int64_t n_slots, int64_t n_layers, const uint8_t *kinds,
-                           const int64_t *rates, int64_t window, int64_t dim, int64_t index_dim);
-/* The same with the rows in `be`'s memory (borrowed, must outlive s; NULL: host). */
-di_status di_v4_slots_init_on(di_v4_slots *s, const di_backend *be, int64_t n_slots,
-                              int64_t n_layers, const uint8_t *kinds, const int64_t *rates,
-                              int64_t window, int64_t dim, int64_t index_dim);
+ * di_v4_layer_kind per layer) and rates, the rows in `be`'s memory (borrowed, must outlive
+ * s; NULL: host memory). On failure *s is left empty and the error names the size. */
+di_status di_v4_slots_init(di_v4_slots *s, const di_backend *be, int64_t n_slots,
+                           int64_t n_layers, const uint8_t *kinds, const int64_t *rates,
+                           int64_t window, int64_t dim, int64_t index_dim);
 void di_v4_slots_free(di_v4_slots *s);
 
 /* Starts a sequence in the slot at position base. Nothing is cleared: every row is written
@@ -108,15 +105,12 @@ typedef struct di_v4_pool {
     size_t rows_bytes;    /* the rows alone */
 } di_v4_pool;
 
-/* Allocates the entry rows of n_blocks blocks of block_size positions. Fails with
- * DI_ERR_INVALID_ARG naming block_size when it is not a multiple of every layer's rate. */
-di_status di_v4_pool_init(di_v4_pool *p, int64_t n_layers, const uint8_t *kinds,
-                          const int64_t *rates, int64_t dim, int64_t index_dim, int64_t n_blocks,
-                          int64_t block_size);
-/* The same with the rows in `be`'s memory (borrowed, must outlive p; NULL: host). */
-di_status di_v4_pool_init_on(di_v4_pool *p, const di_backend *be, int64_t n_layers,
-                             const uint8_t *kinds, const int64_t *rates, int64_t dim,
-                             int64_t index_dim, int64_t n_blocks, int64_t block_size);
+/* Allocates the entry rows of n_blocks blocks of block_size positions in `be`'s memory
+ * (borrowed, must outlive p; NULL: host memory). Fails with DI_ERR_INVALID_ARG naming
+ * block_size when it is not a multiple of every layer's rate. */
+di_status di_v4_pool_init(di_v4_pool *p, const di_backend *be, int64_t n_layers,
+                          const uint8_t *kinds, const int64_t *rates, int64_t dim,
+                          int64_t index_dim, int64_t n_blocks, int64_t block_size);
 void di_v4_pool_free(di_v4_pool *p);
 
 /* Entry w of layer il of the sequence with block table `table` (d floats), and its indexer

@@ -17,17 +17,17 @@ static const int64_t g_rates[4] = {0, 4, 16, 4};
 
 TEST(pool_block_size_must_divide) {
     di_v4_pool p;
-    CHECK_EQ_INT(di_v4_pool_init(&p, 4, g_kinds, g_rates, 8, 4, 3, 24), DI_ERR_INVALID_ARG);
+    CHECK_EQ_INT(di_v4_pool_init(&p, NULL, 4, g_kinds, g_rates, 8, 4, 3, 24), DI_ERR_INVALID_ARG);
     CHECK(strstr(di_last_error(), "block_size 24") != NULL);
     CHECK(p.mem == NULL);
-    CHECK_EQ_INT(di_v4_pool_init(&p, 4, g_kinds, g_rates, 8, 4, 0, 16), DI_ERR_INVALID_ARG);
+    CHECK_EQ_INT(di_v4_pool_init(&p, NULL, 4, g_kinds, g_rates, 8, 4, 0, 16), DI_ERR_INVALID_ARG);
     CHECK(strstr(di_last_error(), "n_blocks") != NULL);
 }
 
 TEST(pool_addressing) {
     const int64_t d = 8, dI = 4, nb = 5, bs = 32;
     di_v4_pool p;
-    CHECK_EQ_INT(di_v4_pool_init(&p, 4, g_kinds, g_rates, d, dI, nb, bs), DI_OK);
+    CHECK_EQ_INT(di_v4_pool_init(&p, NULL, 4, g_kinds, g_rates, d, dI, nb, bs), DI_OK);
     CHECK(p.layers[0].entries == NULL && p.layers[2].ientries == NULL);
     const int32_t table[3] = {4, 0, 2}; /* positions 0..95 */
     for (int64_t il = 1; il < 4; il++) {
@@ -66,7 +66,7 @@ TEST(pool_addressing) {
 TEST(slots_layout) {
     const int64_t W = 6, d = 8, dI = 4;
     di_v4_slots s;
-    CHECK_EQ_INT(di_v4_slots_init(&s, 3, 4, g_kinds, g_rates, W, d, dI), DI_OK);
+    CHECK_EQ_INT(di_v4_slots_init(&s, NULL, 3, 4, g_kinds, g_rates, W, d, dI), DI_OK);
     CHECK_EQ_INT(s.n_slots, 3);
     for (int64_t k = 0; k < 3; k++) {
         const di_v4_slot_layer *L = s.slot[k].layers;
