@@ -121,10 +121,10 @@ static di_status kv_create(const v4_model *m, int64_t n_blocks, int64_t block_si
     /* The rows live in the model's memory backend; a CPU model keeps them on the host. */
     const di_backend *be = m->be->ops->host_memory ? NULL : m->be;
     di_status st = di_v4_pool_init(&kv->pool, be, nl, v->layer_kind, v->compress_rate,
-                                      v->head_dim, v->index_head_dim, n_blocks, block_size);
+                                   v->head_dim, v->index_head_dim, n_blocks, block_size);
     if (!st)
         st = di_v4_slots_init(&kv->slots, be, n_slots, nl, v->layer_kind, v->compress_rate,
-                                 v->sliding_window, v->head_dim, v->index_head_dim);
+                              v->sliding_window, v->head_dim, v->index_head_dim);
     if (st) {
         kv_free(kv);
         return st;
