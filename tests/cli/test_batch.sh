@@ -17,17 +17,7 @@
 BIN=${1:?usage: test_batch.sh <path-to-deepinfer>}
 MODEL=tests/data/v2_lite
 TOKJSON=tests/data/tokenizer/variants/split_removed_invert.json
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-n_pass=0
-n_fail=0
-check() { # check NAME EXPECTED ACTUAL
-    if [ "$2" == "$3" ]; then
-        n_pass=$((n_pass + 1)); echo "ok   $1"
-    else
-        n_fail=$((n_fail + 1)); echo "FAIL $1"; echo "  expected: $2"; echo "  actual:   $3"
-    fi
-}
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 if [ ! -f "$MODEL/config.json" ] || [ ! -f "$TOKJSON" ]; then
     echo "0 passed, 0 failed, 1 skipped"
     exit 0
@@ -240,5 +230,4 @@ check "output == input is refused" "2" "$?"
 "$BIN" batch --model "$MODEL" --input "$TMP/none.jsonl" --output "$TMP/y.jsonl" >/dev/null 2>&1
 check "missing input fails" "1" "$?"
 
-echo "$n_pass passed, $n_fail failed"
-[ "$n_fail" -eq 0 ]
+finish

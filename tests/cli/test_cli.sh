@@ -12,21 +12,7 @@
 
 BIN=${1:?usage: test_cli.sh <path-to-deepinfer> [<shared-dir>]}
 CASE=tests/data/v2_lite
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-
-n_pass=0
-n_fail=0
-n_skip=0
-
-pass() { n_pass=$((n_pass + 1)); echo "ok   $1"; }
-fail() {
-    n_fail=$((n_fail + 1))
-    echo "FAIL $1"
-    shift
-    for line in "$@"; do echo "  $line"; done
-}
-skip() { n_skip=$((n_skip + 1)); echo "skip $1"; }
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 # Runs the program; leaves $TMP/out, $TMP/err and $rc.
 run() {
@@ -231,9 +217,4 @@ if len(b["choices"]) != 3 or b["choices"][0]["ids"] != a["ids"] or b["ids"] != a
         logits --model "$CASE" --ids "$PROMPT" --out "$TMP/no/such/dir/x.bin"
 fi
 
-if [ "$n_skip" -gt 0 ]; then
-    echo "$n_pass passed, $n_fail failed, $n_skip skipped"
-else
-    echo "$n_pass passed, $n_fail failed"
-fi
-[ "$n_fail" -eq 0 ]
+finish

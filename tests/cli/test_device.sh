@@ -10,18 +10,7 @@
 
 BIN=${1:?usage: test_device.sh <path-to-deepinfer> [<shared-dir>]}
 CASE=tests/data/v3_fp8
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-
-n_pass=0
-n_fail=0
-pass() { n_pass=$((n_pass + 1)); echo "ok   $1"; }
-fail() {
-    n_fail=$((n_fail + 1))
-    echo "FAIL $1"
-    shift
-    for line in "$@"; do echo "  $line"; done
-}
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 run() {
     "$BIN" "$@" >"$TMP/out" 2>"$TMP/err"
     rc=$?
@@ -100,5 +89,4 @@ else
     done
 fi
 
-echo "$n_pass passed, $n_fail failed"
-[ "$n_fail" = 0 ]
+finish

@@ -11,17 +11,7 @@
 BIN=${1:?usage: test_generate_text.sh <path-to-deepinfer>}
 MODEL=tests/data/v2_lite
 TOKJSON=tests/data/tokenizer/variants/split_removed_invert.json
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-n_pass=0
-n_fail=0
-check() { # check NAME EXPECTED ACTUAL
-    if [ "$2" == "$3" ]; then
-        n_pass=$((n_pass + 1)); echo "ok   $1"
-    else
-        n_fail=$((n_fail + 1)); echo "FAIL $1"; echo "  expected: $2"; echo "  actual:   $3"
-    fi
-}
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 if [ ! -f "$MODEL/config.json" ] || [ ! -f "$TOKJSON" ]; then
     echo "FAIL committed test data absent: $MODEL or $TOKJSON"
     echo "0 passed, 1 failed"
@@ -60,5 +50,4 @@ check "missing tokenizer.json fails naming it" "1 yes 0" "$rc $(grep -q 'tokeniz
 "$BIN" generate --model "$MODEL" --chat --ids "1 2" >"$TMP/out" 2>"$TMP/err"
 check "--chat without --prompt is a usage error" "2" "$?"
 
-echo "$n_pass passed, $n_fail failed"
-[ "$n_fail" -eq 0 ]
+finish

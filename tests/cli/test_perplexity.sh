@@ -7,12 +7,7 @@
 #
 # usage: bash tests/cli/test_perplexity.sh <path-to-deepinfer> [<shared-dir>]
 BIN=${1:?usage: test_perplexity.sh <path-to-deepinfer>}
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-n_pass=0
-n_fail=0
-ok() { n_pass=$((n_pass + 1)); echo "ok   $1"; }
-bad() { n_fail=$((n_fail + 1)); echo "FAIL $1: $2"; }
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 for dir in tests/data/v2_* tests/data/v3_*; do
     [ -f "$dir/ref.json" ] || continue
@@ -36,7 +31,7 @@ if got["tokens"] != len(ids) - 1 or got["vocab_size"] != V or abs(got["ppl"] - p
     print("got %s, expected tokens %d ppl %.6f" % (got, len(ids) - 1, ppl))
 EOF2
 )
-    [ -z "$msg" ] && ok "$case ppl matches reference logits" || bad "$case" "$msg"
+    [ -z "$msg" ] && pass "$case ppl matches reference logits" || fail "$case" "$msg"
 done
 
 # Chunking: --ctx 7 over v3_grouped's prompt equals per-chunk scoring of `deepinfer logits`.
@@ -69,17 +64,17 @@ if got["tokens"] != n or abs(got["ppl"] - ppl) > 1e-5 * ppl:
     print("got %s, expected tokens %d ppl %.6f" % (got, n, ppl))
 EOF2
 )
-    [ -z "$msg" ] && ok "chunked --ctx 7 scoring" || bad "chunked" "$msg"
+    [ -z "$msg" ] && pass "chunked --ctx 7 scoring" || fail "chunked" "$msg"
 fi
 
 # Bad input: both inputs, a missing file, a one-token input.
 "$BIN" perplexity --model tests/data/v2_lite --file x --ids-file y >/dev/null 2>&1
-[ $? -eq 2 ] && ok "--file with --ids-file is a usage error" || bad "both inputs" "exit $?"
+[ $? -eq 2 ] && pass "--file with --ids-file is a usage error" || fail "both inputs" "exit $?"
 "$BIN" perplexity --model tests/data/v2_lite --file /nonexistent/text.txt 2>"$TMP/err" >/dev/null
-[ $? -ne 0 ] && grep -q "text.txt" "$TMP/err" && ok "missing --file is named" || bad "missing file" "$(cat "$TMP/err")"
+[ $? -ne 0 ] && grep -q "text.txt" "$TMP/err" && pass "missing --file is named" || fail "missing file" "$(cat "$TMP/err")"
 echo 5 >"$TMP/one"
 "$BIN" perplexity --model tests/data/v2_lite --ids-file "$TMP/one" >/dev/null 2>&1
-[ $? -eq 2 ] && ok "one token is refused" || bad "one token" "exit $?"
+[ $? -eq 2 ] && pass "one token is refused" || fail "one token" "exit $?"
 
 echo "$n_pass passed, $n_fail failed"
 [ "$n_fail" -eq 0 ]
