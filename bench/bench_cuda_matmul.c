@@ -191,6 +191,10 @@ int main(int argc, char **argv) {
         {"mlp down 7168x18432", DI_DTYPE_F8_E4M3, 7168, 18432},
         {"expert up 2048x7168", DI_DTYPE_F8_E4M3, 2048, 7168},
         {"kv_a 576x7168", DI_DTYPE_F8_E4M3, 576, 7168},
+        {"v2-lite lm_head 102400x2048", DI_DTYPE_BF16, 102400, 2048},
+        {"v2-lite expert gate 1408x2048", DI_DTYPE_BF16, 1408, 2048},
+        {"v2-lite expert down 2048x1408", DI_DTYPE_BF16, 2048, 1408},
+        {"v2-lite q_proj 3072x2048", DI_DTYPE_BF16, 3072, 2048},
         {"v4 expert up 2048x4096", DI_DTYPE_F4_E2M1, 2048, 4096},
         {"v4 expert down 4096x2048", DI_DTYPE_F4_E2M1, 4096, 2048},
     };

@@ -17,6 +17,9 @@ usage: gpu_vs_transformers.py --deepinfer BUILD/deepinfer --bench-engine BUILD/b
                               [--layers 27] [--model-dir /tmp/v2lite-rand] [--gen 64]
                               [--prompt-len 16] [--concurrency 1,8,64] [--out results.json]
                               [--md table.md] [--plot plot.png] [--skip-hf]
+       gpu_vs_transformers.py --make-only [--layers N] [--model-dir DIR]  (only the folder)
+       gpu_vs_transformers.py --from-json results.json [--concurrency ...] [--md] [--plot]
+deepinfer runs first, transformers last, so a run cut short keeps deepinfer's rows.
 Batch-1 decode speed: transformers = (time of N new tokens - time of 1 new token) / (N - 1)
 (prefill not counted); deepinfer = the decode tok/s that `deepinfer generate --format json`
 reports (tokens after the first / their time: model loading and prefill not counted). The
@@ -31,7 +34,10 @@ import subprocess
 import sys
 import time
 
-import torch
+try:
+    import torch
+except ImportError:  # --from-json needs no torch
+    torch = None
 
 # DeepSeek-V2-Lite's published config (deepseek-ai/DeepSeek-V2-Lite), transformers' field names.
 V2_LITE = dict(
@@ -142,8 +148,12 @@ def di_engine(args, conc, env=None):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--deepinfer", required=True)
-    ap.add_argument("--bench-engine", required=True)
+    ap.add_argument("--deepinfer")
+    ap.add_argument("--bench-engine")
+    ap.add_argument("--from-json", help="print the table (and --md / --plot) of this results "
+                    "file of an earlier run, measuring nothing")
+    ap.add_argument("--make-only", action="store_true",
+                    help="only write the model folder (--model-dir, --layers) and exit")
     ap.add_argument("--layers", type=int, default=27)
     ap.add_argument("--model-dir", default="/tmp/v2lite-rand")
     ap.add_argument("--gen", type=int, default=64)
@@ -158,6 +168,24 @@ def main():
     ap.add_argument("--no-graphs", action="store_true",
                     help="also batch-1 decode with DI_CUDA_GRAPHS=0 (every op launched)")
     args = ap.parse_args()
+    if args.make_only:
+        make_model(args)
+        return
+    if args.from_json:  # only the table and the plot of an earlier run
+        with open(args.from_json) as f:
+            res = json.load(f)
+        concs = [int(x) for x in args.concurrency.split(",")]
+        table = report(res, concs)
+        print(table)
+        if args.md:
+            with open(args.md, "w") as f:
+                f.write(table + "\n")
+        if args.plot:
+            plot(res, concs, args.plot)
+        return
+    if not args.deepinfer or not args.bench_engine:
+        ap.error("--deepinfer and --bench-engine are required (except with --make-only and "
+                 "--from-json)")
     res = {"device": torch.cuda.get_device_name(), "layers": args.layers, "gen": args.gen,
            "prompt_len": args.prompt_len}
 
@@ -180,18 +208,6 @@ def main():
 
     concs = [int(x) for x in args.concurrency.split(",")]
     res["hf"] = {}
-    if not args.skip_hf:
-        for conc in concs:
-            try:
-                dec, tot = hf_decode(model, conc, args)
-            except Exception as e:  # noqa: BLE001 -- keep the other measurements
-                log("transformers batch %d failed: %r" % (conc, e))
-                continue
-            res["hf"][str(conc)] = {"decode_tok_s": dec, "output_tok_s": tot}
-            log("transformers batch %d: decode %.1f tok/s, output %.1f tok/s" % (conc, dec, tot))
-            save()
-    del model
-    torch.cuda.empty_cache()
 
     try:
         wall, js = di_generate(args, args.gen)
@@ -235,6 +251,20 @@ def main():
             log("deepinfer engine DI_CUDA_MMA=1 concurrency %d: %.1f output tok/s"
                 % (conc, r["output_tok_s"]))
             save()
+    # transformers last (its model stays in GPU memory meanwhile: 31 GB of the H200's 141), so
+    # that a run cut short by a time limit keeps deepinfer's rows.
+    if not args.skip_hf:
+        for conc in concs:
+            try:
+                dec, tot = hf_decode(model, conc, args)
+            except Exception as e:  # noqa: BLE001 -- keep the other measurements
+                log("transformers batch %d failed: %r" % (conc, e))
+                continue
+            res["hf"][str(conc)] = {"decode_tok_s": dec, "output_tok_s": tot}
+            log("transformers batch %d: decode %.1f tok/s, output %.1f tok/s" % (conc, dec, tot))
+            save()
+    del model
+    torch.cuda.empty_cache()
 
     table = report(res, concs)
     print(table)

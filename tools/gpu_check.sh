@@ -22,7 +22,8 @@
 # libpkgconf3`), unpacked under /tmp/di-deps (never over /); else through apt-get when the
 # machine can reach a mirror. Environment: BUILD_DIR (default <repo>/build-gpu), JOBS,
 # DI_FORCE_DEBS=1 (use the .debs even when the system has the packages), BENCH=0 (skip the
-# GEMV benchmark), CTEST=0 (skip the full ctest run).
+# GEMV benchmark), CTEST=0 (skip the full ctest run), BUILD_ONLY=1 (stop after building the
+# CUDA targets, e.g. before bench/gpu_decode_profile.sh).
 set -uo pipefail
 
 out=${1:?usage: gpu_check.sh OUTDIR}
@@ -87,6 +88,7 @@ if [ $rc -ne 0 ]; then
     grep -E "error" "$out/build.log" | head -20 | tee -a "$summary"
     exit 1
 fi
+[ -n "${BUILD_ONLY:-}" ] && exit 0
 if [ -z "${QUICK:-}" ]; then
     t0=$(date +%s)
     cmake --build "$build" -j"$jobs" -- -k >>"$out/build.log" 2>&1

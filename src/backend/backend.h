@@ -332,6 +332,20 @@ typedef struct di_backend_ops {
     di_status (*graph_end)(void *ctx, void **out);
     void (*graph_launch)(void *ctx, void *graph);
     void (*graph_free)(void *ctx, void *graph);
+
+    /* ---- Fused SwiGLU products (appended; optional, NULL: the model runs two products and
+     * silu_mul) ----
+     * matmul_glu: y[t][r] = silu(gate[r] . x[t]) * (up[r] . x[t]), each product and the
+     * activation rounded exactly as matmul and silu_mul round them (so the fused and the
+     * separate forms give the same bits). gate and up: one shape, dtype and scale layout.
+     * matmul_experts_glu: the same over matmul_experts' grouped rows (gate and up tables of
+     * one expert set's two projections). */
+    void (*matmul_glu)(void *ctx, const di_weight *gate, const di_weight *up, const float *x,
+                       int64_t n, float *y);
+    void (*matmul_experts_glu)(void *ctx, const di_expert_weights *gate,
+                               const di_expert_weights *up, const int32_t *offsets,
+                               const int32_t *active, int64_t max_active, int64_t max_rows,
+                               const float *x, float *y);
 } di_backend_ops;
 
 typedef struct di_backend {

@@ -486,9 +486,13 @@ static void attention(const ds_model *m, const ds_layer *L, int64_t il, ds_state
 static void mlp(const ds_mlp *w, ds_state *s, const di_backend *be, const float *x, int64_t n,
                 float *y) {
     void *c = be->ctx;
-    be->ops->matmul(c, &w->gate, x, n, s->gate);
-    be->ops->matmul(c, &w->up, x, n, s->up);
-    be->ops->silu_mul(c, s->gate, s->up, n * w->gate.rows, s->gate);
+    if (be->ops->matmul_glu) {
+        be->ops->matmul_glu(c, &w->gate, &w->up, x, n, s->gate);
+    } else {
+        be->ops->matmul(c, &w->gate, x, n, s->gate);
+        be->ops->matmul(c, &w->up, x, n, s->up);
+        be->ops->silu_mul(c, s->gate, s->up, n * w->gate.rows, s->gate);
+    }
     be->ops->matmul(c, &w->down, s->gate, n, y);
 }
 
@@ -522,9 +526,14 @@ static void moe(const ds_model *m, const ds_layer *L, ds_state *s, const di_back
     if (be->ops->host_memory) s->expert_loads += s->r_active[0];
 
     be->ops->copy_rows(c, s->xe, H, NULL, s->xn, H, s->r_src, nk, H);
-    be->ops->matmul_experts(c, &L->x_gate, s->r_off, s->r_active, na, n, s->xe, s->xg);
-    be->ops->matmul_experts(c, &L->x_up, s->r_off, s->r_active, na, n, s->xe, s->xu);
-    be->ops->silu_mul(c, s->xg, s->xu, nk * I, s->xg);
+    if (be->ops->matmul_experts_glu) {
+        be->ops->matmul_experts_glu(c, &L->x_gate, &L->x_up, s->r_off, s->r_active, na, n, s->xe,
+                                    s->xg);
+    } else {
+        be->ops->matmul_experts(c, &L->x_gate, s->r_off, s->r_active, na, n, s->xe, s->xg);
+        be->ops->matmul_experts(c, &L->x_up, s->r_off, s->r_active, na, n, s->xe, s->xu);
+        be->ops->silu_mul(c, s->xg, s->xu, nk * I, s->xg);
+    }
     be->ops->matmul_experts(c, &L->x_down, s->r_off, s->r_active, na, n, s->xg, s->eo);
     be->ops->moe_combine(c, s->eo, s->r_rows, s->r_w, n, K, H, s->moe_out);
     if (L->has_shared) {

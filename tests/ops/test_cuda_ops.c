@@ -9,8 +9,9 @@
  * attention gives the same bits split along the KV axis, walked sequentially, or with the
  * query alone; the paged cache and head strides bitwise against the contiguous layout; the
  * MoE data-movement ops (copy_rows, moe_combine) and the MoE routing (moe_route) bitwise
- * against the CPU backend, and the grouped expert GEMV (matmul_experts) bitwise against
- * matmul per expert. Shapes
+ * against the CPU backend, the grouped expert GEMV (matmul_experts) bitwise against
+ * matmul per expert, and the fused SwiGLU products (matmul_glu, matmul_experts_glu) bitwise
+ * against the separate products and silu_mul. Shapes
  * include odd sizes, row views and FP8 partial blocks (block sizes 128x128, 8x32, 3x20, 1x7,
  * 2x48 over sizes that are not multiples of them).
  *
@@ -154,6 +155,9 @@ TEST(matmul) {
     check_mm(DI_DTYPE_F8_E4M3, false, 257, 2000, 1, 2, 1e-5);
     /* rows long enough for the K split over 4 warps, with a partial last vector */
     check_mm(DI_DTYPE_BF16, false, 37, 2049, 5, 0, 1e-5);
+    /* one token, short split rows (4 rows per group), row counts not a multiple of 4 */
+    check_mm(DI_DTYPE_BF16, false, 301, 2048, 3, 0, 1e-5);
+    check_mm(DI_DTYPE_F32, false, 99, 1500, 2, 0, 1e-5);
     check_mm(DI_DTYPE_F8_E4M3, false, 45, 4100, 17, 0, 1e-5);
     check_mm(DI_DTYPE_F8_E4M3, false, 64, 4096, 2, 1, 1e-5);
     check_mm(DI_DTYPE_F8_E4M3, false, 70, 3000, 1, 4, 1e-5); /* 48-column scale blocks */
@@ -190,6 +194,56 @@ TEST(matmul_t) {
             check_mm(g_dtypes[d], true, rnd_int(1, 200), rnd_int(1, 700),
                      ns[rnd_u32() % DI_ARRAY_LEN(ns)], it, 1e-5);
     check_mm(DI_DTYPE_F8_E4M3, true, 128, 512, 4, 0, 1e-5); /* W_UK^T's shape */
+}
+
+/* silu_mul(a, b) on the GPU over n floats of host data; returns host floats. */
+static float *gpu_silu_mul(const float *a, const float *b, int64_t n) {
+    float *da = dev_floats(a, n), *db = dev_floats(b, n), *dy = dev_poison(n);
+    g_be.ops->silu_mul(g_be.ctx, da, db, n, dy);
+    float *y = host_floats(dy, n);
+    dfree(da), dfree(db), dfree(dy);
+    return y;
+}
+
+/* matmul_glu: bitwise silu_mul(matmul(gate), matmul(up)) on the GPU, for every dtype, odd
+ * sizes, row views and token counts across the token-group sizes; and a token alone. */
+static void check_glu(di_dtype dt, int64_t rows, int64_t cols, int64_t n, int blk) {
+    const int64_t er = rnd_int(0, 9), ec = rnd_int(0, 5);
+    test_weight tg = make_weight(dt, rows, cols, er, ec, blk);
+    test_weight tu = make_weight(dt, rows, cols, er, ec, blk);
+    di_weight dg = upload(&tg.w), du = upload(&tu.w);
+    float *x = rnd_vec(n * cols, 1.0f);
+    float *yg = gpu_mm(&dg, false, x, n), *yu = gpu_mm(&du, false, x, n);
+    float *ref = gpu_silu_mul(yg, yu, n * rows);
+    float *dx = dev_floats(x, n * cols), *dy = dev_poison(n * rows);
+    g_be.ops->matmul_glu(g_be.ctx, &dg, &du, dx, n, dy);
+    float *y = host_floats(dy, n * rows);
+    CHECK_MSG(memcmp(y, ref, (size_t)(n * rows) * 4) == 0,
+              "%s glu rows=%lld cols=%lld n=%lld blk=%d: differs from matmul + silu_mul",
+              di_dtype_name(dt), (long long)rows, (long long)cols, (long long)n, blk);
+    g_be.ops->matmul_glu(g_be.ctx, &dg, &du, dx + (n - 1) * cols, 1, dy);
+    float *y1 = host_floats(dy, rows);
+    CHECK_MSG(memcmp(y1, ref + (n - 1) * rows, (size_t)rows * 4) == 0,
+              "%s glu rows=%lld cols=%lld n=%lld: the last token alone differs", di_dtype_name(dt),
+              (long long)rows, (long long)cols, (long long)n);
+    CHECK(di_backend_cuda_sync(&g_be) == DI_OK);
+    di_cuda_weight_free(&g_be, &dg), di_cuda_weight_free(&g_be, &du);
+    dfree(dx), dfree(dy);
+    free(x), free(yg), free(yu), free(ref), free(y), free(y1);
+    free_weight(&tg), free_weight(&tu);
+}
+
+TEST(matmul_glu) {
+    if (!g_have_gpu) SKIP("no CUDA device");
+    static const int64_t ns[] = {1, 2, 3, 4, 5, 8, 13};
+    for (size_t d = 0; d < DI_ARRAY_LEN(g_dtypes); d++)
+        for (int it = 0; it < 8; it++)
+            check_glu(g_dtypes[d], rnd_int(1, 200), rnd_int(1, 700),
+                      ns[rnd_u32() % DI_ARRAY_LEN(ns)], it);
+    check_glu(DI_DTYPE_BF16, 2816, 2048, 1, 0); /* V2-Lite's shared experts, decode */
+    check_glu(DI_DTYPE_BF16, 2816, 2048, 8, 0);
+    check_glu(DI_DTYPE_F8_E4M3, 2048, 7168, 1, 0); /* V3's shared expert */
+    check_glu(DI_DTYPE_F8_E4M3, 2048, 7168, 5, 0);
 }
 
 /* Weights whose rows are not 16-byte aligned take the element-wise load path; it must give
@@ -787,12 +841,34 @@ static void check_experts(di_dtype dt, int64_t E, int64_t K, int64_t n, int64_t 
     }
     CHECK_MSG(nerr(y, ref, nk * rows) <= 1e-5, "%s experts: error %.3g", di_dtype_name(dt),
               nerr(y, ref, nk * rows));
+    /* matmul_experts_glu: bitwise silu_mul of the gate (the experts above) and an up set. */
+    test_weight *tu = malloc((size_t)E * sizeof *tu);
+    di_weight *du = malloc((size_t)E * sizeof *du);
+    for (int64_t e = 0; e < E; e++) {
+        tu[e] = make_weight(dt, rows, cols, 0, 0, 0);
+        du[e] = upload(&tu[e].w);
+    }
+    void *tab_u = NULL;
+    CHECK_MSG(g_be.ops->expert_table(g_be.ctx, du, E, &tab_u) == DI_OK, "%s", di_last_error());
+    di_expert_weights eu = {.w = du, .n_experts = E, .table = tab_u};
+    g_be.ops->matmul_experts(g_be.ctx, &eu, db.off, db.act, DI_MIN(E, nk), n, dx, dy);
+    float *yu = host_floats(dy, nk * rows), *gref = gpu_silu_mul(y, yu, nk * rows);
+    float *dg = dev_poison(nk * rows);
+    g_be.ops->matmul_experts_glu(g_be.ctx, &ew, &eu, db.off, db.act, DI_MIN(E, nk), n, dx, dg);
+    float *yg = host_floats(dg, nk * rows);
+    CHECK_MSG(memcmp(yg, gref, (size_t)(nk * rows) * 4) == 0,
+              "%s E=%lld K=%lld n=%lld %lldx%lld: experts glu differs from matmul_experts + "
+              "silu_mul",
+              di_dtype_name(dt), (long long)E, (long long)K, (long long)n, (long long)rows,
+              (long long)cols);
     CHECK(di_backend_cuda_sync(&g_be) == DI_OK);
     for (int64_t e = 0; e < E; e++) {
-        di_cuda_weight_free(&g_be, &dw[e]);
-        free_weight(&tw[e]);
+        di_cuda_weight_free(&g_be, &dw[e]), di_cuda_weight_free(&g_be, &du[e]);
+        free_weight(&tw[e]), free_weight(&tu[e]);
     }
-    g_be.ops->buf_free(g_be.ctx, tab);
+    g_be.ops->buf_free(g_be.ctx, tab), g_be.ops->buf_free(g_be.ctx, tab_u);
+    dfree(dg);
+    free(tu), free(du), free(yu), free(gref), free(yg);
     route_free(&db, true);
     dfree(dlg), dfree(dx), dfree(dy);
     free(tw), free(dw), free(lg), free(x), free(y), free(off), free(ref);
@@ -903,6 +979,7 @@ int main(void) {
     RUN(matmul);
     RUN(matmul_fp8_special);
     RUN(matmul_t);
+    RUN(matmul_glu);
     RUN(matmul_unaligned);
     RUN(head_matmul);
     RUN(embed);

@@ -29,6 +29,7 @@
  */
 #include "backend/cuda/cuda_internal.cuh"
 
+#include <cuda_pipeline.h>
 #include <math.h>
 
 #define ATT_THREADS 256
@@ -99,14 +100,15 @@ static __device__ att_smem att_carve(float *base, int64_t R, int64_t dr) {
     return s;
 }
 
-/* Copies n floats from global to shared memory with the whole block, 16 bytes at a time
- * when both sides allow it. */
+/* Copies n floats from global to shared memory with the whole block. 16-byte asynchronous
+ * copies (cp.async: no registers, every copy of the thread in flight at once) when both
+ * sides allow it, else one float at a time; the caller's barrier follows. */
 static __device__ __forceinline__ void block_copy(float *dst, const float *src, int64_t n) {
     if ((((uintptr_t)src | (uintptr_t)dst) & 15u) == 0 && (n & 3) == 0) {
-        const float4 *s4 = reinterpret_cast<const float4 *>(src);
-        float4 *d4 = reinterpret_cast<float4 *>(dst);
         for (int64_t i = threadIdx.x; i < n / 4; i += ATT_THREADS)
-            d4[i] = __ldg(s4 + i);
+            __pipeline_memcpy_async(dst + 4 * i, src + 4 * i, 16);
+        __pipeline_commit();
+        __pipeline_wait_prior(0);
     } else {
         for (int64_t i = threadIdx.x; i < n; i += ATT_THREADS)
             dst[i] = __ldg(src + i);
@@ -119,9 +121,24 @@ static __device__ __forceinline__ int64_t att_row(const di_mla_attn_params &p, i
     return (int64_t)p.block_table[j / p.block_size] * p.block_size + j % p.block_size;
 }
 
+/* Copies n floats of one row with one warp, as block_copy does. */
+static __device__ __forceinline__ void warp_copy(float *dst, const float *src, int64_t n,
+                                                 int lane) {
+    if ((((uintptr_t)src | (uintptr_t)dst) & 15u) == 0 && (n & 3) == 0) {
+        for (int64_t i = lane; i < n / 4; i += 32)
+            __pipeline_memcpy_async(dst + 4 * i, src + 4 * i, 16);
+        __pipeline_commit();
+        __pipeline_wait_prior(0);
+    } else {
+        for (int64_t i = lane; i < n; i += 32)
+            dst[i] = __ldg(src + i);
+    }
+}
+
 /* Loads the tile of keys [j0, j0 + nv) into shared memory. A tile inside one block of a
- * paged cache (always, when block_size is a multiple of ATT_BJ) is one contiguous copy;
- * otherwise each element finds its row. Either way the same values arrive. */
+ * paged cache (or of a contiguous cache) is one contiguous copy; otherwise each warp copies
+ * whole rows, finding each row's place once (blocks smaller than a tile: every tile spans
+ * several). Either way the same values arrive. */
 static __device__ __forceinline__ void load_tile(const di_mla_attn_params &p, const att_smem &s,
                                                  int64_t j0, int nv) {
     const int64_t R = p.kv_lora_rank, dr = p.rope_dim;
@@ -131,10 +148,12 @@ static __device__ __forceinline__ void load_tile(const di_mla_attn_params &p, co
         block_copy(s.kr, p.k_rope + r0 * dr, (int64_t)nv * dr);
         return;
     }
-    for (int64_t i = threadIdx.x; i < (int64_t)nv * R; i += ATT_THREADS)
-        s.ckv[i] = __ldg(p.c_kv + att_row(p, j0 + i / R) * R + i % R);
-    for (int64_t i = threadIdx.x; i < (int64_t)nv * dr; i += ATT_THREADS)
-        s.kr[i] = __ldg(p.k_rope + att_row(p, j0 + i / dr) * dr + i % dr);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int r = warp; r < nv; r += ATT_WARPS) {
+        const int64_t row = att_row(p, j0 + r);
+        warp_copy(s.ckv + r * R, p.c_kv + row * R, R, lane);
+        warp_copy(s.kr + r * dr, p.k_rope + row * dr, dr, lane);
+    }
 }
 
 /* Head strides of q_lat and out (backend.h: 0 means n_tokens * R). */
@@ -285,27 +304,38 @@ static __device__ __forceinline__ float *slot(float *partial, const di_mla_attn_
     return partial + ((t * p.n_heads + h) * cmax + c) * (p.kv_lora_rank + 2);
 }
 
-/* blockIdx.x = t * n_groups + head group; blockIdx.y = chunk (split) or 0 (sequential). */
+/* Key count of query t (its position from memory for a decode batch). */
+static __device__ __forceinline__ int64_t att_keys(const di_mla_attn_params &p, int64_t t) {
+    return p.q_pos ? (int64_t)p.q_pos[t] + 1 : p.pos0 + t + 1;
+}
+
+/* blockIdx.x = t * n_groups + head group. Split: blockIdx.y = y of gridDim.y = S takes chunks
+ * y, y + S, y + 2S, ... of its query, each written to its own slot (a chunk's state does not
+ * depend on which block computed it). Sequential (gridDim.y = 1, split = 0): the block walks
+ * all chunks and folds them in order. */
 __global__ void __launch_bounds__(ATT_THREADS, 2) /* 2 blocks of ~93 KiB per SM */
     mla_attn_kernel(const di_mla_attn_params p_in, float *partial, int split, int64_t cmax) {
+    pdl_wait(); /* programmatic dependent launch: cuda_internal.cuh */
+    pdl_trigger();
     extern __shared__ float smem[];
     di_mla_attn_params p = p_in;
     const int R = (int)p.kv_lora_rank, dr = (int)p.rope_dim, tid = threadIdx.x;
     const att_smem s = att_carve(smem, R, dr);
     const int64_t n_groups = (p.n_heads + ATT_HG - 1) / ATT_HG;
     const int64_t t = blockIdx.x / n_groups, h0 = (blockIdx.x % n_groups) * ATT_HG;
+    const int64_t L = att_keys(p_in, t), n_chunks = (L + DI_CUDA_ATTN_CHUNK - 1) / DI_CUDA_ATTN_CHUNK;
     if (p_in.q_pos) { /* a query of its own sequence: its position and table from memory */
-        p.pos0 = p_in.q_pos[t] - t;
+        p.pos0 = L - 1 - t;
         p.block_table = p_in.q_tables + p_in.q_table_off[t];
     }
-    const int64_t L = p.pos0 + t + 1, n_chunks = (L + DI_CUDA_ATTN_CHUNK - 1) / DI_CUDA_ATTN_CHUNK;
-    int64_t c_begin = 0, c_end = n_chunks;
-    if (split) {
-        c_begin = blockIdx.y;
-        if (c_begin >= n_chunks) return; /* shorter queries have fewer chunks */
-        c_end = c_begin + 1;
+    const int64_t c_first = split ? blockIdx.y : 0, c_step = split ? gridDim.y : 1;
+    if (c_first >= n_chunks) return; /* shorter queries have fewer chunks */
+    if (split && n_chunks > cmax) { /* past the scratch (a caller broke max_keys): fail */
+        if (tid == 0) __trap();
+        return;
     }
 
+#pragma unroll 8 /* loads in flight: the copy is latency-bound */
     for (int i = tid; i < ATT_HG * R; i += ATT_THREADS) {
         const int64_t h = h0 + i / R;
         s.q[i] = h < p.n_heads ? p.q_lat[h * att_q_hs(p) + t * R + i % R] : 0.0f;
@@ -324,7 +354,7 @@ __global__ void __launch_bounds__(ATT_THREADS, 2) /* 2 blocks of ~93 KiB per SM 
 #pragma unroll
     for (int k = 0; k < ATT_MAXE; k++)
         run[k] = 0.0f;
-    for (int64_t c = c_begin; c < c_end; c++) {
+    for (int64_t c = c_first; c < n_chunks; c += c_step) {
         float acc[ATT_MAXE];
         const int64_t jb = c * DI_CUDA_ATTN_CHUNK;
         attn_chunk(p, s, jb, min(L, jb + DI_CUDA_ATTN_CHUNK), acc);
@@ -338,6 +368,8 @@ __global__ void __launch_bounds__(ATT_THREADS, 2) /* 2 blocks of ~93 KiB per SM 
                 sl[0] = s.m_c[tid];
                 sl[1] = s.l_c[tid];
             }
+            /* attn_chunk's first barrier orders these reads of m_c / l_c before the next
+             * chunk resets them. */
         } else {
             if (tid < ATT_HG)
                 merge_coeffs(s.m_run[tid], s.l_run[tid], s.m_c[tid], s.l_c[tid], &s.ca[tid],
@@ -360,8 +392,10 @@ __global__ void __launch_bounds__(ATT_THREADS, 2) /* 2 blocks of ~93 KiB per SM 
 
 /* blockIdx.x = t * n_heads + h: folds that query's chunk states in order. */
 __global__ void mla_combine_kernel(const di_mla_attn_params p, const float *partial, int64_t cmax) {
+    pdl_wait(); /* programmatic dependent launch: cuda_internal.cuh */
+    pdl_trigger();
     const int64_t t = blockIdx.x / p.n_heads, h = blockIdx.x % p.n_heads, R = p.kv_lora_rank;
-    const int64_t L = p.pos0 + t + 1, n_chunks = (L + DI_CUDA_ATTN_CHUNK - 1) / DI_CUDA_ATTN_CHUNK;
+    const int64_t L = att_keys(p, t), n_chunks = (L + DI_CUDA_ATTN_CHUNK - 1) / DI_CUDA_ATTN_CHUNK;
     const float *base = partial + (t * p.n_heads + h) * cmax * (R + 2);
     for (int64_t i = threadIdx.x; i < R; i += blockDim.x) {
         float m = -INFINITY, l = 0.0f, acc = 0.0f;
@@ -379,12 +413,15 @@ __global__ void mla_combine_kernel(const di_mla_attn_params p, const float *part
 /* Launcher                                                                                   */
 /* ---------------------------------------------------------------------------------------- */
 
-static int64_t n_chunks_max(const di_mla_attn_params *p) {
-    return (p->pos0 + p->n_tokens + DI_CUDA_ATTN_CHUNK - 1) / DI_CUDA_ATTN_CHUNK;
+/* Most chunks of any query of the call: from the positions, or for a decode batch (positions
+ * in device memory) from the caller's bound max_keys (0: unknown). */
+static int64_t n_chunks_max(const di_mla_attn_params *p, int64_t max_keys) {
+    const int64_t keys = p->q_pos ? max_keys : p->pos0 + p->n_tokens;
+    return (keys + DI_CUDA_ATTN_CHUNK - 1) / DI_CUDA_ATTN_CHUNK;
 }
 
-int64_t di_cuda_attn_partial_floats(const di_mla_attn_params *p) {
-    return p->n_tokens * p->n_heads * n_chunks_max(p) * (p->kv_lora_rank + 2);
+int64_t di_cuda_attn_partial_floats(const di_mla_attn_params *p, int64_t max_keys) {
+    return p->n_tokens * p->n_heads * n_chunks_max(p, max_keys) * (p->kv_lora_rank + 2);
 }
 
 cudaError_t di_cuda_attn_setup(void) {
@@ -397,17 +434,23 @@ cudaError_t di_cuda_attn_setup(void) {
 cudaError_t di_cuda_launch_mla_attention(const di_cuda_attn_launch *a) {
     const di_mla_attn_params *p = &a->p;
     if (p->n_tokens <= 0 || p->n_heads <= 0 || p->kv_lora_rank <= 0) return cudaSuccess;
-    const int64_t n_groups = (p->n_heads + ATT_HG - 1) / ATT_HG, cmax = n_chunks_max(p);
+    const int64_t n_groups = (p->n_heads + ATT_HG - 1) / ATT_HG;
+    const int64_t cmax = n_chunks_max(p, a->max_keys);
     const size_t smem = (size_t)att_smem_floats(p->kv_lora_rank, p->rope_dim) * sizeof(float);
-    /* Per-query positions live in device memory: the chunk count is unknown here, so such
-     * a call walks its chunks in-block (the same bits). */
-    const bool split =
-        a->split && a->partial && !p->q_pos && di_cuda_attn_partial_floats(p) <= a->partial_floats;
-    dim3 grid((unsigned)(p->n_tokens * n_groups), split ? (unsigned)cmax : 1u);
-    mla_attn_kernel<<<grid, ATT_THREADS, smem, a->stream>>>(*p, a->partial, split ? 1 : 0, cmax);
-    cudaError_t err = cudaGetLastError();
+    const bool split = a->split && a->partial && cmax > 0 &&
+                       di_cuda_attn_partial_floats(p, a->max_keys) <= a->partial_floats;
+    /* Split blocks per query: enough for about two waves of the device, never more than
+     * the chunks. Depends only on the call's shape (a captured graph replays it). */
+    int64_t S = 1;
+    if (split) {
+        const int64_t want = (2 * (int64_t)a->n_sms + p->n_tokens * n_groups - 1) /
+                             (p->n_tokens * n_groups);
+        S = want < 1 ? 1 : want > cmax ? cmax : want;
+    }
+    dim3 grid((unsigned)(p->n_tokens * n_groups), (unsigned)S);
+    cudaError_t err = di_cuda_launch(mla_attn_kernel, grid, ATT_THREADS, smem, a->stream, *p,
+                                     a->partial, split ? 1 : 0, cmax);
     if (err != cudaSuccess || !split) return err;
-    mla_combine_kernel<<<(unsigned)(p->n_tokens * p->n_heads), 128, 0, a->stream>>>(*p, a->partial,
-                                                                                    cmax);
-    return cudaGetLastError();
+    return di_cuda_launch(mla_combine_kernel, (unsigned)(p->n_tokens * p->n_heads), 128, 0,
+                          a->stream, *p, (const float *)a->partial, cmax);
 }

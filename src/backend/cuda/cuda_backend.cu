@@ -18,6 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+int di_cuda_pdl = 0; /* cuda_internal.cuh: set by di_backend_cuda_init */
+
 typedef struct cuda_backend {
     int device;
     cudaStream_t stream; /* owned */
@@ -30,10 +32,12 @@ typedef struct cuda_backend {
     void *mma_scratch; /* owned: mma_scratch_elems bf16 */
     int64_t mma_scratch_elems;
     int n_sms;
+    int64_t max_ctx; /* the longest context a call may attend over (init's max_ctx) */
     di_cuda_attn_mode attn_mode;
     int fp8_bits;            /* FP8 conversion: 1 bit placement, 0 conversion instructions */
     int64_t ksplit_min;      /* GEMV rows of at least this many 16-byte vectors split K */
     int fp8_pipe;            /* FP8 GEMV software pipeline on (1) or off (0) */
+    int64_t short_vec;       /* one-token GEMV: rows of <= this many vectors, 4 per group */
     cudaError_t first_error; /* first failed launch since the last sync */
     bool capturing;          /* between graph_begin and graph_end, capture started */
     cudaError_t capture_saved_error, capture_error;
@@ -69,6 +73,7 @@ static di_cuda_mm_params mm_params(const di_weight *w, const cuda_backend *be) {
     p.fp8_bits = be->fp8_bits;
     p.ksplit_min = be->ksplit_min;
     p.fp8_pipe = be->fp8_pipe;
+    p.short_vec = be->short_vec;
     p.stream = be->stream;
     return p;
 }
@@ -94,6 +99,32 @@ static void cuda_matmul(void *ctx, const di_weight *w, const float *x, int64_t n
     p.y = y;
     p.y_tstride = w->rows;
     if (try_mma(be, &p, n, n, NULL)) return;
+    note(be, di_cuda_launch_matmul(&p));
+}
+
+/* Can two weights share one GLU launch (the kernel reads the gate's shape fields for both)? */
+static bool glu_pair_ok(const di_weight *a, const di_weight *b) {
+    return a->dtype == b->dtype && a->rows == b->rows && a->cols == b->cols &&
+           a->row_stride == b->row_stride && a->scale_cols == b->scale_cols &&
+           a->block_rows == b->block_rows && a->block_cols == b->block_cols &&
+           a->row_offset == b->row_offset && (a->scale == NULL) == (b->scale == NULL);
+}
+
+static void cuda_matmul_glu(void *ctx, const di_weight *gate, const di_weight *up, const float *x,
+                            int64_t n, float *y) {
+    cuda_backend *be = (cuda_backend *)ctx;
+    if (!glu_pair_ok(gate, up)) {
+        note(be, cudaErrorInvalidValue);
+        return;
+    }
+    di_cuda_mm_params p = mm_params(gate, be);
+    p.n_tokens = n;
+    p.x = x;
+    p.x_tstride = gate->cols;
+    p.y = y;
+    p.y_tstride = gate->rows;
+    p.glu_data = up->data;
+    p.glu_scale = up->scale;
     note(be, di_cuda_launch_matmul(&p));
 }
 
@@ -187,6 +218,8 @@ static void cuda_mla_attention(void *ctx, const di_mla_attn_params *p) {
     a.p = *p;
     a.partial = be->attn_partial;
     a.partial_floats = be->attn_partial_floats;
+    a.max_keys = be->max_ctx;
+    a.n_sms = be->n_sms;
     a.stream = be->stream;
     /* Splitting pays when (query, head group) blocks alone cannot fill the device. The
      * schedule does not change the result's bits. */
@@ -324,6 +357,30 @@ static void cuda_matmul_experts(void *ctx, const di_expert_weights *ew, const in
     p.g_active = active;
     /* The grouped rows: offsets[E] of them (device memory), at most max_active * max_rows. */
     if (try_mma(be, &p, max_rows, max_active * max_rows, offsets + ew->n_experts)) return;
+    note(be, di_cuda_launch_matmul(&p));
+}
+
+static void cuda_matmul_experts_glu(void *ctx, const di_expert_weights *gate,
+                                    const di_expert_weights *up, const int32_t *offsets,
+                                    const int32_t *active, int64_t max_active, int64_t max_rows,
+                                    const float *x, float *y) {
+    cuda_backend *be = (cuda_backend *)ctx;
+    if (max_active <= 0 || max_rows <= 0) return;
+    if (!glu_pair_ok(&gate->w[0], &up->w[0]) || gate->n_experts != up->n_experts) {
+        note(be, cudaErrorInvalidValue);
+        return;
+    }
+    di_cuda_mm_params p = mm_params(&gate->w[0], be);
+    p.n_heads = max_active;
+    p.n_tokens = max_rows;
+    p.x = x;
+    p.x_tstride = p.cols;
+    p.y = y;
+    p.y_tstride = p.rows;
+    p.experts = (const di_cuda_expert_ptrs *)gate->table;
+    p.glu_experts = (const di_cuda_expert_ptrs *)up->table;
+    p.g_off = offsets;
+    p.g_active = active;
     note(be, di_cuda_launch_matmul(&p));
 }
 
@@ -486,6 +543,10 @@ static di_backend_ops make_ops(void) {
     o.moe_combine = cuda_moe_combine;
     o.moe_route = cuda_moe_route;
     o.matmul_experts = cuda_matmul_experts;
+    /* Fused SwiGLU products (always the exact GEMV: the opt-in tensor-core path has no GLU
+     * form, so with DI_CUDA_MMA=1 only the other products take it). */
+    o.matmul_glu = cuda_matmul_glu;
+    o.matmul_experts_glu = cuda_matmul_experts_glu;
     o.expert_table = cuda_expert_table;
     /* DI_CUDA_GRAPHS=0: no graphs (the model then enqueues every op of every step). */
     const char *graphs = getenv("DI_CUDA_GRAPHS");
@@ -521,7 +582,7 @@ static di_backend wrap(void *ctx) {
 /* Split-KV scratch: enough chunk states for a decode batch of DI_CUDA_ATTN_SPLIT_TOKENS
  * queries of 128 heads with R = 512 at max_ctx keys, at most 256 MiB. Larger calls take the
  * sequential schedule, which gives the same bits. */
-#define DI_CUDA_ATTN_SPLIT_TOKENS 8
+#define DI_CUDA_ATTN_SPLIT_TOKENS 32
 #define DI_CUDA_ATTN_SCRATCH_MAX  ((int64_t)256 << 20)
 
 extern "C" di_status di_backend_cuda_init(di_backend *out, int device, int64_t max_ctx) {
@@ -549,6 +610,11 @@ extern "C" di_status di_backend_cuda_init(di_backend *out, int device, int64_t m
     if (!be) return di_error(DI_ERR_OUT_OF_MEMORY, "cuda backend: out of memory");
     be->device = device;
     be->n_sms = prop.multiProcessorCount;
+    be->max_ctx = max_ctx;
+    /* Programmatic dependent launch where the device has it (compute capability 9.0+),
+     * unless DI_CUDA_PDL=0. The results are the same either way. */
+    const char *pdl = getenv("DI_CUDA_PDL");
+    di_cuda_pdl = prop.major >= 9 && !(pdl && strcmp(pdl, "0") == 0);
     snprintf(be->name, sizeof be->name, "%s", prop.name);
     /* Tuning knobs for benchmarks (DI_SIMD's counterpart): DI_CUDA_FP8_CONVERT=cvt|bits,
      * DI_CUDA_KSPLIT_MIN=<vectors>, DI_CUDA_FP8_PIPE=0|1. The defaults are what the
@@ -559,6 +625,8 @@ extern "C" di_status di_backend_cuda_init(di_backend *out, int device, int64_t m
     be->ksplit_min = env && atoll(env) > 0 ? atoll(env) : 256;
     env = getenv("DI_CUDA_FP8_PIPE");
     be->fp8_pipe = !(env && strcmp(env, "0") == 0);
+    env = getenv("DI_CUDA_SHORT_VEC"); /* 0: always 2 rows per group */
+    be->short_vec = env ? atoll(env) : 512;
     /* DI_CUDA_MMA=1: the tensor-core matmul from DI_CUDA_MMA_MIN_N rows (default 8) up;
      * not exact vs the CPU and not batch-invariant (cuda_mma.cu), so off by default. */
     env = getenv("DI_CUDA_MMA");

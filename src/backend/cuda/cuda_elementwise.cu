@@ -50,6 +50,8 @@ static __device__ float weight_elem(const di_weight &w, int64_t r, int64_t c) {
 
 /* Block (t, y): a range of token t's columns (tokens on x, which has no 65535 limit). */
 __global__ void embed_kernel(const di_weight w, const int32_t *ids, float *out) {
+    pdl_wait(); /* programmatic dependent launch: cuda_internal.cuh */
+    pdl_trigger();
     const int64_t t = blockIdx.x;
     const int64_t c = (int64_t)blockIdx.y * EW_THREADS + threadIdx.x;
     if (c >= w.cols) return;
@@ -60,8 +62,7 @@ cudaError_t di_cuda_launch_embed(const di_weight *table, const int32_t *ids, int
                                  cudaStream_t stream) {
     if (n <= 0 || table->cols <= 0) return cudaSuccess;
     dim3 grid((unsigned)n, blocks_for(table->cols));
-    embed_kernel<<<grid, EW_THREADS, 0, stream>>>(*table, ids, out);
-    return cudaGetLastError();
+    return di_cuda_launch(embed_kernel, grid, EW_THREADS, 0, stream, *table, ids, out);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -73,6 +74,8 @@ cudaError_t di_cuda_launch_embed(const di_weight *table, const int32_t *ids, int
 __global__ void __launch_bounds__(EW_THREADS)
     rmsnorm_kernel(const float *x, int64_t x_stride, const float *w, int64_t dim, float eps,
                    float *y, int64_t y_stride) {
+    pdl_wait(); /* programmatic dependent launch: cuda_internal.cuh */
+    pdl_trigger();
     __shared__ double warp_sums[EW_THREADS / 32];
     __shared__ float r_shared;
     const int64_t t = blockIdx.x;
@@ -102,8 +105,8 @@ cudaError_t di_cuda_launch_rmsnorm(const float *x, int64_t x_stride, const float
                                    int64_t dim, float eps, float *y, int64_t y_stride,
                                    cudaStream_t stream) {
     if (n <= 0 || dim <= 0) return cudaSuccess;
-    rmsnorm_kernel<<<(unsigned)n, EW_THREADS, 0, stream>>>(x, x_stride, w, dim, eps, y, y_stride);
-    return cudaGetLastError();
+    return di_cuda_launch(rmsnorm_kernel, (unsigned)n, EW_THREADS, 0, stream, x, x_stride, w, dim,
+                          eps, y, y_stride);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -112,6 +115,8 @@ cudaError_t di_cuda_launch_rmsnorm(const float *x, int64_t x_stride, const float
 
 /* Thread: pair i of head h of token t (blockIdx.x = t). */
 __global__ void rope_kernel(const di_rope_op_params p) {
+    pdl_wait(); /* programmatic dependent launch: cuda_internal.cuh */
+    pdl_trigger();
     const int64_t half = p.rope_dim / 2, t = blockIdx.x;
     const int64_t k = (int64_t)blockIdx.y * EW_THREADS + threadIdx.x;
     if (k >= half * p.n_heads) return;
@@ -127,8 +132,7 @@ cudaError_t di_cuda_launch_rope(const di_rope_op_params *p, cudaStream_t stream)
     const int64_t pairs = p->rope_dim / 2 * p->n_heads;
     if (p->n_tokens <= 0 || pairs <= 0) return cudaSuccess;
     dim3 grid((unsigned)p->n_tokens, blocks_for(pairs));
-    rope_kernel<<<grid, EW_THREADS, 0, stream>>>(*p);
-    return cudaGetLastError();
+    return di_cuda_launch(rope_kernel, grid, EW_THREADS, 0, stream, *p);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -136,6 +140,8 @@ cudaError_t di_cuda_launch_rope(const di_rope_op_params *p, cudaStream_t stream)
 /* ---------------------------------------------------------------------------------------- */
 
 __global__ void silu_mul_kernel(const float *gate, const float *up, int64_t n, float *out) {
+    pdl_wait(); /* programmatic dependent launch: cuda_internal.cuh */
+    pdl_trigger();
     const int64_t i = (int64_t)blockIdx.x * EW_THREADS + threadIdx.x;
     if (i >= n) return;
     const float g = gate[i];
@@ -145,19 +151,19 @@ __global__ void silu_mul_kernel(const float *gate, const float *up, int64_t n, f
 cudaError_t di_cuda_launch_silu_mul(const float *gate, const float *up, int64_t n, float *out,
                                     cudaStream_t stream) {
     if (n <= 0) return cudaSuccess;
-    silu_mul_kernel<<<blocks_for(n), EW_THREADS, 0, stream>>>(gate, up, n, out);
-    return cudaGetLastError();
+    return di_cuda_launch(silu_mul_kernel, blocks_for(n), EW_THREADS, 0, stream, gate, up, n, out);
 }
 
 __global__ void axpy_kernel(float a, const float *x, int64_t n, float *y) {
+    pdl_wait(); /* programmatic dependent launch: cuda_internal.cuh */
+    pdl_trigger();
     const int64_t i = (int64_t)blockIdx.x * EW_THREADS + threadIdx.x;
     if (i < n) y[i] = __fadd_rn(y[i], __fmul_rn(a, x[i]));
 }
 
 cudaError_t di_cuda_launch_axpy(float a, const float *x, int64_t n, float *y, cudaStream_t stream) {
     if (n <= 0) return cudaSuccess;
-    axpy_kernel<<<blocks_for(n), EW_THREADS, 0, stream>>>(a, x, n, y);
-    return cudaGetLastError();
+    return di_cuda_launch(axpy_kernel, blocks_for(n), EW_THREADS, 0, stream, a, x, n, y);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -168,6 +174,8 @@ cudaError_t di_cuda_launch_axpy(float a, const float *x, int64_t n, float *y, cu
 __global__ void copy_rows_kernel(float *dst, int64_t dst_stride, const int32_t *dst_rows,
                                  const float *src, int64_t src_stride, const int32_t *src_rows,
                                  int64_t cols) {
+    pdl_wait(); /* programmatic dependent launch: cuda_internal.cuh */
+    pdl_trigger();
     const int64_t i = blockIdx.x, c = (int64_t)blockIdx.y * EW_THREADS + threadIdx.x;
     if (c >= cols) return;
     const int64_t d = dst_rows ? dst_rows[i] : i, s = src_rows ? src_rows[i] : i;
@@ -179,15 +187,16 @@ cudaError_t di_cuda_launch_copy_rows(float *dst, int64_t dst_stride, const int32
                                      int64_t n, int64_t cols, cudaStream_t stream) {
     if (n <= 0 || cols <= 0) return cudaSuccess;
     dim3 grid((unsigned)n, blocks_for(cols));
-    copy_rows_kernel<<<grid, EW_THREADS, 0, stream>>>(dst, dst_stride, dst_rows, src, src_stride,
-                                                      src_rows, cols);
-    return cudaGetLastError();
+    return di_cuda_launch(copy_rows_kernel, grid, EW_THREADS, 0, stream, dst, dst_stride, dst_rows,
+                          src, src_stride, src_rows, cols);
 }
 
 /* blockIdx.x = t, blockIdx.y strides over the columns: out = 0, then one axpy step per slot
  * in slot order (axpy_kernel's rounding), so a token's bits depend only on its slots. */
 __global__ void moe_combine_kernel(const float *rows, const int32_t *rows_of, const float *w,
                                    int64_t K, int64_t dim, float *out) {
+    pdl_wait(); /* programmatic dependent launch: cuda_internal.cuh */
+    pdl_trigger();
     const int64_t t = blockIdx.x, c = (int64_t)blockIdx.y * EW_THREADS + threadIdx.x;
     if (c >= dim) return;
     float acc = 0.0f;
@@ -201,6 +210,6 @@ cudaError_t di_cuda_launch_moe_combine(const float *rows, const int32_t *rows_of
                                        cudaStream_t stream) {
     if (n <= 0 || dim <= 0) return cudaSuccess;
     dim3 grid((unsigned)n, blocks_for(dim));
-    moe_combine_kernel<<<grid, EW_THREADS, 0, stream>>>(rows, rows_of, w, K, dim, out);
-    return cudaGetLastError();
+    return di_cuda_launch(moe_combine_kernel, grid, EW_THREADS, 0, stream, rows, rows_of, w, K, dim,
+                          out);
 }

@@ -20,6 +20,53 @@ extern "C" {
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include <utility>
+
+/* ---------------------------------------------------------------------------------------- */
+/* Launches: programmatic dependent launch                                                    */
+/* ---------------------------------------------------------------------------------------- */
+
+/* Programmatic dependent launch (Hopper and later; di_cuda_pdl, on unless DI_CUDA_PDL=0):
+ * a kernel launched by di_cuda_launch may start while the previous kernel of the stream is
+ * still finishing, so its launch and its blocks' start-up overlap that kernel's tail. Every
+ * such kernel calls pdl_wait() before it reads anything an earlier op wrote and before it
+ * writes anything (pdl_wait returns once every earlier kernel has finished and its writes
+ * are visible), then pdl_trigger() to let the next kernel start. Only reads of weights
+ * (never written during a step) may come before the wait: the GEMV requests its first
+ * weight vectors there. Without the launch attribute both are no-ops, so a kernel behaves
+ * the same either way. */
+extern int di_cuda_pdl;
+
+static __device__ __forceinline__ void pdl_wait(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+static __device__ __forceinline__ void pdl_trigger(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+/* kernel<<<grid, block, smem, stream>>>(args...), with the programmatic-serialization
+ * attribute when di_cuda_pdl is on. */
+template <typename... KArgs, typename... Args>
+static cudaError_t di_cuda_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                                  cudaStream_t stream, Args &&...args) {
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cfg.attrs = &attr;
+    cfg.numAttrs = di_cuda_pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
 /* ---------------------------------------------------------------------------------------- */
 /* Matmul family                                                                              */
 /* ---------------------------------------------------------------------------------------- */
@@ -52,6 +99,9 @@ typedef struct di_cuda_mm_params {
     /* FP8 software pipeline (1: the next vectors are requested before the current ones are
      * converted; 0: load, then convert). Same values either way. */
     int fp8_pipe;
+    /* One-token products of rows of at most short_vec 16-byte vectors take 4 rows per warp
+     * group instead of 2 (more loads in flight per lane, half the blocks). Same values. */
+    int64_t short_vec;
     /* Filled by the launcher: vectors per FP8 scale block as a shift (-1: not a power of
      * two) and as a count. */
     int64_t scale_vshift;
@@ -64,6 +114,12 @@ typedef struct di_cuda_mm_params {
      * and y_tstride apart); n_tokens bounds one expert's rows. */
     const struct di_cuda_expert_ptrs *experts;
     const int32_t *g_off, *g_active;
+    /* GLU mode (SwiGLU in the epilogue), when glu_data (plain) or glu_experts (grouped) is
+     * set: a second weight of the same shape, dtype and scale layout (the up projection; the
+     * fields above describe the gate), and y = silu(W x) * (W2 x), rows x n_tokens. */
+    const void *glu_data;
+    const float *glu_scale;
+    const struct di_cuda_expert_ptrs *glu_experts;
 } di_cuda_mm_params;
 
 /* One expert's device weight pointers (a table of them per projection: expert_table). */
@@ -126,12 +182,14 @@ typedef struct di_cuda_attn_launch {
     di_mla_attn_params p; /* device pointers */
     float *partial;       /* split scratch, [capacity] floats (may be NULL) */
     int64_t partial_floats;
-    int split; /* 1: one block per chunk + combine; 0: chunks walked in-block */
+    int split; /* 1: chunks spread over blocks + combine; 0: chunks walked in-block */
+    int64_t max_keys; /* decode batches (q_pos): an upper bound on every query's key count */
+    int n_sms;        /* the device's multiprocessors (how many split blocks pay) */
     cudaStream_t stream;
 } di_cuda_attn_launch;
 
 /* Floats of split scratch the call needs. */
-int64_t di_cuda_attn_partial_floats(const di_mla_attn_params *p);
+int64_t di_cuda_attn_partial_floats(const di_mla_attn_params *p, int64_t max_keys);
 /* Raises the kernels' shared-memory limit; once per device, before the first launch. */
 cudaError_t di_cuda_attn_setup(void);
 cudaError_t di_cuda_launch_mla_attention(const di_cuda_attn_launch *a);

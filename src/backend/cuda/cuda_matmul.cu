@@ -14,8 +14,8 @@
  *               only, the threshold fixed per process); slot q = w * 32 + l sums, with fmaf and in
  * order, the products of vectors v = q, q + 32 KS, q + 64 KS, ... (elements in order inside a
  * vector); each warp adds its 32 slot sums by the xor butterfly (offsets 16, 8, 4, 2, 1), and the
- * KS warp sums are added as (w0 + w1) + (w2 + w3). y = W^T x:  one thread per 16-byte vector of
- * output columns sums the rows in order. The token count only changes how many such sums run side
+ * KS warp sums are added as (w0 + w1) + (w2 + w3). y = W^T x: 16 row slices per 16-byte vector
+ * of output columns, each summing its rows in order, added by a fixed pairwise tree. The token count only changes how many such sums run side
  * by side, so a row's result is the same bits alone or in any batch, and the tiling chosen for
  * large n (more token groups of TB = 8, not a tensor-core GEMM) keeps that. A tensor-core path for
  * prefill would need the same K order for every n (one kernel configuration for all batch sizes),
@@ -199,6 +199,11 @@ static __device__ __forceinline__ const float *scale_row(const di_cuda_mm_params
 /* y = W x                                                                                    */
 /* ---------------------------------------------------------------------------------------- */
 
+/* silu(g) * u, rounded as silu_mul_kernel rounds it (the fused and the separate SwiGLU agree). */
+static __device__ __forceinline__ float silu_times(float g, float u) {
+    return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
+}
+
 #define MM_WARPS 4 /* warps per block */
 /* Blocks per SM the pipelined FP8 one-token kernel is compiled for: 6 caps it at 80
  * registers without spills (8 would spill), 24 warps per SM instead of 16. */
@@ -312,45 +317,59 @@ load_group(uint4 (&raw)[U][RB], const char *const (&wrow)[RB], int64_t vb, int64
 /* G: grouped mode (p.experts, matmul_experts): a separate instantiation, so that the plain
  * GEMV keeps its one-group body (a loop the compiler cannot bound costs the n = 1 kernel
  * about a fifth of its bandwidth in registers). */
-template <di_dtype DT, int TB, int RB, int U, bool PIPE, bool G>
+/* GLU (p.glu_data or p.glu_experts set): the row group's first RB / 2 rows are rows of W (the
+ * gate), the last RB / 2 the same rows of the second weight (the up projection), and the
+ * output is silu(gate . x) * (up . x) -- SwiGLU in the epilogue, each product summed exactly
+ * as alone, the activation computed as silu_mul computes it. */
+template <di_dtype DT, int TB, int RB, int U, bool PIPE, bool G, bool GLU>
 __global__ void __launch_bounds__(MM_WARPS * 32, PIPE &&TB == 1 ? MM_FP8_MIN_BLOCKS : 1)
     gemv_kernel(const di_cuda_mm_params p, bool wvec, bool xvec) {
     typedef wtype<DT> T;
     constexpr int V = T::V;
+    constexpr int RO = GLU ? RB / 2 : RB; /* output rows per row group */
+    static_assert(!GLU || RB % 2 == 0, "GLU pairs gate and up rows");
     __shared__ float warp_sums[MM_WARPS][TB * RB];
     const int64_t nvec = (p.cols + V - 1) / V;
     const int ks = mm_ksplit(nvec, p.ksplit_min);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int kw = warp % ks, group = warp / ks;
-    const int64_t r0 = ((int64_t)blockIdx.x * (MM_WARPS / ks) + group) * RB;
+    const int64_t r0 = ((int64_t)blockIdx.x * (MM_WARPS / ks) + group) * RO;
     int64_t t0 = (int64_t)blockIdx.y * TB, t_end = p.n_tokens, h = blockIdx.z;
     /* With ks > 1 a block holds one row group, so this exit is block-uniform. */
     if (r0 >= p.rows) return;
-    const void *wdata = p.data;
-    const float *wscale = p.scale;
+    const void *wdata = p.data, *gdata = p.glu_data;
+    const float *wscale = p.scale, *gscale = p.glu_scale;
     if constexpr (G) { /* grouped: slot z runs one active expert over its rows (uniform exits) */
+        pdl_wait(); /* the routing (active list, offsets) comes from the previous kernels */
+        pdl_trigger();
         if (h >= p.g_active[0]) return;
         const int e = p.g_active[1 + h];
         wdata = p.experts[e].data;
         wscale = p.experts[e].scale;
+        if constexpr (GLU) {
+            gdata = p.glu_experts[e].data;
+            gscale = p.glu_experts[e].scale;
+        }
         t0 += p.g_off[e];
         t_end = p.g_off[e + 1];
         h = 0;
         if (t0 >= t_end) return;
     }
-    const int nr = (int)min((int64_t)RB, p.rows - r0);
+    const int nr = (int)min((int64_t)RO, p.rows - r0);
 
-    const char *w0 = static_cast<const char *>(wdata) + h * p.head_elem_stride * T::ESZ;
+    const int64_t hoff = h * p.head_elem_stride * T::ESZ;
     const int64_t roff = p.row_offset + h * p.head_row_offset_stride;
     const char *wrow[RB];
     const float *srow[RB];
 #pragma unroll
     for (int j = 0; j < RB; j++) {
-        int64_t r = r0 + min(j, nr - 1); /* rows past the end alias the last one, unused */
+        const bool second = GLU && j >= RO; /* the up row of a GLU pair */
+        const char *w0 = static_cast<const char *>(second ? gdata : wdata) + hoff;
+        const float *sc0 = second ? gscale : wscale;
+        int64_t r = r0 + min(j % RO, nr - 1); /* rows past the end alias the last one, unused */
         wrow[j] = w0 + r * p.row_stride * T::ESZ;
-        srow[j] = DT == DI_DTYPE_F8_E4M3 && wscale
-                      ? wscale + ((roff + r) / p.block_rows) * p.scale_cols
-                      : nullptr;
+        srow[j] = DT == DI_DTYPE_F8_E4M3 && sc0 ? sc0 + ((roff + r) / p.block_rows) * p.scale_cols
+                                                : nullptr;
     }
     const bool one_scale = DT == DI_DTYPE_F8_E4M3 && p.block_cols % V == 0;
     /* Grouped mode: the block walks all its expert's token groups (the launch has one
@@ -371,6 +390,10 @@ __global__ void __launch_bounds__(MM_WARPS * 32, PIPE &&TB == 1 ? MM_FP8_MIN_BLO
         const int64_t vfirst = kw * 32 + lane;
         uint4 raw[U][RB];
         load_group<DT, U, RB>(raw, wrow, vfirst, step, nvec, p.cols, wvec);
+        if constexpr (!G) { /* the first weights are on their way; now wait for x (PDL) */
+            pdl_wait();
+            pdl_trigger();
+        }
         for (int64_t vb = vfirst; vb < nvec; vb += step * U) {
             uint4 next[U][RB];
             if constexpr (PIPE)
@@ -434,8 +457,10 @@ __global__ void __launch_bounds__(MM_WARPS * 32, PIPE &&TB == 1 ? MM_FP8_MIN_BLO
 #pragma unroll
             for (int i = 0; i < TB; i++)
 #pragma unroll
-                for (int j = 0; j < RB; j++)
-                    if (lane == i * RB + j && i < nt && j < nr) y[i * p.y_tstride + j] = acc[i][j];
+                for (int j = 0; j < RO; j++)
+                    if (lane == i * RO + j && i < nt && j < nr)
+                        y[i * p.y_tstride + j] = GLU ? silu_times(acc[i][j], acc[i][j + RO])
+                                                     : acc[i][j];
         } else {
             /* ks == 4: the four warp totals, added in a fixed tree. */
 #pragma unroll
@@ -444,11 +469,15 @@ __global__ void __launch_bounds__(MM_WARPS * 32, PIPE &&TB == 1 ? MM_FP8_MIN_BLO
                 for (int j = 0; j < RB; j++)
                     if (lane == i * RB + j) warp_sums[warp][i * RB + j] = acc[i][j];
             __syncthreads();
-            if (warp == 0 && lane < TB * RB) {
+            if (warp == 0) {
+                const int k = lane < TB * RB ? lane : 0;
+                const float tot = (warp_sums[0][k] + warp_sums[1][k]) +
+                                  (warp_sums[2][k] + warp_sums[3][k]);
+                /* GLU: the lane of (i, j) takes the up total of (i, j + RO) from its lane. */
+                const float up = GLU ? __shfl_down_sync(0xffffffffu, tot, RO) : 0.0f;
                 const int i = lane / RB, j = lane % RB;
-                const float tot = (warp_sums[0][lane] + warp_sums[1][lane]) +
-                                  (warp_sums[2][lane] + warp_sums[3][lane]);
-                if (i < nt && j < nr) y[i * p.y_tstride + j] = tot;
+                if (lane < TB * RB && i < nt && j < RO && j < nr)
+                    y[i * p.y_tstride + j] = GLU ? silu_times(tot, up) : tot;
             }
             __syncthreads(); /* warp_sums is written again by the next token group */
         }
@@ -460,21 +489,30 @@ __global__ void __launch_bounds__(MM_WARPS * 32, PIPE &&TB == 1 ? MM_FP8_MIN_BLO
 /* y = W^T x                                                                                  */
 /* ---------------------------------------------------------------------------------------- */
 
-#define MMT_THREADS 128
-#define MMT_UNROLL  4
+#define MMT_VECS    8                        /* 16-byte column vectors per block */
+#define MMT_SLICES  16                       /* row slices per block */
+#define MMT_THREADS (MMT_VECS * MMT_SLICES)  /* thread (slice, vector) */
+#define MMT_UNROLL  4                        /* rows of a slice loaded before any is used */
 
-/* Thread: one 16-byte vector of output columns for the TB tokens of blockIdx.y, summing the
- * weight rows in order. */
+/* Block: MMT_VECS 16-byte vectors of output columns for the TB tokens of blockIdx.y and head
+ * blockIdx.z. Thread (slice, vector) sums, in order, rows slice, slice + MMT_SLICES, ...;
+ * the MMT_SLICES partial sums of an output element are then added by a fixed pairwise tree
+ * (slice i + 8, then + 4, + 2, + 1). The order is a function of the row count only, so a
+ * result does not depend on n. Splitting the rows over slices gives a short product (W_UK^T:
+ * 128 rows of 512 columns per head) enough blocks to fill the device. */
 template <di_dtype DT, int TB>
 __global__ void __launch_bounds__(MMT_THREADS) gemv_t_kernel(const di_cuda_mm_params p, bool wvec) {
     typedef wtype<DT> T;
-    constexpr int V = T::V;
-    const int64_t v = (int64_t)blockIdx.x * MMT_THREADS + threadIdx.x;
+    constexpr int V = T::V, NE = MMT_VECS * TB * V; /* outputs of the block */
+    __shared__ float part[MMT_SLICES][NE];
+    pdl_wait(); /* programmatic dependent launch: cuda_internal.cuh */
+    pdl_trigger();
+    const int vl = threadIdx.x % MMT_VECS, slice = threadIdx.x / MMT_VECS;
+    const int64_t v = (int64_t)blockIdx.x * MMT_VECS + vl;
     const int64_t t0 = (int64_t)blockIdx.y * TB, h = blockIdx.z;
     const int64_t nvec = (p.cols + V - 1) / V;
-    if (v >= nvec) return;
     const int64_t c0 = v * V;
-    const int nvalid = (int)min((int64_t)V, p.cols - c0);
+    const int nvalid = v < nvec ? (int)min((int64_t)V, p.cols - c0) : 0;
     const int nt = (int)min((int64_t)TB, p.n_tokens - t0);
     const char *w0 = static_cast<const char *>(p.data) + h * p.head_elem_stride * T::ESZ;
     const int64_t roff = p.row_offset + h * p.head_row_offset_stride;
@@ -489,16 +527,18 @@ __global__ void __launch_bounds__(MMT_THREADS) gemv_t_kernel(const di_cuda_mm_pa
         for (int e = 0; e < V; e++)
             acc[i][e] = 0.0f;
 
-    for (int64_t rb = 0; rb < p.rows; rb += MMT_UNROLL) {
+    constexpr int64_t RS = MMT_SLICES;
+    for (int64_t rb = slice; nvalid > 0 && rb < p.rows; rb += RS * MMT_UNROLL) {
         uint4 raw[MMT_UNROLL];
 #pragma unroll
-        for (int u = 0; u < MMT_UNROLL; u++)
-            raw[u] = rb + u < p.rows
-                         ? load_raw<DT>(w0 + (rb + u) * p.row_stride * T::ESZ, c0, nvalid, wvec)
-                         : make_uint4(0, 0, 0, 0);
+        for (int u = 0; u < MMT_UNROLL; u++) {
+            const int64_t r = rb + RS * u;
+            raw[u] = r < p.rows ? load_raw<DT>(w0 + r * p.row_stride * T::ESZ, c0, nvalid, wvec)
+                                : make_uint4(0, 0, 0, 0);
+        }
 #pragma unroll
         for (int u = 0; u < MMT_UNROLL; u++) {
-            const int64_t r = rb + u;
+            const int64_t r = rb + RS * u;
             if (r >= p.rows) break;
             float wf[V];
             const float *srow = DT == DI_DTYPE_F8_E4M3 ? scale_row(p, roff + r) : nullptr;
@@ -515,12 +555,24 @@ __global__ void __launch_bounds__(MMT_THREADS) gemv_t_kernel(const di_cuda_mm_pa
         }
     }
 #pragma unroll
-    for (int i = 0; i < TB; i++) {
-        if (i >= nt) break;
-        float *y = p.y + h * p.y_hstride + (t0 + i) * p.y_tstride + c0;
+    for (int i = 0; i < TB; i++)
 #pragma unroll
         for (int e = 0; e < V; e++)
-            if (e < nvalid) y[e] = acc[i][e];
+            part[slice][(vl * TB + i) * V + e] = acc[i][e];
+    __syncthreads();
+    for (int k = threadIdx.x; k < NE; k += MMT_THREADS) {
+        float sum[MMT_SLICES];
+#pragma unroll
+        for (int j = 0; j < MMT_SLICES; j++)
+            sum[j] = part[j][k];
+#pragma unroll
+        for (int w = MMT_SLICES / 2; w >= 1; w /= 2)
+#pragma unroll
+            for (int j = 0; j < w; j++)
+                sum[j] += sum[j + w];
+        const int kv = k / (TB * V), i = (k / V) % TB, e = k % V;
+        const int64_t c = ((int64_t)blockIdx.x * MMT_VECS + kv) * V + e;
+        if (i < nt && c < p.cols) p.y[h * p.y_hstride + (t0 + i) * p.y_tstride + c] = sum[0];
     }
 }
 
@@ -535,10 +587,13 @@ static bool aligned16(const void *ptr) {
 /* One GEMV launch, in grouped or plain form (gemv_kernel's G). */
 template <di_dtype DT, int TB, int RB, int U, bool PIPE>
 static void launch_gemv(dim3 grid, dim3 block, const di_cuda_mm_params *p, bool wvec, bool xvec) {
-    if (p->experts)
-        gemv_kernel<DT, TB, RB, U, PIPE, true><<<grid, block, 0, p->stream>>>(*p, wvec, xvec);
-    else
-        gemv_kernel<DT, TB, RB, U, PIPE, false><<<grid, block, 0, p->stream>>>(*p, wvec, xvec);
+    const bool glu = p->glu_data || p->glu_experts;
+    void (*k)(const di_cuda_mm_params, bool, bool) =
+        p->experts ? (glu ? gemv_kernel<DT, TB, RB, U, PIPE, true, true>
+                          : gemv_kernel<DT, TB, RB, U, PIPE, true, false>)
+                   : (glu ? gemv_kernel<DT, TB, RB, U, PIPE, false, true>
+                          : gemv_kernel<DT, TB, RB, U, PIPE, false, false>);
+    (void)di_cuda_launch(k, grid, block, 0, p->stream, *p, wvec, xvec); /* error: cudaGetLastError */
 }
 
 template <di_dtype DT> static cudaError_t launch_dtype(const di_cuda_mm_params *pin) {
@@ -561,24 +616,28 @@ template <di_dtype DT> static cudaError_t launch_dtype(const di_cuda_mm_params *
     const bool wvec = aligned16(p->data) && (p->row_stride * T::ESZ) % 16 == 0 &&
                       (p->head_elem_stride * T::ESZ) % 16 == 0 && p->row_stride >= p->cols;
     if (p->transposed) {
-        if (p->experts) return cudaErrorInvalidValue; /* grouped mode is W x only */
+        /* grouped and GLU modes are W x only */
+        if (p->experts || p->glu_data || p->glu_experts) return cudaErrorInvalidValue;
         const int64_t nvec = (p->cols + T::V - 1) / T::V;
         const int tb = p->n_tokens == 1 ? 1 : 4;
-        dim3 grid((unsigned)((nvec + MMT_THREADS - 1) / MMT_THREADS),
+        dim3 grid((unsigned)((nvec + MMT_VECS - 1) / MMT_VECS),
                   (unsigned)((p->n_tokens + tb - 1) / tb), (unsigned)p->n_heads);
-        if (tb == 1)
-            gemv_t_kernel<DT, 1><<<grid, MMT_THREADS, 0, p->stream>>>(*p, wvec);
-        else
-            gemv_t_kernel<DT, 4><<<grid, MMT_THREADS, 0, p->stream>>>(*p, wvec);
-        return cudaGetLastError();
+        return di_cuda_launch(tb == 1 ? gemv_t_kernel<DT, 1> : gemv_t_kernel<DT, 4>, grid,
+                              MMT_THREADS, 0, p->stream, *p, wvec);
     }
     const bool xvec = aligned16(p->x) && p->x_tstride % 4 == 0 && p->x_hstride % 4 == 0;
     const int64_t n = p->n_tokens, nvec = (p->cols + T::V - 1) / T::V;
     const int tb = n == 1 ? 1 : n == 2 ? 2 : n <= 4 ? 4 : 8;
     /* One token: 2 rows x 4 vectors in flight per lane. More tokens: 4 rows per warp, so
      * that each activation vector loaded serves more weights. */
-    const int rb = tb == 1 ? 2 : 4;
-    const int64_t rows_per_block = MM_WARPS / mm_ksplit(nvec, p->ksplit_min) * rb;
+    /* Short rows split over 4 warps at one token (not FP8's pipelined kernel): 4 rows per
+     * group, 2 vectors each, the same registers in flight as 2 x 4 (rows of 2048 BF16: 76 %
+     * of the copy bandwidth for V2-Lite's lm_head instead of 54 %). */
+    const bool short_rows = tb == 1 && nvec <= p->short_vec && nvec >= p->ksplit_min &&
+                            !(DT == DI_DTYPE_F8_E4M3 && p->fp8_pipe && p->block_cols % T::V == 0);
+    const int rb = tb == 1 && !short_rows ? 2 : 4;
+    const int ro = p->glu_data || p->glu_experts ? rb / 2 : rb; /* output rows per group */
+    const int64_t rows_per_block = MM_WARPS / mm_ksplit(nvec, p->ksplit_min) * ro;
     dim3 grid((unsigned)((p->rows + rows_per_block - 1) / rows_per_block),
               p->experts ? 1u : (unsigned)((n + tb - 1) / tb), (unsigned)p->n_heads);
     const dim3 block(MM_WARPS * 32);
@@ -603,7 +662,10 @@ template <di_dtype DT> static cudaError_t launch_dtype(const di_cuda_mm_params *
     }
     switch (tb) {
     case 1:
-        launch_gemv<DT, 1, 2, 4, false>(grid, block, p, wvec, xvec);
+        if (short_rows)
+            launch_gemv<DT, 1, 4, 2, false>(grid, block, p, wvec, xvec);
+        else
+            launch_gemv<DT, 1, 2, 4, false>(grid, block, p, wvec, xvec);
         break;
     case 2:
         launch_gemv<DT, 2, 4, 2, false>(grid, block, p, wvec, xvec);

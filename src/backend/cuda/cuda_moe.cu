@@ -22,8 +22,10 @@
 
 #include <math.h>
 
-#define RT_THREADS 256  /* select_kernel: experts per pass of a thread loop */
-#define RG_THREADS 1024 /* group_kernel: one thread per expert */
+#define RT_THREADS 64   /* select_kernel: experts per pass of a thread loop (few warps: the
+                           argmax rounds wait on block barriers, and E is 64..384) */
+#define RG_THREADS 1024 /* group_kernel: at most one thread per expert (launched with the
+                           power of two >= E, at least a warp) */
 
 struct route_args {
     di_router_params r; /* bias: device memory or NULL */
@@ -44,6 +46,8 @@ static __device__ __forceinline__ bool ahead(float ka, int ia, float kb, int ib)
 }
 
 __global__ void __launch_bounds__(RT_THREADS) select_kernel(const route_args a) {
+    pdl_wait(); /* programmatic dependent launch: cuda_internal.cuh */
+    pdl_trigger();
     __shared__ float score[DI_CUDA_ROUTE_MAX_E], key[DI_CUDA_ROUTE_MAX_E];
     __shared__ double ex[DI_CUDA_ROUTE_MAX_E];
     __shared__ float gscore[DI_CUDA_ROUTE_MAX_E];
@@ -53,9 +57,12 @@ __global__ void __launch_bounds__(RT_THREADS) select_kernel(const route_args a) 
     __shared__ int red_i[RT_THREADS / 32];
     __shared__ int sel[64];
     const di_router_params &r = a.r;
+    __shared__ float lg[DI_CUDA_ROUTE_MAX_E]; /* the token's logits, read once in parallel */
     const int E = (int)r.n_experts, K = (int)r.top_k, tid = threadIdx.x;
     const int64_t t = blockIdx.x;
-    const float *lg = a.logits + t * E;
+    for (int i = tid; i < E; i += RT_THREADS)
+        lg[i] = a.logits[t * E + i];
+    __syncthreads();
 
     /* Scores (router.c: compute_scores). */
     if (r.score == DI_SCORE_SOFTMAX) {
@@ -183,12 +190,12 @@ __global__ void __launch_bounds__(RT_THREADS) select_kernel(const route_args a) 
     }
 }
 
-/* Inclusive block scan of v over RG_THREADS threads (Hillis-Steele in shared memory). */
+/* Inclusive block scan of v over the block's threads (Hillis-Steele in shared memory). */
 static __device__ int block_scan(int v, int *buf) {
     const int tid = threadIdx.x;
     buf[tid] = v;
     __syncthreads();
-    for (int d = 1; d < RG_THREADS; d <<= 1) {
+    for (int d = 1; d < (int)blockDim.x; d <<= 1) {
         const int add = tid >= d ? buf[tid - d] : 0;
         __syncthreads();
         buf[tid] += add;
@@ -202,10 +209,12 @@ static __device__ int block_scan(int v, int *buf) {
 __global__ void __launch_bounds__(RG_THREADS)
     group_kernel(int E, int K, int nk, int32_t *ids_rows, int32_t *offsets, int32_t *active,
                  int32_t *src) {
+    pdl_wait(); /* programmatic dependent launch: cuda_internal.cuh */
+    pdl_trigger();
     extern __shared__ int32_t ids[]; /* [nk] */
     __shared__ int buf[RG_THREADS];
     const int e = threadIdx.x;
-    for (int i = e; i < nk; i += RG_THREADS)
+    for (int i = e; i < nk; i += (int)blockDim.x)
         ids[i] = ids_rows[i];
     __syncthreads();
     int cnt = 0;
@@ -242,10 +251,11 @@ cudaError_t di_cuda_launch_moe_route(const di_moe_route_params *p, cudaStream_t 
     a.logits = p->logits;
     a.ids = p->rows_of;
     a.w = p->w;
-    select_kernel<<<(unsigned)p->n, RT_THREADS, 0, stream>>>(a);
-    cudaError_t err = cudaGetLastError();
+    cudaError_t err = di_cuda_launch(select_kernel, (unsigned)p->n, RT_THREADS, 0, stream, a);
     if (err != cudaSuccess) return err;
-    group_kernel<<<1, RG_THREADS, (size_t)nk * sizeof(int32_t), stream>>>(
-        (int)E, (int)K, (int)nk, p->rows_of, p->offsets, p->active, p->src);
-    return cudaGetLastError();
+    int threads = 32;
+    while (threads < E)
+        threads *= 2;
+    return di_cuda_launch(group_kernel, 1, threads, (size_t)nk * sizeof(int32_t), stream, (int)E,
+                          (int)K, (int)nk, p->rows_of, p->offsets, p->active, p->src);
 }
