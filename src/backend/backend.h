@@ -216,6 +216,24 @@ typedef struct di_expert_weights {
     const void *table;
 } di_expert_weights;
 
+/* The MLA latent store (backend op mla_store): for i < n_rows, chunk row t = src_rows[i] of
+ * kva ([.][R + dr], the kv_a projection): the RMSNorm (weight norm_w, eps) of its first R
+ * values into row dst_rows[i] of ckv ([.][R]), and its last dr values rotated (cos / sin row
+ * t, layout as di_rope_op_params) into row dst_rows[i] of krope ([.][dr]). kva is not
+ * changed. The same bits as rmsnorm and rope over kva followed by two copy_rows. The CUDA
+ * backend takes R <= 4096 (DeepSeek's latents are 512 wide). */
+typedef struct di_mla_store_params {
+    const float *kva;
+    int64_t R, dr;
+    const float *norm_w;
+    float eps;
+    const float *cos, *sin; /* [chunk rows][dr / 2] */
+    bool interleaved;
+    const int32_t *src_rows, *dst_rows; /* backend memory */
+    int64_t n_rows;
+    float *ckv, *krope;
+} di_mla_store_params;
+
 typedef struct di_backend_ops {
     const char *name;
 
@@ -346,6 +364,12 @@ typedef struct di_backend_ops {
                                const di_expert_weights *up, const int32_t *offsets,
                                const int32_t *active, int64_t max_active, int64_t max_rows,
                                const float *x, float *y);
+    /* y[t][r] += sum_c x[t][c] W[r][c] (a residual add in the product's epilogue; optional,
+     * NULL: matmul into a scratch and axpy). Rounded exactly as matmul then axpy(1, ., y). */
+    void (*matmul_add)(void *ctx, const di_weight *w, const float *x, int64_t n, float *y);
+    /* The MLA latent store (di_mla_store_params; optional, NULL: rmsnorm, rope and two
+     * copy_rows). */
+    void (*mla_store)(void *ctx, const di_mla_store_params *p);
 } di_backend_ops;
 
 typedef struct di_backend {

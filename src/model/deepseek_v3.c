@@ -361,10 +361,22 @@ static di_status ds_batch_state_create(const void *weights, const di_batch_confi
 /* Blocks                                                                                     */
 /* ---------------------------------------------------------------------------------------- */
 
+/* y += W x, rounded as matmul into tmp then axpy(1, tmp, y): one launch where the backend
+ * has matmul_add. */
+static void matmul_add(const di_backend *be, const di_weight *w, const float *x, int64_t n,
+                       float *tmp, float *y) {
+    if (be->ops->matmul_add) {
+        be->ops->matmul_add(be->ctx, w, x, n, y);
+        return;
+    }
+    be->ops->matmul(be->ctx, w, x, n, tmp);
+    be->ops->axpy(be->ctx, 1.0f, tmp, n * w->rows, y);
+}
+
 /* MLA for the chunk's n rows (s->nseg sequences): reads s->xn, writes the new tokens' latent
- * and rope-key rows into the paged pool through each sequence's block table, and s->hbuf
- * ([n][H]). Projections (W_UK and W_UV included) run over all rows at once; the absorbed
- * attention runs per sequence. */
+ * and rope-key rows into the paged pool through each sequence's block table, and adds its
+ * output ([n][H]) to the residual stream s->x. Projections (W_UK and W_UV included) run over
+ * all rows at once; the absorbed attention runs per sequence. */
 static void attention(const ds_model *m, const ds_layer *L, int64_t il, ds_state *s,
                       const di_backend *be, int64_t n, int64_t nseg) {
     const di_hparams *hp = m->hp;
@@ -384,9 +396,31 @@ static void attention(const ds_model *m, const ds_layer *L, int64_t il, ds_state
         be->ops->matmul(c, &L->q_proj, s->xn, n, s->q);
     }
 
-    /* Latent (normed in place) and rotated rope key of each new token, then into the pool. */
+    /* Latent (normed) and rotated rope key of each new token, into the pool: one op where
+     * the backend has mla_store, else normed and rotated in place and copied. */
     be->ops->matmul(c, &L->kv_a_proj, s->xn, n, s->kva);
-    be->ops->rmsnorm(c, s->kva, R + dr, L->kv_a_norm, n, R, DS_LATENT_NORM_EPS, s->kva, R + dr);
+    float *ckv = di_mla_cache_ckv(&s->cache, il, 0);  /* [rows][R] */
+    float *kr = di_mla_cache_krope(&s->cache, il, 0); /* [rows][dr] */
+    const bool store = be->ops->mla_store != NULL;
+    if (store) {
+        di_mla_store_params sp = {.kva = s->kva,
+                                  .R = R,
+                                  .dr = dr,
+                                  .norm_w = L->kv_a_norm,
+                                  .eps = DS_LATENT_NORM_EPS,
+                                  .cos = s->cos,
+                                  .sin = s->sin,
+                                  .interleaved = m->rope_interleaved,
+                                  .src_rows = s->wsrc,
+                                  .dst_rows = s->wdst,
+                                  .n_rows = s->nw,
+                                  .ckv = ckv,
+                                  .krope = kr};
+        be->ops->mla_store(c, &sp);
+    } else {
+        be->ops->rmsnorm(c, s->kva, R + dr, L->kv_a_norm, n, R, DS_LATENT_NORM_EPS, s->kva,
+                         R + dr);
+    }
     di_rope_op_params rq = {.x = s->q + dn,
                             .n_tokens = n,
                             .n_heads = nh,
@@ -397,17 +431,17 @@ static void attention(const ds_model *m, const ds_layer *L, int64_t il, ds_state
                             .sin = s->sin,
                             .interleaved = m->rope_interleaved};
     be->ops->rope(c, &rq);
-    di_rope_op_params rk = rq;
-    rk.x = s->kva + R;
-    rk.n_heads = 1;
-    rk.tstride = R + dr;
-    rk.hstride = 0;
-    be->ops->rope(c, &rk);
-    /* The new tokens' rows (not the replayed ones) into the pool: one gather-scatter each. */
-    float *ckv = di_mla_cache_ckv(&s->cache, il, 0);  /* [rows][R] */
-    float *kr = di_mla_cache_krope(&s->cache, il, 0); /* [rows][dr] */
-    be->ops->copy_rows(c, ckv, R, s->wdst, s->kva, R + dr, s->wsrc, s->nw, R);
-    be->ops->copy_rows(c, kr, dr, s->wdst, s->kva + R, R + dr, s->wsrc, s->nw, dr);
+    if (!store) {
+        di_rope_op_params rk = rq;
+        rk.x = s->kva + R;
+        rk.n_heads = 1;
+        rk.tstride = R + dr;
+        rk.hstride = 0;
+        be->ops->rope(c, &rk);
+        /* The new tokens' rows (not the replayed ones) into the pool: a gather-scatter each. */
+        be->ops->copy_rows(c, ckv, R, s->wdst, s->kva, R + dr, s->wsrc, s->nw, R);
+        be->ops->copy_rows(c, kr, dr, s->wdst, s->kva + R, R + dr, s->wsrc, s->nw, dr);
+    }
 
     /* Absorb W_UK over all rows: q_lat(h, t) = W_UK_h^T q_nope(h, t)  ([dn] -> [R]). */
     di_head_matmul_params uk = {.w = L->w_uk,
@@ -479,10 +513,10 @@ static void attention(const ds_model *m, const ds_layer *L, int64_t il, ds_state
                                 .y_hstride = dv,
                                 .y_tstride = nh * dv};
     be->ops->head_matmul(c, &uv);
-    be->ops->matmul(c, &L->o_proj, s->attn, n, s->hbuf);
+    matmul_add(be, &L->o_proj, s->attn, n, s->hbuf, s->x);
 }
 
-/* SwiGLU MLP over n rows of x ([n][H]) -> y ([n][H]). */
+/* SwiGLU MLP over n rows of x ([n][H]), added to y ([n][H]). */
 static void mlp(const ds_mlp *w, ds_state *s, const di_backend *be, const float *x, int64_t n,
                 float *y) {
     void *c = be->ctx;
@@ -493,7 +527,7 @@ static void mlp(const ds_mlp *w, ds_state *s, const di_backend *be, const float 
         be->ops->matmul(c, &w->up, x, n, s->up);
         be->ops->silu_mul(c, s->gate, s->up, n * w->gate.rows, s->gate);
     }
-    be->ops->matmul(c, &w->down, s->gate, n, y);
+    matmul_add(be, &w->down, s->gate, n, s->hbuf, y);
 }
 
 /* DeepSeekMoE over s->xn: routed experts grouped by expert, plus shared experts.
@@ -536,10 +570,7 @@ static void moe(const ds_model *m, const ds_layer *L, ds_state *s, const di_back
     }
     be->ops->matmul_experts(c, &L->x_down, s->r_off, s->r_active, na, n, s->xg, s->eo);
     be->ops->moe_combine(c, s->eo, s->r_rows, s->r_w, n, K, H, s->moe_out);
-    if (L->has_shared) {
-        mlp(&L->shared, s, be, s->xn, n, s->hbuf);
-        be->ops->axpy(c, 1.0f, s->hbuf, n * H, s->moe_out);
-    }
+    if (L->has_shared) mlp(&L->shared, s, be, s->xn, n, s->moe_out);
 }
 
 /* Builds the chunk's small inputs on the host and uploads them in one transfer: token ids,
@@ -620,16 +651,14 @@ static int64_t forward_layers(const ds_model *m, ds_state *s, const di_backend *
     for (int64_t il = 0; il < hp->num_hidden_layers; il++) {
         const ds_layer *L = &m->layers[il];
         be->ops->rmsnorm(c, s->x, H, L->attn_norm, n, H, eps, s->xn, H);
-        attention(m, L, il, s, be, n, nseg);
-        be->ops->axpy(c, 1.0f, s->hbuf, n * H, s->x);
+        attention(m, L, il, s, be, n, nseg); /* adds its output to s->x */
 
         be->ops->rmsnorm(c, s->x, H, L->ffn_norm, n, H, eps, s->xn, H);
         if (L->is_moe) {
             moe(m, L, s, be, n);
             be->ops->axpy(c, 1.0f, s->moe_out, n * H, s->x);
         } else {
-            mlp(&L->dense, s, be, s->xn, n, s->hbuf);
-            be->ops->axpy(c, 1.0f, s->hbuf, n * H, s->x);
+            mlp(&L->dense, s, be, s->xn, n, s->x);
         }
     }
     if (s->decode) { /* every row, in order */

@@ -10,8 +10,9 @@
  * query alone; the paged cache and head strides bitwise against the contiguous layout; the
  * MoE data-movement ops (copy_rows, moe_combine) and the MoE routing (moe_route) bitwise
  * against the CPU backend, the grouped expert GEMV (matmul_experts) bitwise against
- * matmul per expert, and the fused SwiGLU products (matmul_glu, matmul_experts_glu) bitwise
- * against the separate products and silu_mul. Shapes
+ * matmul per expert, the fused SwiGLU products (matmul_glu, matmul_experts_glu) bitwise
+ * against the separate products and silu_mul, matmul_add bitwise against matmul plus the
+ * addition, and mla_store bitwise against rmsnorm, rope and copy_rows. Shapes
  * include odd sizes, row views and FP8 partial blocks (block sizes 128x128, 8x32, 3x20, 1x7,
  * 2x48 over sizes that are not multiples of them).
  *
@@ -233,6 +234,42 @@ static void check_glu(di_dtype dt, int64_t rows, int64_t cols, int64_t n, int bl
     free_weight(&tg), free_weight(&tu);
 }
 
+/* matmul_add: y0 + W x rounded once per element, i.e. bitwise y0 + matmul's result. */
+static void check_add(di_dtype dt, int64_t rows, int64_t cols, int64_t n, int blk) {
+    test_weight t = make_weight(dt, rows, cols, rnd_int(0, 9), rnd_int(0, 5), blk);
+    di_weight dw = upload(&t.w);
+    float *x = rnd_vec(n * cols, 1.0f), *y0 = rnd_vec(n * rows, 2.0f);
+    float *ym = gpu_mm(&dw, false, x, n);
+    float *dx = dev_floats(x, n * cols), *dy = dev_floats(y0, n * rows);
+    g_be.ops->matmul_add(g_be.ctx, &dw, dx, n, dy);
+    float *y = host_floats(dy, n * rows);
+    int64_t bad = -1;
+    for (int64_t i = 0; i < n * rows && bad < 0; i++) {
+        const float want = y0[i] + ym[i];
+        if (memcmp(&want, &y[i], sizeof want) != 0) bad = i;
+    }
+    CHECK_MSG(bad < 0, "%s add rows=%lld cols=%lld n=%lld blk=%d: element %lld differs from "
+              "y0 + matmul", di_dtype_name(dt), (long long)rows, (long long)cols, (long long)n,
+              blk, (long long)bad);
+    CHECK(di_backend_cuda_sync(&g_be) == DI_OK);
+    di_cuda_weight_free(&g_be, &dw);
+    dfree(dx), dfree(dy);
+    free(x), free(y0), free(ym), free(y);
+    free_weight(&t);
+}
+
+TEST(matmul_add) {
+    if (!g_have_gpu) SKIP("no CUDA device");
+    static const int64_t ns[] = {1, 2, 3, 4, 5, 8, 13};
+    for (size_t d = 0; d < DI_ARRAY_LEN(g_dtypes); d++)
+        for (int it = 0; it < 6; it++)
+            check_add(g_dtypes[d], rnd_int(1, 200), rnd_int(1, 2100),
+                      ns[rnd_u32() % DI_ARRAY_LEN(ns)], it);
+    check_add(DI_DTYPE_BF16, 2048, 2048, 1, 0); /* V2-Lite's o_proj, decode */
+    check_add(DI_DTYPE_BF16, 2048, 1408, 1, 0); /* its expert down */
+    check_add(DI_DTYPE_F8_E4M3, 7168, 2048, 3, 0);
+}
+
 TEST(matmul_glu) {
     if (!g_have_gpu) SKIP("no CUDA device");
     static const int64_t ns[] = {1, 2, 3, 4, 5, 8, 13};
@@ -419,6 +456,79 @@ TEST(rope) {
                   nerr(y, ref, n * ts));
         dfree(dx), dfree(dc), dfree(ds);
         free(x), free(cs), free(sn), free(ref), free(y);
+    }
+}
+
+/* mla_store: bitwise the separate ops on the GPU (rmsnorm of the latent in place, rope of the
+ * key, two copy_rows into the pool), for random sizes, row lists (replayed rows skipped,
+ * shuffled pool rows) and both rope layouts; the pool rows not listed stay untouched. */
+TEST(mla_store) {
+    if (!g_have_gpu) SKIP("no CUDA device");
+    for (int iter = 0; iter < 12; iter++) {
+        const int64_t R = iter < 2 ? 512 : rnd_int(1, 700), dr = iter < 2 ? 64 : 2 * rnd_int(1, 40);
+        const int64_t n = rnd_int(1, 12), half = dr / 2, pool = n + rnd_int(0, 9);
+        const int64_t W = R + dr;
+        float *kva = rnd_vec(n * W, 3.0f), *w = rnd_vec(R, 1.0f);
+        float *cs = rnd_vec(n * half, 1.0f), *sn = rnd_vec(n * half, 1.0f);
+        float *pc = rnd_vec(pool * R, 1.0f), *pk = rnd_vec(pool * dr, 1.0f);
+        int32_t src[12], dst[32];
+        int64_t nw = 0;
+        for (int64_t t = 0; t < n; t++)
+            if (iter % 3 != 0 || t % 2 == 0) src[nw++] = (int32_t)t; /* some rows replayed */
+        for (int64_t r = 0; r < pool; r++)
+            dst[r] = (int32_t)r;
+        for (int64_t r = pool - 1; r > 0; r--) { /* distinct pool rows in a random order */
+            const int64_t k = rnd_int(0, r);
+            const int32_t tmp = dst[r];
+            dst[r] = dst[k], dst[k] = tmp;
+        }
+        float *dkva = dev_floats(kva, n * W), *dw = dev_floats(w, R);
+        float *dc = dev_floats(cs, n * half), *ds = dev_floats(sn, n * half);
+        int32_t *dsrc = dev_from(src, (size_t)nw * 4), *ddst = dev_from(dst, (size_t)nw * 4);
+        /* reference: the separate ops on a copy of kva */
+        float *rkva = dev_floats(kva, n * W), *rpc = dev_floats(pc, pool * R),
+              *rpk = dev_floats(pk, pool * dr);
+        g_be.ops->rmsnorm(g_be.ctx, rkva, W, dw, n, R, 1e-6f, rkva, W);
+        di_rope_op_params rp = {.x = rkva + R,
+                                .n_tokens = n,
+                                .n_heads = 1,
+                                .rope_dim = dr,
+                                .tstride = W,
+                                .cos = dc,
+                                .sin = ds,
+                                .interleaved = iter % 2 == 0};
+        g_be.ops->rope(g_be.ctx, &rp);
+        g_be.ops->copy_rows(g_be.ctx, rpc, R, ddst, rkva, W, dsrc, nw, R);
+        g_be.ops->copy_rows(g_be.ctx, rpk, dr, ddst, rkva + R, W, dsrc, nw, dr);
+        /* fused */
+        float *fpc = dev_floats(pc, pool * R), *fpk = dev_floats(pk, pool * dr);
+        di_mla_store_params sp = {.kva = dkva,
+                                  .R = R,
+                                  .dr = dr,
+                                  .norm_w = dw,
+                                  .eps = 1e-6f,
+                                  .cos = dc,
+                                  .sin = ds,
+                                  .interleaved = iter % 2 == 0,
+                                  .src_rows = dsrc,
+                                  .dst_rows = ddst,
+                                  .n_rows = nw,
+                                  .ckv = fpc,
+                                  .krope = fpk};
+        g_be.ops->mla_store(g_be.ctx, &sp);
+        float *a = host_floats(rpc, pool * R), *b = host_floats(fpc, pool * R);
+        float *ak = host_floats(rpk, pool * dr), *bk = host_floats(fpk, pool * dr);
+        float *kv2 = host_floats(dkva, n * W);
+        CHECK_MSG(memcmp(a, b, (size_t)(pool * R) * 4) == 0 &&
+                      memcmp(ak, bk, (size_t)(pool * dr) * 4) == 0,
+                  "R=%lld dr=%lld n=%lld rows=%lld: the fused store differs", (long long)R,
+                  (long long)dr, (long long)n, (long long)nw);
+        CHECK_MSG(memcmp(kv2, kva, (size_t)(n * W) * 4) == 0, "mla_store changed kva");
+        CHECK(di_backend_cuda_sync(&g_be) == DI_OK);
+        dfree(dkva), dfree(dw), dfree(dc), dfree(ds), dfree(dsrc), dfree(ddst);
+        dfree(rkva), dfree(rpc), dfree(rpk), dfree(fpc), dfree(fpk);
+        free(kva), free(w), free(cs), free(sn), free(pc), free(pk);
+        free(a), free(b), free(ak), free(bk), free(kv2);
     }
 }
 
@@ -980,11 +1090,13 @@ int main(void) {
     RUN(matmul_fp8_special);
     RUN(matmul_t);
     RUN(matmul_glu);
+    RUN(matmul_add);
     RUN(matmul_unaligned);
     RUN(head_matmul);
     RUN(embed);
     RUN(rmsnorm);
     RUN(rope);
+    RUN(mla_store);
     RUN(silu_axpy_copy);
     RUN(mla_attention);
     RUN(mla_attention_paged);

@@ -38,6 +38,7 @@ typedef struct cuda_backend {
     int64_t ksplit_min;      /* GEMV rows of at least this many 16-byte vectors split K */
     int fp8_pipe;            /* FP8 GEMV software pipeline on (1) or off (0) */
     int64_t short_vec;       /* one-token GEMV: rows of <= this many vectors, 4 per group */
+    int max_tb;              /* GEMV: largest token group (DI_CUDA_MAX_TB, default 8) */
     cudaError_t first_error; /* first failed launch since the last sync */
     bool capturing;          /* between graph_begin and graph_end, capture started */
     cudaError_t capture_saved_error, capture_error;
@@ -74,6 +75,7 @@ static di_cuda_mm_params mm_params(const di_weight *w, const cuda_backend *be) {
     p.ksplit_min = be->ksplit_min;
     p.fp8_pipe = be->fp8_pipe;
     p.short_vec = be->short_vec;
+    p.max_tb = be->max_tb;
     p.stream = be->stream;
     return p;
 }
@@ -125,6 +127,19 @@ static void cuda_matmul_glu(void *ctx, const di_weight *gate, const di_weight *u
     p.y_tstride = gate->rows;
     p.glu_data = up->data;
     p.glu_scale = up->scale;
+    note(be, di_cuda_launch_matmul(&p));
+}
+
+/* y += W x in the GEMV's epilogue (the exact GEMV even with DI_CUDA_MMA=1). */
+static void cuda_matmul_add(void *ctx, const di_weight *w, const float *x, int64_t n, float *y) {
+    cuda_backend *be = (cuda_backend *)ctx;
+    di_cuda_mm_params p = mm_params(w, be);
+    p.n_tokens = n;
+    p.x = x;
+    p.x_tstride = w->cols;
+    p.y = y;
+    p.y_tstride = w->rows;
+    p.accumulate = true;
     note(be, di_cuda_launch_matmul(&p));
 }
 
@@ -206,6 +221,11 @@ static void cuda_rmsnorm(void *ctx, const float *x, int64_t x_stride, const floa
 static void cuda_rope(void *ctx, const di_rope_op_params *p) {
     cuda_backend *be = (cuda_backend *)ctx;
     note(be, di_cuda_launch_rope(p, be->stream));
+}
+
+static void cuda_mla_store(void *ctx, const di_mla_store_params *p) {
+    cuda_backend *be = (cuda_backend *)ctx;
+    note(be, di_cuda_launch_mla_store(p, be->stream));
 }
 
 static void cuda_mla_attention(void *ctx, const di_mla_attn_params *p) {
@@ -547,6 +567,8 @@ static di_backend_ops make_ops(void) {
      * form, so with DI_CUDA_MMA=1 only the other products take it). */
     o.matmul_glu = cuda_matmul_glu;
     o.matmul_experts_glu = cuda_matmul_experts_glu;
+    o.matmul_add = cuda_matmul_add;
+    o.mla_store = cuda_mla_store;
     o.expert_table = cuda_expert_table;
     /* DI_CUDA_GRAPHS=0: no graphs (the model then enqueues every op of every step). */
     const char *graphs = getenv("DI_CUDA_GRAPHS");
@@ -627,6 +649,8 @@ extern "C" di_status di_backend_cuda_init(di_backend *out, int device, int64_t m
     be->fp8_pipe = !(env && strcmp(env, "0") == 0);
     env = getenv("DI_CUDA_SHORT_VEC"); /* 0: always 2 rows per group */
     be->short_vec = env ? atoll(env) : 512;
+    env = getenv("DI_CUDA_MAX_TB"); /* 1, 2, 4 or 8 */
+    be->max_tb = env && (atoi(env) == 1 || atoi(env) == 2 || atoi(env) == 4) ? atoi(env) : 8;
     /* DI_CUDA_MMA=1: the tensor-core matmul from DI_CUDA_MMA_MIN_N rows (default 8) up;
      * not exact vs the CPU and not batch-invariant (cuda_mma.cu), so off by default. */
     env = getenv("DI_CUDA_MMA");

@@ -69,21 +69,16 @@ cudaError_t di_cuda_launch_embed(const di_weight *table, const int32_t *ids, int
 /* RMSNorm                                                                                    */
 /* ---------------------------------------------------------------------------------------- */
 
-/* One block per row: a double sum of squares (strided per thread, then a fixed tree), then
- * y = w * (x * r) with r = 1 / sqrt(mean + eps) in float, as the reference. y may be x. */
-__global__ void __launch_bounds__(EW_THREADS)
-    rmsnorm_kernel(const float *x, int64_t x_stride, const float *w, int64_t dim, float eps,
-                   float *y, int64_t y_stride) {
-    pdl_wait(); /* programmatic dependent launch: cuda_internal.cuh */
-    pdl_trigger();
+/* Elements per thread kept in registers (rows up to EW_THREADS * RMS_CACHE long): the row is
+ * read once, and the weights are requested before the wait for the input (PDL). */
+#define RMS_CACHE 16
+
+/* The block's total of the threads' partial sums of squares ss (xor butterfly in each warp,
+ * the warps' sums in order by thread 0), as 1 / sqrt(mean + eps) in float: every thread
+ * gets it. */
+static __device__ float rms_scale(double ss, int64_t dim, float eps) {
     __shared__ double warp_sums[EW_THREADS / 32];
     __shared__ float r_shared;
-    const int64_t t = blockIdx.x;
-    const float *xr = x + t * x_stride;
-    float *yr = y + t * y_stride;
-    double ss = 0.0;
-    for (int64_t i = threadIdx.x; i < dim; i += EW_THREADS)
-        ss = fma((double)xr[i], (double)xr[i], ss);
     for (int off = 16; off >= 1; off >>= 1)
         ss += __shfl_xor_sync(0xffffffffu, ss, off);
     if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x >> 5] = ss;
@@ -96,9 +91,55 @@ __global__ void __launch_bounds__(EW_THREADS)
         r_shared = 1.0f / sqrtf(var + eps); /* IEEE division and sqrt (no fast math) */
     }
     __syncthreads();
-    const float r = r_shared;
-    for (int64_t i = threadIdx.x; i < dim; i += EW_THREADS)
-        yr[i] = __fmul_rn(w[i], __fmul_rn(xr[i], r));
+    return r_shared;
+}
+
+/* One block per row: a double sum of squares (strided per thread, then a fixed tree), then
+ * y = w * (x * r) with r = 1 / sqrt(mean + eps) in float, as the reference. y may be x. The
+ * cached and the long-row paths do the same arithmetic in the same order. */
+__global__ void __launch_bounds__(EW_THREADS)
+    rmsnorm_kernel(const float *x, int64_t x_stride, const float *w, int64_t dim, float eps,
+                   float *y, int64_t y_stride) {
+    const int64_t t = blockIdx.x;
+    const bool cached = dim <= (int64_t)EW_THREADS * RMS_CACHE;
+    float xv[RMS_CACHE], wv[RMS_CACHE];
+    if (cached) {
+#pragma unroll
+        for (int k = 0; k < RMS_CACHE; k++) {
+            const int64_t i = threadIdx.x + (int64_t)k * EW_THREADS;
+            wv[k] = i < dim ? w[i] : 0.0f;
+        }
+    }
+    pdl_wait(); /* programmatic dependent launch: cuda_internal.cuh */
+    pdl_trigger();
+    const float *xr = x + t * x_stride;
+    float *yr = y + t * y_stride;
+    double ss = 0.0;
+    if (cached) {
+#pragma unroll
+        for (int k = 0; k < RMS_CACHE; k++) {
+            const int64_t i = threadIdx.x + (int64_t)k * EW_THREADS;
+            xv[k] = i < dim ? xr[i] : 0.0f;
+        }
+#pragma unroll
+        for (int k = 0; k < RMS_CACHE; k++)
+            if (threadIdx.x + (int64_t)k * EW_THREADS < dim)
+                ss = fma((double)xv[k], (double)xv[k], ss);
+    } else {
+        for (int64_t i = threadIdx.x; i < dim; i += EW_THREADS)
+            ss = fma((double)xr[i], (double)xr[i], ss);
+    }
+    const float r = rms_scale(ss, dim, eps);
+    if (cached) {
+#pragma unroll
+        for (int k = 0; k < RMS_CACHE; k++) {
+            const int64_t i = threadIdx.x + (int64_t)k * EW_THREADS;
+            if (i < dim) yr[i] = __fmul_rn(wv[k], __fmul_rn(xv[k], r));
+        }
+    } else {
+        for (int64_t i = threadIdx.x; i < dim; i += EW_THREADS)
+            yr[i] = __fmul_rn(w[i], __fmul_rn(xr[i], r));
+    }
 }
 
 cudaError_t di_cuda_launch_rmsnorm(const float *x, int64_t x_stride, const float *w, int64_t n,
@@ -113,6 +154,13 @@ cudaError_t di_cuda_launch_rmsnorm(const float *x, int64_t x_stride, const float
 /* RoPE                                                                                       */
 /* ---------------------------------------------------------------------------------------- */
 
+/* Rotates pair (ia, ib) of x by (c, s), rounded as the reference. */
+static __device__ __forceinline__ void rope_pair(float a, float b, float c, float s, float *oa,
+                                                 float *ob) {
+    *oa = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+    *ob = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+}
+
 /* Thread: pair i of head h of token t (blockIdx.x = t). */
 __global__ void rope_kernel(const di_rope_op_params p) {
     pdl_wait(); /* programmatic dependent launch: cuda_internal.cuh */
@@ -124,8 +172,7 @@ __global__ void rope_kernel(const di_rope_op_params p) {
     float *x = p.x + t * p.tstride + h * p.hstride;
     const int64_t ia = p.interleaved ? 2 * i : i, ib = p.interleaved ? 2 * i + 1 : i + half;
     const float a = x[ia], b = x[ib], c = p.cos[t * half + i], s = p.sin[t * half + i];
-    x[ia] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
-    x[ib] = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+    rope_pair(a, b, c, s, &x[ia], &x[ib]);
 }
 
 cudaError_t di_cuda_launch_rope(const di_rope_op_params *p, cudaStream_t stream) {
@@ -133,6 +180,50 @@ cudaError_t di_cuda_launch_rope(const di_rope_op_params *p, cudaStream_t stream)
     if (p->n_tokens <= 0 || pairs <= 0) return cudaSuccess;
     dim3 grid((unsigned)p->n_tokens, blocks_for(pairs));
     return di_cuda_launch(rope_kernel, grid, EW_THREADS, 0, stream, *p);
+}
+
+/* Block i: the MLA latent store of new token row i (di_mla_store_params): rmsnorm_kernel's
+ * arithmetic over the latent (cached path: R <= EW_THREADS * RMS_CACHE), rope_kernel's over
+ * the rope key, written straight into the pool rows. */
+__global__ void __launch_bounds__(EW_THREADS) mla_store_kernel(const di_mla_store_params p) {
+    float wv[RMS_CACHE], xv[RMS_CACHE];
+#pragma unroll
+    for (int k = 0; k < RMS_CACHE; k++) {
+        const int64_t i = threadIdx.x + (int64_t)k * EW_THREADS;
+        wv[k] = i < p.R ? p.norm_w[i] : 0.0f;
+    }
+    pdl_wait(); /* programmatic dependent launch: cuda_internal.cuh */
+    pdl_trigger();
+    const int64_t t = p.src_rows[blockIdx.x], d = p.dst_rows[blockIdx.x];
+    const float *xr = p.kva + t * (p.R + p.dr);
+    double ss = 0.0;
+#pragma unroll
+    for (int k = 0; k < RMS_CACHE; k++) {
+        const int64_t i = threadIdx.x + (int64_t)k * EW_THREADS;
+        xv[k] = i < p.R ? xr[i] : 0.0f;
+    }
+#pragma unroll
+    for (int k = 0; k < RMS_CACHE; k++)
+        if (threadIdx.x + (int64_t)k * EW_THREADS < p.R) ss = fma((double)xv[k], (double)xv[k], ss);
+    const float r = rms_scale(ss, p.R, p.eps);
+    float *out = p.ckv + d * p.R;
+#pragma unroll
+    for (int k = 0; k < RMS_CACHE; k++) {
+        const int64_t i = threadIdx.x + (int64_t)k * EW_THREADS;
+        if (i < p.R) out[i] = __fmul_rn(wv[k], __fmul_rn(xv[k], r));
+    }
+    const int64_t half = p.dr / 2;
+    for (int64_t i = threadIdx.x; i < half; i += EW_THREADS) {
+        const int64_t ia = p.interleaved ? 2 * i : i, ib = p.interleaved ? 2 * i + 1 : i + half;
+        rope_pair(xr[p.R + ia], xr[p.R + ib], p.cos[t * half + i], p.sin[t * half + i],
+                  &p.krope[d * p.dr + ia], &p.krope[d * p.dr + ib]);
+    }
+}
+
+cudaError_t di_cuda_launch_mla_store(const di_mla_store_params *p, cudaStream_t stream) {
+    if (p->n_rows <= 0) return cudaSuccess;
+    if (p->R > (int64_t)EW_THREADS * RMS_CACHE) return cudaErrorNotSupported;
+    return di_cuda_launch(mla_store_kernel, (unsigned)p->n_rows, EW_THREADS, 0, stream, *p);
 }
 
 /* ---------------------------------------------------------------------------------------- */

@@ -102,6 +102,9 @@ typedef struct di_cuda_mm_params {
     /* One-token products of rows of at most short_vec 16-byte vectors take 4 rows per warp
      * group instead of 2 (more loads in flight per lane, half the blocks). Same values. */
     int64_t short_vec;
+    /* Largest token group (1, 2, 4 or 8): fewer tokens per group use fewer registers (more
+     * blocks per SM) but read each weight vector more often. Same values. */
+    int max_tb;
     /* Filled by the launcher: vectors per FP8 scale block as a shift (-1: not a power of
      * two) and as a count. */
     int64_t scale_vshift;
@@ -120,6 +123,8 @@ typedef struct di_cuda_mm_params {
     const void *glu_data;
     const float *glu_scale;
     const struct di_cuda_expert_ptrs *glu_experts;
+    /* y += W x instead of y = W x (matmul_add), each element rounded as axpy(1, W x, y). */
+    bool accumulate;
 } di_cuda_mm_params;
 
 /* One expert's device weight pointers (a table of them per projection: expert_table). */
@@ -155,6 +160,8 @@ cudaError_t di_cuda_launch_axpy(float a, const float *x, int64_t n, float *y, cu
 cudaError_t di_cuda_launch_copy_rows(float *dst, int64_t dst_stride, const int32_t *dst_rows,
                                      const float *src, int64_t src_stride, const int32_t *src_rows,
                                      int64_t n, int64_t cols, cudaStream_t stream);
+/* The MLA latent store (backend.h's mla_store); latents of at most 4096 values. */
+cudaError_t di_cuda_launch_mla_store(const di_mla_store_params *p, cudaStream_t stream);
 cudaError_t di_cuda_launch_moe_combine(const float *rows, const int32_t *rows_of, const float *w,
                                        int64_t n, int64_t K, int64_t dim, float *out,
                                        cudaStream_t stream);

@@ -204,6 +204,11 @@ static __device__ __forceinline__ float silu_times(float g, float u) {
     return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
 }
 
+/* An output element: v, or with accumulate y + v rounded as axpy(1, v, y) rounds it. */
+static __device__ __forceinline__ void store_y(float *y, float v, bool accumulate) {
+    *y = accumulate ? __fadd_rn(*y, v) : v;
+}
+
 #define MM_WARPS 4 /* warps per block */
 /* Blocks per SM the pipelined FP8 one-token kernel is compiled for: 6 caps it at 80
  * registers without spills (8 would spill), 24 warps per SM instead of 16. */
@@ -459,8 +464,9 @@ __global__ void __launch_bounds__(MM_WARPS * 32, PIPE &&TB == 1 ? MM_FP8_MIN_BLO
 #pragma unroll
                 for (int j = 0; j < RO; j++)
                     if (lane == i * RO + j && i < nt && j < nr)
-                        y[i * p.y_tstride + j] = GLU ? silu_times(acc[i][j], acc[i][j + RO])
-                                                     : acc[i][j];
+                        store_y(y + i * p.y_tstride + j,
+                                GLU ? silu_times(acc[i][j], acc[i][j + RO]) : acc[i][j],
+                                p.accumulate);
         } else {
             /* ks == 4: the four warp totals, added in a fixed tree. */
 #pragma unroll
@@ -477,7 +483,8 @@ __global__ void __launch_bounds__(MM_WARPS * 32, PIPE &&TB == 1 ? MM_FP8_MIN_BLO
                 const float up = GLU ? __shfl_down_sync(0xffffffffu, tot, RO) : 0.0f;
                 const int i = lane / RB, j = lane % RB;
                 if (lane < TB * RB && i < nt && j < RO && j < nr)
-                    y[i * p.y_tstride + j] = GLU ? silu_times(tot, up) : tot;
+                    store_y(y + i * p.y_tstride + j, GLU ? silu_times(tot, up) : tot,
+                            p.accumulate);
             }
             __syncthreads(); /* warp_sums is written again by the next token group */
         }
@@ -616,8 +623,9 @@ template <di_dtype DT> static cudaError_t launch_dtype(const di_cuda_mm_params *
     const bool wvec = aligned16(p->data) && (p->row_stride * T::ESZ) % 16 == 0 &&
                       (p->head_elem_stride * T::ESZ) % 16 == 0 && p->row_stride >= p->cols;
     if (p->transposed) {
-        /* grouped and GLU modes are W x only */
-        if (p->experts || p->glu_data || p->glu_experts) return cudaErrorInvalidValue;
+        /* grouped, GLU and accumulating modes are W x only */
+        if (p->experts || p->glu_data || p->glu_experts || p->accumulate)
+            return cudaErrorInvalidValue;
         const int64_t nvec = (p->cols + T::V - 1) / T::V;
         const int tb = p->n_tokens == 1 ? 1 : 4;
         dim3 grid((unsigned)((nvec + MMT_VECS - 1) / MMT_VECS),
@@ -627,7 +635,8 @@ template <di_dtype DT> static cudaError_t launch_dtype(const di_cuda_mm_params *
     }
     const bool xvec = aligned16(p->x) && p->x_tstride % 4 == 0 && p->x_hstride % 4 == 0;
     const int64_t n = p->n_tokens, nvec = (p->cols + T::V - 1) / T::V;
-    const int tb = n == 1 ? 1 : n == 2 ? 2 : n <= 4 ? 4 : 8;
+    int tb = n == 1 ? 1 : n == 2 ? 2 : n <= 4 ? 4 : 8;
+    if (p->max_tb >= 1 && tb > p->max_tb) tb = p->max_tb;
     /* One token: 2 rows x 4 vectors in flight per lane. More tokens: 4 rows per warp, so
      * that each activation vector loaded serves more weights. */
     /* Short rows split over 4 warps at one token (not FP8's pipelined kernel): 4 rows per
