@@ -174,14 +174,7 @@ def main():
     if args.from_json:  # only the table and the plot of an earlier run
         with open(args.from_json) as f:
             res = json.load(f)
-        concs = [int(x) for x in args.concurrency.split(",")]
-        table = report(res, concs)
-        print(table)
-        if args.md:
-            with open(args.md, "w") as f:
-                f.write(table + "\n")
-        if args.plot:
-            plot(res, concs, args.plot)
+        write_outputs(res, [int(x) for x in args.concurrency.split(",")], args)
         return
     if not args.deepinfer or not args.bench_engine:
         ap.error("--deepinfer and --bench-engine are required (except with --make-only and "
@@ -265,7 +258,11 @@ def main():
             save()
     del model
     torch.cuda.empty_cache()
+    write_outputs(res, concs, args)
 
+
+def write_outputs(res, concs, args):
+    """Prints the table of a run, and writes it to --md and the plot to --plot if given."""
     table = report(res, concs)
     print(table)
     if args.md:

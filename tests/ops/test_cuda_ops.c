@@ -907,21 +907,46 @@ TEST(moe_route) {
     di_pool_free(pool);
 }
 
+/* E random experts of one shape, uploaded separately, and their device table. */
+typedef struct {
+    test_weight *tw;
+    di_weight *dw;
+    di_expert_weights ew;
+} expert_set;
+
+static expert_set make_experts(di_dtype dt, int64_t E, int64_t rows, int64_t cols) {
+    expert_set x;
+    x.tw = malloc((size_t)E * sizeof *x.tw);
+    x.dw = malloc((size_t)E * sizeof *x.dw);
+    for (int64_t e = 0; e < E; e++) {
+        x.tw[e] = make_weight(dt, rows, cols, 0, 0, 0);
+        x.dw[e] = upload(&x.tw[e].w);
+    }
+    void *tab = NULL;
+    CHECK_MSG(g_be.ops->expert_table(g_be.ctx, x.dw, E, &tab) == DI_OK, "%s", di_last_error());
+    x.ew = (di_expert_weights){.w = x.dw, .n_experts = E, .table = tab};
+    return x;
+}
+
+static void free_experts(expert_set *x) {
+    for (int64_t e = 0; e < x->ew.n_experts; e++) {
+        di_cuda_weight_free(&g_be, &x->dw[e]);
+        free_weight(&x->tw[e]);
+    }
+    g_be.ops->buf_free(g_be.ctx, (void *)x->ew.table);
+    free(x->tw), free(x->dw);
+}
+
 /* matmul_experts: each expert's rows bitwise equal to matmul of the same rows (so to a row
  * alone: batch invariance), and within tolerance of the scalar reference. Experts of one
  * shape uploaded separately, routing by moe_route on the device. */
 static void check_experts(di_dtype dt, int64_t E, int64_t K, int64_t n, int64_t rows,
                           int64_t cols) {
     const int64_t nk = n * K;
-    test_weight *tw = malloc((size_t)E * sizeof *tw);
-    di_weight *dw = malloc((size_t)E * sizeof *dw);
-    for (int64_t e = 0; e < E; e++) {
-        tw[e] = make_weight(dt, rows, cols, 0, 0, 0);
-        dw[e] = upload(&tw[e].w);
-    }
-    void *tab = NULL;
-    CHECK_MSG(g_be.ops->expert_table(g_be.ctx, dw, E, &tab) == DI_OK, "%s", di_last_error());
-    di_expert_weights ew = {.w = dw, .n_experts = E, .table = tab};
+    expert_set gate = make_experts(dt, E, rows, cols);
+    const test_weight *tw = gate.tw;
+    const di_weight *dw = gate.dw;
+    const di_expert_weights ew = gate.ew;
     di_router_params r = {.n_experts = E,
                           .top_k = K,
                           .n_group = 1,
@@ -952,19 +977,12 @@ static void check_experts(di_dtype dt, int64_t E, int64_t K, int64_t n, int64_t 
     CHECK_MSG(nerr(y, ref, nk * rows) <= 1e-5, "%s experts: error %.3g", di_dtype_name(dt),
               nerr(y, ref, nk * rows));
     /* matmul_experts_glu: bitwise silu_mul of the gate (the experts above) and an up set. */
-    test_weight *tu = malloc((size_t)E * sizeof *tu);
-    di_weight *du = malloc((size_t)E * sizeof *du);
-    for (int64_t e = 0; e < E; e++) {
-        tu[e] = make_weight(dt, rows, cols, 0, 0, 0);
-        du[e] = upload(&tu[e].w);
-    }
-    void *tab_u = NULL;
-    CHECK_MSG(g_be.ops->expert_table(g_be.ctx, du, E, &tab_u) == DI_OK, "%s", di_last_error());
-    di_expert_weights eu = {.w = du, .n_experts = E, .table = tab_u};
-    g_be.ops->matmul_experts(g_be.ctx, &eu, db.off, db.act, DI_MIN(E, nk), n, dx, dy);
+    expert_set up = make_experts(dt, E, rows, cols);
+    g_be.ops->matmul_experts(g_be.ctx, &up.ew, db.off, db.act, DI_MIN(E, nk), n, dx, dy);
     float *yu = host_floats(dy, nk * rows), *gref = gpu_silu_mul(y, yu, nk * rows);
     float *dg = dev_poison(nk * rows);
-    g_be.ops->matmul_experts_glu(g_be.ctx, &ew, &eu, db.off, db.act, DI_MIN(E, nk), n, dx, dg);
+    g_be.ops->matmul_experts_glu(g_be.ctx, &ew, &up.ew, db.off, db.act, DI_MIN(E, nk), n, dx,
+                                 dg);
     float *yg = host_floats(dg, nk * rows);
     CHECK_MSG(memcmp(yg, gref, (size_t)(nk * rows) * 4) == 0,
               "%s E=%lld K=%lld n=%lld %lldx%lld: experts glu differs from matmul_experts + "
@@ -972,16 +990,12 @@ static void check_experts(di_dtype dt, int64_t E, int64_t K, int64_t n, int64_t 
               di_dtype_name(dt), (long long)E, (long long)K, (long long)n, (long long)rows,
               (long long)cols);
     CHECK(di_backend_cuda_sync(&g_be) == DI_OK);
-    for (int64_t e = 0; e < E; e++) {
-        di_cuda_weight_free(&g_be, &dw[e]), di_cuda_weight_free(&g_be, &du[e]);
-        free_weight(&tw[e]), free_weight(&tu[e]);
-    }
-    g_be.ops->buf_free(g_be.ctx, tab), g_be.ops->buf_free(g_be.ctx, tab_u);
+    free_experts(&gate), free_experts(&up);
     dfree(dg);
-    free(tu), free(du), free(yu), free(gref), free(yg);
+    free(yu), free(gref), free(yg);
     route_free(&db, true);
     dfree(dlg), dfree(dx), dfree(dy);
-    free(tw), free(dw), free(lg), free(x), free(y), free(off), free(ref);
+    free(lg), free(x), free(y), free(off), free(ref);
 }
 
 TEST(matmul_experts) {

@@ -92,14 +92,21 @@ static bool try_mma(cuda_backend *be, const di_cuda_mm_params *p, int64_t n, int
     return true;
 }
 
-static void cuda_matmul(void *ctx, const di_weight *w, const float *x, int64_t n, float *y) {
-    cuda_backend *be = (cuda_backend *)ctx;
+/* The parameters of y = W x over n contiguous rows of x and y. */
+static di_cuda_mm_params product_params(const di_weight *w, const cuda_backend *be,
+                                        const float *x, int64_t n, float *y) {
     di_cuda_mm_params p = mm_params(w, be);
     p.n_tokens = n;
     p.x = x;
     p.x_tstride = w->cols;
     p.y = y;
     p.y_tstride = w->rows;
+    return p;
+}
+
+static void cuda_matmul(void *ctx, const di_weight *w, const float *x, int64_t n, float *y) {
+    cuda_backend *be = (cuda_backend *)ctx;
+    di_cuda_mm_params p = product_params(w, be, x, n, y);
     if (try_mma(be, &p, n, n, NULL)) return;
     note(be, di_cuda_launch_matmul(&p));
 }
@@ -119,12 +126,7 @@ static void cuda_matmul_glu(void *ctx, const di_weight *gate, const di_weight *u
         note(be, cudaErrorInvalidValue);
         return;
     }
-    di_cuda_mm_params p = mm_params(gate, be);
-    p.n_tokens = n;
-    p.x = x;
-    p.x_tstride = gate->cols;
-    p.y = y;
-    p.y_tstride = gate->rows;
+    di_cuda_mm_params p = product_params(gate, be, x, n, y);
     p.glu_data = up->data;
     p.glu_scale = up->scale;
     note(be, di_cuda_launch_matmul(&p));
@@ -133,12 +135,7 @@ static void cuda_matmul_glu(void *ctx, const di_weight *gate, const di_weight *u
 /* y += W x in the GEMV's epilogue (the exact GEMV even with DI_CUDA_MMA=1). */
 static void cuda_matmul_add(void *ctx, const di_weight *w, const float *x, int64_t n, float *y) {
     cuda_backend *be = (cuda_backend *)ctx;
-    di_cuda_mm_params p = mm_params(w, be);
-    p.n_tokens = n;
-    p.x = x;
-    p.x_tstride = w->cols;
-    p.y = y;
-    p.y_tstride = w->rows;
+    di_cuda_mm_params p = product_params(w, be, x, n, y);
     p.accumulate = true;
     note(be, di_cuda_launch_matmul(&p));
 }
@@ -358,13 +355,12 @@ static void cuda_moe_route(void *ctx, const di_moe_route_params *p) {
     note(be, di_cuda_launch_moe_route(p, be->stream));
 }
 
-/* One launch per projection: the GEMV kernel in grouped mode (cuda_internal.cuh), the
- * common shape from expert 0, the per-expert pointers from the table. */
-static void cuda_matmul_experts(void *ctx, const di_expert_weights *ew, const int32_t *offsets,
-                                const int32_t *active, int64_t max_active, int64_t max_rows,
-                                const float *x, float *y) {
-    cuda_backend *be = (cuda_backend *)ctx;
-    if (max_active <= 0 || max_rows <= 0) return;
+/* The parameters of the GEMV in grouped mode (cuda_internal.cuh): the common shape from
+ * expert 0, the per-expert pointers from the table. */
+static di_cuda_mm_params grouped_params(const di_expert_weights *ew, const cuda_backend *be,
+                                        const int32_t *offsets, const int32_t *active,
+                                        int64_t max_active, int64_t max_rows, const float *x,
+                                        float *y) {
     di_cuda_mm_params p = mm_params(&ew->w[0], be);
     p.n_heads = max_active;
     p.n_tokens = max_rows;
@@ -375,6 +371,16 @@ static void cuda_matmul_experts(void *ctx, const di_expert_weights *ew, const in
     p.experts = (const di_cuda_expert_ptrs *)ew->table;
     p.g_off = offsets;
     p.g_active = active;
+    return p;
+}
+
+/* One launch per projection over all active experts. */
+static void cuda_matmul_experts(void *ctx, const di_expert_weights *ew, const int32_t *offsets,
+                                const int32_t *active, int64_t max_active, int64_t max_rows,
+                                const float *x, float *y) {
+    cuda_backend *be = (cuda_backend *)ctx;
+    if (max_active <= 0 || max_rows <= 0) return;
+    di_cuda_mm_params p = grouped_params(ew, be, offsets, active, max_active, max_rows, x, y);
     /* The grouped rows: offsets[E] of them (device memory), at most max_active * max_rows. */
     if (try_mma(be, &p, max_rows, max_active * max_rows, offsets + ew->n_experts)) return;
     note(be, di_cuda_launch_matmul(&p));
@@ -390,17 +396,8 @@ static void cuda_matmul_experts_glu(void *ctx, const di_expert_weights *gate,
         note(be, cudaErrorInvalidValue);
         return;
     }
-    di_cuda_mm_params p = mm_params(&gate->w[0], be);
-    p.n_heads = max_active;
-    p.n_tokens = max_rows;
-    p.x = x;
-    p.x_tstride = p.cols;
-    p.y = y;
-    p.y_tstride = p.rows;
-    p.experts = (const di_cuda_expert_ptrs *)gate->table;
+    di_cuda_mm_params p = grouped_params(gate, be, offsets, active, max_active, max_rows, x, y);
     p.glu_experts = (const di_cuda_expert_ptrs *)up->table;
-    p.g_off = offsets;
-    p.g_active = active;
     note(be, di_cuda_launch_matmul(&p));
 }
 
