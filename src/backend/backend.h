@@ -394,7 +394,10 @@ static inline void di_backend_free(di_backend *be) {
 
 /* The CUDA backend on device `device` (src/backend/cuda). Ops take device pointers and
  * device-side weights (di_cuda_weight_upload in backend/cuda/cuda_backend.h) and run on the
- * backend's own stream. max_ctx sizes the attention's split-KV scratch. Fails with
+ * backend's own stream. max_ctx sizes the attention's split-KV scratch and bounds the key
+ * count of every decode-batch attention call (positions from device memory): a query past
+ * it is a caller's bug and stops the device (a trap) rather than writing past the scratch
+ * (the engine and contexts pass their max_model_len / max_tokens). Fails with
  * DI_ERR_UNSUPPORTED ("no CUDA device") when there is none or the build has no CUDA. */
 di_status di_backend_cuda_init(di_backend *be, int device, int64_t max_ctx);
 

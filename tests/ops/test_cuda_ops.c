@@ -277,6 +277,12 @@ TEST(matmul_glu) {
         for (int it = 0; it < 8; it++)
             check_glu(g_dtypes[d], rnd_int(1, 200), rnd_int(1, 700),
                       ns[rnd_u32() % DI_ARRAY_LEN(ns)], it);
+    /* rows long enough for the K split over 4 warps: odd row counts, small token groups */
+    static const int64_t ns_k[] = {1, 2, 3, 4};
+    for (size_t d = 0; d < DI_ARRAY_LEN(g_dtypes); d++)
+        for (int it = 0; it < 3; it++)
+            check_glu(g_dtypes[d], 2 * rnd_int(1, 150) + 1, rnd_int(2048, 4100),
+                      ns_k[rnd_u32() % DI_ARRAY_LEN(ns_k)], it);
     check_glu(DI_DTYPE_BF16, 2816, 2048, 1, 0); /* V2-Lite's shared experts, decode */
     check_glu(DI_DTYPE_BF16, 2816, 2048, 8, 0);
     check_glu(DI_DTYPE_F8_E4M3, 2048, 7168, 1, 0); /* V3's shared expert */
@@ -644,6 +650,9 @@ TEST(mla_attention) {
     check_attn(4, 16, 512, 64, 700);
     check_attn(1, 128, 512, 64, 257);
     check_attn(33, 8, 512, 64, 230);
+    /* split blocks walking several chunks each (S = 1 and S = 4 blocks per query) */
+    check_attn(32, 128, 512, 64, 1500);
+    check_attn(40, 16, 512, 64, 2000);
 }
 
 /* Paged cache on the GPU: the same problem through a shuffled block table gives bitwise the
@@ -745,6 +754,7 @@ TEST(mla_attention_paged) {
                          rnd_int(0, 600), bss[iter % 3]);
     check_attn_paged(1, 16, 512, 64, 700, 64);
     check_attn_paged(5, 16, 512, 64, 300, 7);
+    check_attn_paged(5, 128, 512, 64, 1400, 64); /* decode batch: 4 split blocks, 6 chunks */
 }
 
 /* copy_rows (gather and scatter) and moe_combine: bitwise the CPU backend's results. */

@@ -368,8 +368,8 @@ __global__ void __launch_bounds__(ATT_THREADS, 2) /* 2 blocks of ~93 KiB per SM 
                 sl[0] = s.m_c[tid];
                 sl[1] = s.l_c[tid];
             }
-            /* attn_chunk's first barrier orders these reads of m_c / l_c before the next
-             * chunk resets them. */
+            /* The next chunk resets m_c / l_c in the same threads (tid < ATT_HG) that read
+             * them here, before any barrier: program order is enough. */
         } else {
             if (tid < ATT_HG)
                 merge_coeffs(s.m_run[tid], s.l_run[tid], s.m_c[tid], s.l_c[tid], &s.ca[tid],

@@ -64,7 +64,9 @@ static cudaError_t di_cuda_launch(void (*kernel)(KArgs...), dim3 grid, dim3 bloc
     cfg.stream = stream;
     cfg.attrs = &attr;
     cfg.numAttrs = di_cuda_pdl ? 1 : 0;
-    return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+    const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+    (void)cudaGetLastError(); /* returned here: not left behind for a later launcher to see */
+    return err;
 }
 
 /* ---------------------------------------------------------------------------------------- */

@@ -593,14 +593,15 @@ static bool aligned16(const void *ptr) {
 
 /* One GEMV launch, in grouped or plain form (gemv_kernel's G). */
 template <di_dtype DT, int TB, int RB, int U, bool PIPE>
-static void launch_gemv(dim3 grid, dim3 block, const di_cuda_mm_params *p, bool wvec, bool xvec) {
+static cudaError_t launch_gemv(dim3 grid, dim3 block, const di_cuda_mm_params *p, bool wvec,
+                               bool xvec) {
     const bool glu = p->glu_data || p->glu_experts;
     void (*k)(const di_cuda_mm_params, bool, bool) =
         p->experts ? (glu ? gemv_kernel<DT, TB, RB, U, PIPE, true, true>
                           : gemv_kernel<DT, TB, RB, U, PIPE, true, false>)
                    : (glu ? gemv_kernel<DT, TB, RB, U, PIPE, false, true>
                           : gemv_kernel<DT, TB, RB, U, PIPE, false, false>);
-    (void)di_cuda_launch(k, grid, block, 0, p->stream, *p, wvec, xvec); /* error: cudaGetLastError */
+    return di_cuda_launch(k, grid, block, 0, p->stream, *p, wvec, xvec);
 }
 
 template <di_dtype DT> static cudaError_t launch_dtype(const di_cuda_mm_params *pin) {
@@ -620,7 +621,8 @@ template <di_dtype DT> static cudaError_t launch_dtype(const di_cuda_mm_params *
     }
     /* 16-byte weight loads need every row (of every head) to start on a 16-byte boundary;
      * reading a whole vector past `cols` then stays inside the row's stride. */
-    const bool wvec = aligned16(p->data) && (p->row_stride * T::ESZ) % 16 == 0 &&
+    const bool wvec = aligned16(p->data) && (!p->glu_data || aligned16(p->glu_data)) &&
+                      (p->row_stride * T::ESZ) % 16 == 0 &&
                       (p->head_elem_stride * T::ESZ) % 16 == 0 && p->row_stride >= p->cols;
     if (p->transposed) {
         /* grouped, GLU and accumulating modes are W x only */
@@ -650,43 +652,44 @@ template <di_dtype DT> static cudaError_t launch_dtype(const di_cuda_mm_params *
     dim3 grid((unsigned)((p->rows + rows_per_block - 1) / rows_per_block),
               p->experts ? 1u : (unsigned)((n + tb - 1) / tb), (unsigned)p->n_heads);
     const dim3 block(MM_WARPS * 32);
+    cudaError_t err = cudaSuccess;
     if constexpr (DT == DI_DTYPE_F8_E4M3) {
         const bool pipe = p->fp8_pipe && p->block_cols % T::V == 0;
         /* Pipelined: half the vectors per group, the same raw registers in flight. */
         if (pipe) switch (tb) {
             case 1:
-                launch_gemv<DT, 1, 2, 2, true>(grid, block, p, wvec, xvec);
+                err = launch_gemv<DT, 1, 2, 2, true>(grid, block, p, wvec, xvec);
                 break;
             case 2:
-                launch_gemv<DT, 2, 4, 1, true>(grid, block, p, wvec, xvec);
+                err = launch_gemv<DT, 2, 4, 1, true>(grid, block, p, wvec, xvec);
                 break;
             case 4:
-                launch_gemv<DT, 4, 4, 1, true>(grid, block, p, wvec, xvec);
+                err = launch_gemv<DT, 4, 4, 1, true>(grid, block, p, wvec, xvec);
                 break;
             default:
-                launch_gemv<DT, 8, 4, 1, true>(grid, block, p, wvec, xvec);
+                err = launch_gemv<DT, 8, 4, 1, true>(grid, block, p, wvec, xvec);
                 break;
             }
-        if (pipe) return cudaGetLastError();
+        if (pipe) return err;
     }
     switch (tb) {
     case 1:
         if (short_rows)
-            launch_gemv<DT, 1, 4, 2, false>(grid, block, p, wvec, xvec);
+            err = launch_gemv<DT, 1, 4, 2, false>(grid, block, p, wvec, xvec);
         else
-            launch_gemv<DT, 1, 2, 4, false>(grid, block, p, wvec, xvec);
+            err = launch_gemv<DT, 1, 2, 4, false>(grid, block, p, wvec, xvec);
         break;
     case 2:
-        launch_gemv<DT, 2, 4, 2, false>(grid, block, p, wvec, xvec);
+        err = launch_gemv<DT, 2, 4, 2, false>(grid, block, p, wvec, xvec);
         break;
     case 4:
-        launch_gemv<DT, 4, 4, 2, false>(grid, block, p, wvec, xvec);
+        err = launch_gemv<DT, 4, 4, 2, false>(grid, block, p, wvec, xvec);
         break;
     default:
-        launch_gemv<DT, 8, 4, 2, false>(grid, block, p, wvec, xvec);
+        err = launch_gemv<DT, 8, 4, 2, false>(grid, block, p, wvec, xvec);
         break;
     }
-    return cudaGetLastError();
+    return err;
 }
 
 cudaError_t di_cuda_launch_matmul(const di_cuda_mm_params *p) {
