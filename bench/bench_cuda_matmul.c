@@ -3,7 +3,8 @@
  * ctest). Run by tools/gpu_check.sh on a GPU machine.
  *
  *   bench_cuda_matmul [device [dtype [max_n]]]   (dtype: BF16, F8_E4M3 or F4 -- only
- *                                               that dtype, no attention; max_n: largest
+ *                                               that dtype, no attention; `copy`: only
+ *                                               the copy bandwidth; max_n: largest
  *                                               batch timed)
  *
  * Prints the device's measured copy bandwidth (bytes read + written per second, the

@@ -41,6 +41,9 @@
 #   --state-model-dir DIR   slice with CSA+HCA layers for `info`; optional (STATE_MODEL_DIR)
 #   --bench-matmul PATH     default: bench_matmul beside DEEPINFER        (BENCH_MATMUL)
 #   --bandwidth-gbs X       skip the measurement and use X GB/s           (BANDWIDTH_GBS)
+#   --device D              cpu (default) or cuda[:N]                     (DEVICE)
+#                           on cuda the bandwidth is the device copy bandwidth that
+#                           bench_cuda_matmul beside DEEPINFER measures (bytes read + written)
 #   --threads N             default: nproc                                (THREADS)
 #   --n-prompt N            default 128                                   (N_PROMPT)
 #   --n-gen N               default 64                                    (N_GEN)
@@ -59,6 +62,7 @@ while [ $# -gt 0 ]; do
         --state-model-dir) STATE_MODEL_DIR=$2 ;;
         --bench-matmul) BENCH_MATMUL=$2 ;;
         --bandwidth-gbs) BANDWIDTH_GBS=$2 ;;
+        --device) DEVICE=$2 ;;
         --threads) THREADS=$2 ;;
         --n-prompt) N_PROMPT=$2 ;;
         --n-gen) N_GEN=$2 ;;
@@ -82,6 +86,7 @@ MODEL_DIR=${MODEL_DIR:-/work/peers/v4flash-slice}
 STATE_MODEL_DIR=${STATE_MODEL_DIR:-}
 BENCH_MATMUL=${BENCH_MATMUL:-$(dirname "$DEEPINFER")/bench_matmul}
 BANDWIDTH_GBS=${BANDWIDTH_GBS:-}
+DEVICE=${DEVICE:-cpu}
 THREADS=${THREADS:-$(nproc)}
 N_PROMPT=${N_PROMPT:-128}
 N_GEN=${N_GEN:-64}
@@ -106,7 +111,17 @@ mkdir -p "$RAW"
 source "$(dirname "${BASH_SOURCE[0]}")/lib_bandwidth.sh"
 
 BW_SOURCE="BANDWIDTH_GBS"
-if [ -z "$BANDWIDTH_GBS" ]; then
+BENCH_CUDA=$(dirname "$DEEPINFER")/bench_cuda_matmul
+if [ -z "$BANDWIDTH_GBS" ] && [ "${DEVICE%%:*}" = cuda ]; then
+    # The device's copy bandwidth: bench_cuda_matmul's first figure (`copy`: nothing else).
+    [ -x "$BENCH_CUDA" ] || die "$BENCH_CUDA: not found (build it, or pass --bandwidth-gbs)"
+    dev_index=0
+    [ "$DEVICE" = cuda ] || dev_index=${DEVICE#cuda:}
+    BANDWIDTH_GBS=$("$BENCH_CUDA" "$dev_index" copy 1 2>/dev/null |
+        sed -n 's/^device copy bandwidth: \([0-9.]*\) GB\/s.*/\1/p')
+    [ -n "$BANDWIDTH_GBS" ] || die "$BENCH_CUDA printed no copy bandwidth"
+    BW_SOURCE="$(basename "$BENCH_CUDA") (device copy)"
+elif [ -z "$BANDWIDTH_GBS" ]; then
     if [ -x "$BENCH_MATMUL" ]; then
         BANDWIDTH_GBS=$(measure_bandwidth)
         BW_SOURCE="$(basename "$BENCH_MATMUL")"
@@ -245,21 +260,21 @@ print(" ".join(str(r.randrange(lo, hi)) for _ in range(int(sys.argv[2]))))
 PY
 )
 GEN_ARGS=(generate --model "$MODEL_DIR" --ids "$PROMPT_IDS" --max-tokens "$N_GEN" --temperature 0
-    --ignore-eos --format json --threads "$THREADS")
+    --ignore-eos --format json --threads "$THREADS" --device "$DEVICE")
 TIME=()
 [ -x /usr/bin/time ] && TIME=(/usr/bin/time -v)   # peak RSS, when GNU time is there
 for i in $(seq 0 "$REPS"); do
     tag=$([ "$i" -eq 0 ] && echo "warm-up" || echo "run $i/$REPS")
-    note "deepinfer generate ($tag): $N_PROMPT prompt tokens, $N_GEN new tokens, $THREADS threads"
+    note "deepinfer generate ($tag, $DEVICE): $N_PROMPT prompt tokens, $N_GEN new tokens, $THREADS threads"
     "${TIME[@]}" "$DEEPINFER" "${GEN_ARGS[@]}" > "$RAW/deepinfer_$i.json" 2> "$RAW/deepinfer_$i.err" ||
         die "deepinfer generate failed (exit $?): $(tail -n 5 "$RAW/deepinfer_$i.err")"
 done
 
 # ---- (e) the table -------------------------------------------------------------------------------
 python3 - "$RAW" "$OUT_DIR" "$REPS" "$N_PROMPT" "$N_GEN" "$THREADS" "$BANDWIDTH_GBS" "$BW_SOURCE" \
-    "$MODEL_DIR" "${STATE_MODEL_DIR:-}" << 'PY'
+    "$MODEL_DIR" "${STATE_MODEL_DIR:-}" "$DEVICE" << 'PY'
 import json, os, platform, re, statistics, sys, time
-raw, out, reps, n_prompt, n_gen, threads, bw, bw_src, model_dir, state_dir = sys.argv[1:]
+raw, out, reps, n_prompt, n_gen, threads, bw, bw_src, model_dir, state_dir, device = sys.argv[1:]
 reps, n_prompt, n_gen, threads, bw = int(reps), int(n_prompt), int(n_gen), int(threads), float(bw)
 bpt = json.load(open(os.path.join(raw, "bytes_per_token.json")))
 info = json.load(open(os.path.join(raw, "info.json")))
@@ -325,13 +340,14 @@ except (OSError, AttributeError):
     pass
 kinds = bpt["layer_kinds"]
 L = []
-L.append(f"### DeepSeek-V4-Flash slice on the CPU: decode / prefill vs. roofline, state bytes ({time.strftime('%Y-%m-%d %H:%M')})")
+where = "the CPU" if device == "cpu" else f"{device} (GPU)"
+L.append(f"### DeepSeek-V4-Flash slice on {where}: decode / prefill vs. roofline, state bytes ({time.strftime('%Y-%m-%d %H:%M')})")
 L.append("")
 L.append(f"- model: `{model_dir}`: {bpt['layers']} of 43 V4-Flash layers ({', '.join(kinds)}), real dimensions, "
          f"random weights in the published dtypes ({info['dtypes']}); {bpt['file_bytes'] / 1e9:.2f} GB of tensors, "
          f"{info['n_params_total'] / 1e9:.2f} B params, {info['n_params_active'] / 1e9:.2f} B active")
-L.append(f"- machine: {cpu}, {os.cpu_count()} logical CPUs, {threads} threads; "
-         f"measured read bandwidth B = {f(bw if bw > 0 else None, 1)} GB/s ({bw_src})")
+L.append(f"- machine: {cpu}, {os.cpu_count()} logical CPUs, {threads} threads; device {device}; "
+         f"measured bandwidth B = {f(bw if bw > 0 else None, 1)} GB/s ({bw_src})")
 L.append(f"- prompt {n_prompt} random ids; decode = {n_gen} tokens at context {n_prompt}..{n_prompt + n_gen}; "
          f"median of {reps} runs after one warm-up" + (f"; peak RSS {max(rss) / 1e9:.1f} GB" if rss else ""))
 L.append("")
@@ -394,7 +410,8 @@ json.dump({"bandwidth_gbs": bw, "bandwidth_source": bw_src, "bytes": bpt, "roofl
            "peak_rss_bytes": rss, "info": info, "info_state_model": sinfo, "state_by_type": types,
            "full_model_state": {"engine_f32_per_token": full_tok, "engine_f32_fixed": full_fix,
                                 "spec_bf16_per_token": spec_tok, "spec_bf16_fixed": spec_fix} if full_ok else None,
-           "n_prompt": n_prompt, "n_gen": n_gen, "threads": threads, "reps": reps, "warnings": warn},
+           "n_prompt": n_prompt, "n_gen": n_gen, "threads": threads, "reps": reps, "device": device,
+           "warnings": warn},
           open(os.path.join(out, "v4_decode.json"), "w"), indent=1)
 sys.stdout.write(text)
 PY
