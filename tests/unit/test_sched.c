@@ -195,24 +195,11 @@ TEST(abort_frees_everything) {
 }
 
 TEST(long_prompt_does_not_starve_decodes) {
-    di_sched_config c = di_sched_default_config();
-    c.block_size = 16;
-    c.n_blocks = 1024;
-    c.max_model_len = 8192;
-    c.max_running = 8;
-    c.max_batch_tokens = 300;
-    c.max_prefill_tokens = 256;
+    di_sched_config c = long_prompt_config(false);
     di_sched *s = make(&c);
     if (!s) return;
     static spec sp[5];
-    for (int i = 0; i < 5; i++) {
-        memset(&sp[i], 0, sizeof sp[i]);
-        sp[i].id = i;
-        sp[i].n_prompt = i < 4 ? 8 : 4000;
-        fill_random(sp[i].prompt, sp[i].n_prompt);
-        plain_params(&sp[i], i < 4 ? 40 : 3);
-        sp[i].arrival = i < 4 ? 0 : 3;
-    }
+    long_prompt_specs(sp, 40);
     /* run_all checks that every decoding request is in every batch and the prefill cap. */
     run_totals t = run_all(s, &c, sp, 5, (run_opts){0});
     CHECK(t.max_step_prefill <= 256);

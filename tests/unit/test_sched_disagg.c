@@ -66,17 +66,7 @@ static dis_totals run_disagg(di_sched *s, const di_sched_config *cfg, spec *sp, 
     const int64_t max_prefill =
         cfg->max_prefill_tokens > 0 ? cfg->max_prefill_tokens : cfg->max_batch_tokens;
     for (int64_t tick = 0; tick < 400000 && !test_cur_failed; tick++) {
-        bool all_added = true;
-        for (int i = 0; i < n; i++) {
-            if (sp[i].added) continue;
-            if (sp[i].arrival > tick) {
-                all_added = false;
-                continue;
-            }
-            CHECK_EQ_INT(di_sched_add(s, sp[i].id, sp[i].prompt, sp[i].n_prompt, &sp[i].params),
-                         DI_OK);
-            sp[i].added = true;
-        }
+        const bool all_added = add_arrivals(s, sp, n, tick);
         if (all_added && !di_sched_has_work(s) && !cur[0] && !cur[1]) break;
         /* Free workers take their side's next batch (decode first, as the engine does). */
         for (int k = 0; k < 2; k++) {
@@ -103,12 +93,7 @@ static dis_totals run_disagg(di_sched *s, const di_sched_config *cfg, spec *sp, 
                 CHECK(b->n_decode_tokens == 0);
                 CHECK(b->n_tokens <= max_prefill);
             }
-            for (int32_t i = 0; i < b->n_seqs; i++) {
-                const di_sched_seq *q = &b->seqs[i];
-                uint64_t v = (uint64_t)q->req_id * 1000003u ^ (uint64_t)q->start * 8191u ^
-                             (uint64_t)q->n_tokens ^ (uint64_t)side << 60;
-                tot.digest = (tot.digest ^ v) * 1099511628211ULL;
-            }
+            tot.digest = digest_batch(tot.digest, b, (uint64_t)side << 60);
             cur[side] = b;
             mark_written(b, cfg->block_size, written[side], 1);
             ticks_left[side] =
@@ -312,25 +297,11 @@ TEST(preemption_skips_in_flight) {
 /* A long prompt among decodes, with a roomy pool: the decode side runs every decoding
  * request on every decode step while the prompt's chunks are out. */
 TEST(long_prompt_never_stalls_decodes) {
-    di_sched_config c = di_sched_default_config();
-    c.disaggregate = true;
-    c.block_size = 16;
-    c.n_blocks = 1024;
-    c.max_model_len = 8192;
-    c.max_running = 8;
-    c.max_batch_tokens = 300;
-    c.max_prefill_tokens = 256;
+    di_sched_config c = long_prompt_config(true);
     di_sched *s = make(&c);
     if (!s) return;
     static spec sp[5];
-    for (int i = 0; i < 5; i++) {
-        memset(&sp[i], 0, sizeof sp[i]);
-        sp[i].id = i;
-        sp[i].n_prompt = i < 4 ? 8 : 4000;
-        fill_random(sp[i].prompt, sp[i].n_prompt);
-        plain_params(&sp[i], i < 4 ? 60 : 3);
-        sp[i].arrival = i < 4 ? 0 : 3;
-    }
+    long_prompt_specs(sp, 60);
     dis_totals t = run_disagg(s, &c, sp, 5, (dis_opts){0, 0, 4, true});
     /* 16 chunks of the long prompt, each 1-4 ticks, while the short ones decode. */
     CHECK(t.steps[DI_SCHED_PREFILL_SIDE] >= 16 + 1);

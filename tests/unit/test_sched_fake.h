@@ -232,6 +232,34 @@ static inline void check_all_finished(di_sched *s, const di_sched_config *cfg, c
     CHECK_EQ_INT(di_sched_check(s), DI_OK);
 }
 
+/* Adds the requests that have arrived by `now`; true when every request is added. */
+static inline bool add_arrivals(di_sched *s, spec *sp, int n, int64_t now) {
+    bool all_added = true;
+    for (int i = 0; i < n; i++) {
+        if (sp[i].added) continue;
+        if (sp[i].arrival > now) {
+            all_added = false;
+            continue;
+        }
+        CHECK_EQ_INT(di_sched_add(s, sp[i].id, sp[i].prompt, sp[i].n_prompt, &sp[i].params),
+                     DI_OK);
+        sp[i].added = true;
+    }
+    return all_added;
+}
+
+/* Folds batch b's decisions (which request, from where, how many tokens; salt tells the
+ * batches of different sides apart) into a digest. */
+static inline uint64_t digest_batch(uint64_t d, const di_sched_batch *b, uint64_t salt) {
+    for (int32_t i = 0; i < b->n_seqs; i++) {
+        const di_sched_seq *q = &b->seqs[i];
+        uint64_t v = (uint64_t)q->req_id * 1000003u ^ (uint64_t)q->start * 8191u ^
+                     (uint64_t)q->n_tokens ^ salt;
+        d = (d ^ v) * 1099511628211ULL;
+    }
+    return d;
+}
+
 static inline run_totals run_all(di_sched *s, const di_sched_config *cfg, spec *sp, int n,
                                  run_opts o) {
     fake_runner fr;
@@ -242,17 +270,7 @@ static inline run_totals run_all(di_sched *s, const di_sched_config *cfg, spec *
     bool have_prev = false; /* overlap: a batch whose results are not yet post-processed */
     bool *decoding = calloc((size_t)n, sizeof *decoding);
     for (int64_t step = 0; step < 200000 && !test_cur_failed; step++) {
-        bool all_added = true;
-        for (int i = 0; i < n; i++) {
-            if (sp[i].added) continue;
-            if (sp[i].arrival > step) {
-                all_added = false;
-                continue;
-            }
-            CHECK_EQ_INT(di_sched_add(s, sp[i].id, sp[i].prompt, sp[i].n_prompt, &sp[i].params),
-                         DI_OK);
-            sp[i].added = true;
-        }
+        const bool all_added = add_arrivals(s, sp, n, step);
         if (all_added && !di_sched_has_work(s) && !have_prev) break;
         for (int i = 0; i < n; i++) {
             di_sched_req_info info;
@@ -289,12 +307,7 @@ static inline run_totals run_all(di_sched *s, const di_sched_config *cfg, spec *
             CHECK(in_batch(b, sp[i].id) || info.state == DI_REQ_PREEMPTED);
         }
         tot.steps++;
-        for (int32_t i = 0; i < b->n_seqs; i++) {
-            const di_sched_seq *q = &b->seqs[i];
-            uint64_t v =
-                (uint64_t)q->req_id * 1000003u ^ (uint64_t)q->start * 8191u ^ (uint64_t)q->n_tokens;
-            tot.digest = (tot.digest ^ v) * 1099511628211ULL;
-        }
+        tot.digest = digest_batch(tot.digest, b, 0);
         tot.prefill_tokens += b->n_prefill_tokens;
         tot.replay_tokens += b->n_replay_tokens;
         tot.decode_tokens += b->n_decode_tokens;
@@ -346,6 +359,32 @@ static inline void plain_params(spec *p, int64_t max_tokens) {
     memset(&p->params, 0, sizeof p->params);
     p->params.max_tokens = max_tokens;
     p->params.ignore_eos = true;
+}
+
+/* The long-prompt scenario: a roomy pool, 4 short requests of 8 prompt tokens and
+ * short_tokens outputs from the start, then one of 4000 prompt tokens and 3 outputs at
+ * step 3 (its prefill takes 16 chunks of max_prefill_tokens = 256). */
+static inline di_sched_config long_prompt_config(bool disaggregate) {
+    di_sched_config c = di_sched_default_config();
+    c.disaggregate = disaggregate;
+    c.block_size = 16;
+    c.n_blocks = 1024;
+    c.max_model_len = 8192;
+    c.max_running = 8;
+    c.max_batch_tokens = 300;
+    c.max_prefill_tokens = 256;
+    return c;
+}
+
+static inline void long_prompt_specs(spec sp[5], int64_t short_tokens) {
+    for (int i = 0; i < 5; i++) {
+        memset(&sp[i], 0, sizeof sp[i]);
+        sp[i].id = i;
+        sp[i].n_prompt = i < 4 ? 8 : 4000;
+        fill_random(sp[i].prompt, sp[i].n_prompt);
+        plain_params(&sp[i], i < 4 ? short_tokens : 3);
+        sp[i].arrival = i < 4 ? 0 : 3;
+    }
 }
 
 static inline di_sched *make(const di_sched_config *c) {
