@@ -44,20 +44,6 @@ static di_model *load_on(const char *dir, const char *device) {
     return m;
 }
 
-/* Largest per-position max|a - b| / max|b| over n rows of V. */
-static double worst_ratio_f(const float *a, const float *b, int64_t n, int64_t V) {
-    double worst = 0.0;
-    for (int64_t t = 0; t < n; t++) {
-        double mx = 0.0, err = 0.0;
-        for (int64_t v = 0; v < V; v++) {
-            mx = fmax(mx, fabs((double)b[t * V + v]));
-            err = fmax(err, fabs((double)a[t * V + v] - (double)b[t * V + v]));
-        }
-        worst = fmax(worst, mx > 0 ? err / mx : err);
-    }
-    return worst;
-}
-
 static void check_case(const char *name) {
     char dir[1024];
     snprintf(dir, sizeof dir, "%s/%s", DATA_DIR, name);
@@ -77,76 +63,21 @@ static void check_case(const char *name) {
     /* 1. the prompt in one call vs the reference, and vs the CPU */
     float *lg = eval_prompt(m, &g, 0, 2), *lcpu = eval_prompt(mc, &g, 0, 2);
     CHECK(lg && lcpu);
-    double worst = 0.0, vs_cpu = 0.0;
-    if (lg) {
-        for (int64_t t = 0; t < g.n_prompt; t++) {
-            double mx = 0.0, err = 0.0;
-            for (int64_t v = 0; v < V; v++) {
-                mx = fmax(mx, fabs(g.ref[t * V + v]));
-                err = fmax(err, fabs((double)lg[t * V + v] - g.ref[t * V + v]));
-            }
-            double ratio = mx > 0 ? err / mx : err;
-            worst = fmax(worst, ratio);
-            CHECK_MSG(ratio <= 1e-3, "%s: position %lld: max error %.3g vs max |logit| %.3g", name,
-                      (long long)t, err, mx);
-        }
-    }
+    const double worst = lg ? check_vs_reference(name, &g, lg) : 0.0;
+    double vs_cpu = 0.0;
     if (lg && lcpu) {
         vs_cpu = worst_ratio_f(lg, lcpu, g.n_prompt, V);
         CHECK_MSG(vs_cpu <= 1e-3, "%s: CUDA vs CPU logits differ by %.3g", name, vs_cpu);
     }
 
     /* 2. greedy generation, token by token */
-    int64_t matched = 0;
-    {
-        di_context_params cp = di_context_default_params();
-        cp.max_tokens = g.n_prompt + g.n_greedy + 1;
-        di_context *ctx = NULL;
-        CHECK(di_context_create(m, &cp, &ctx) == DI_OK);
-        float *row = malloc((size_t)V * sizeof(float));
-        if (ctx && di_context_eval(ctx, g.prompt, g.n_prompt, row, 1) == DI_OK) {
-            for (int64_t i = 0; i < g.n_greedy; i++) {
-                int32_t next = (int32_t)argmax(row, V);
-                if (next != g.greedy[i]) break;
-                matched++;
-                if (di_context_eval(ctx, &next, 1, row, 1) != DI_OK) break;
-            }
-        }
-        CHECK_MSG(matched == g.n_greedy, "%s: greedy ids match for %lld of %lld tokens", name,
-                  (long long)matched, (long long)g.n_greedy);
-        free(row);
-        di_context_free(ctx);
-    }
+    const int64_t matched = check_greedy(name, m, &g);
 
     /* 3. chunked prefill vs one call */
-    double chunk_worst = 0.0;
-    static const int64_t chunks[] = {1, 3, 7};
-    for (size_t ci = 0; lg && ci < DI_ARRAY_LEN(chunks); ci++) {
-        float *lc = eval_prompt(m, &g, chunks[ci], 2);
-        CHECK(lc != NULL);
-        if (!lc) continue;
-        chunk_worst = fmax(chunk_worst, worst_ratio_f(lc, lg, g.n_prompt, V));
-        free(lc);
-    }
-    CHECK_MSG(chunk_worst <= 1e-5, "%s: chunked prefill differs by %.3g (relative)", name,
-              chunk_worst);
+    const double chunk_worst = lg ? check_chunked(name, m, &g, lg) : 0.0;
 
     /* 3b. 300 tokens (more than the internal chunk) in one call vs calls of 50: bitwise */
-    {
-        golden l2 = g;
-        l2.n_prompt = 300;
-        l2.n_greedy = 0;
-        int32_t *ids = malloc(300 * sizeof *ids);
-        for (int64_t i = 0; i < 300; i++) {
-            ids[i] = g.prompt[i % g.n_prompt] ^ (int32_t)(i / g.n_prompt);
-            ids[i] = ids[i] < V ? ids[i] : (int32_t)(i % V);
-        }
-        l2.prompt = ids;
-        float *a = eval_prompt(m, &l2, 0, 2), *b = eval_prompt(m, &l2, 50, 2);
-        CHECK_MSG(a && b && memcmp(a, b, (size_t)(300 * V) * sizeof(float)) == 0,
-                  "%s: 300 tokens in one call differ from calls of 50", name);
-        free(a), free(b), free(ids);
-    }
+    check_long_input(name, m, &g);
     printf("  %-16s cuda: max error ratio %.3g, vs cpu %.3g, greedy %lld/%lld, chunked diff "
            "%.3g\n",
            name, worst, vs_cpu, (long long)matched, (long long)g.n_greedy, chunk_worst);

@@ -49,80 +49,17 @@ static void check_case(const char *dir) {
     /* 1. logits of the whole prompt in one call */
     float *lg = eval_prompt(m, &g, 0, 2);
     CHECK(lg != NULL);
-    double worst = 0.0;
-    if (lg) {
-        for (int64_t t = 0; t < g.n_prompt; t++) {
-            double mx = 0.0, err = 0.0;
-            for (int64_t v = 0; v < V; v++) {
-                mx = fmax(mx, fabs(g.ref[t * V + v]));
-                err = fmax(err, fabs((double)lg[t * V + v] - g.ref[t * V + v]));
-            }
-            double ratio = mx > 0 ? err / mx : err;
-            worst = fmax(worst, ratio);
-            CHECK_MSG(ratio <= 1e-3, "%s: position %lld: max error %.3g vs max |logit| %.3g", dir,
-                      (long long)t, err, mx);
-        }
-    }
+    const double worst = lg ? check_vs_reference(dir, &g, lg) : 0.0;
 
     /* 2. greedy generation, token by token after the prompt */
-    int64_t matched = 0;
-    {
-        di_context_params cp = di_context_default_params();
-        cp.max_tokens = g.n_prompt + g.n_greedy + 1;
-        di_context *ctx = NULL;
-        CHECK(di_context_create(m, &cp, &ctx) == DI_OK);
-        float *row = malloc((size_t)V * sizeof(float));
-        if (ctx && di_context_eval(ctx, g.prompt, g.n_prompt, row, 1) == DI_OK) {
-            for (int64_t i = 0; i < g.n_greedy; i++) {
-                int32_t next = (int32_t)argmax(row, V);
-                if (next != g.greedy[i]) break;
-                matched++;
-                if (di_context_eval(ctx, &next, 1, row, 1) != DI_OK) break;
-            }
-        }
-        CHECK_MSG(matched == g.n_greedy, "%s: greedy ids match for %lld of %lld tokens", dir,
-                  (long long)matched, (long long)g.n_greedy);
-        free(row);
-        di_context_free(ctx);
-    }
+    const int64_t matched = check_greedy(dir, m, &g);
 
     /* 3. chunked prefill matches the one-call logits */
-    double chunk_worst = 0.0;
-    static const int64_t chunks[] = {1, 3, 7};
-    for (size_t ci = 0; lg && ci < sizeof chunks / sizeof chunks[0]; ci++) {
-        float *lc = eval_prompt(m, &g, chunks[ci], 2);
-        CHECK(lc != NULL);
-        if (!lc) continue;
-        for (int64_t t = 0; t < g.n_prompt; t++) {
-            double mx = 0.0, err = 0.0;
-            for (int64_t v = 0; v < V; v++) {
-                mx = fmax(mx, fabs((double)lg[t * V + v]));
-                err = fmax(err, fabs((double)lc[t * V + v] - (double)lg[t * V + v]));
-            }
-            chunk_worst = fmax(chunk_worst, mx > 0 ? err / mx : err);
-        }
-        free(lc);
-    }
-    CHECK_MSG(chunk_worst <= 1e-5, "%s: chunked prefill differs by %.3g (relative)", dir,
-              chunk_worst);
+    const double chunk_worst = lg ? check_chunked(dir, m, &g, lg) : 0.0;
 
     /* 3b. a long input (> the model's internal chunk of 128 rows) in one call equals the
      * same input in calls of 50 tokens */
-    {
-        golden lg2 = g;
-        lg2.n_prompt = 300;
-        lg2.n_greedy = 0;
-        int32_t *ids = malloc(300 * sizeof *ids);
-        for (int64_t i = 0; i < 300; i++)
-            ids[i] = g.prompt[i % g.n_prompt] ^ (int32_t)(i / g.n_prompt);
-        for (int64_t i = 0; i < 300; i++)
-            ids[i] = ids[i] < V ? ids[i] : (int32_t)(i % V);
-        lg2.prompt = ids;
-        float *a = eval_prompt(m, &lg2, 0, 2), *b = eval_prompt(m, &lg2, 50, 2);
-        CHECK_MSG(a && b && memcmp(a, b, (size_t)(300 * V) * sizeof(float)) == 0,
-                  "%s: 300 tokens in one call differ from calls of 50", dir);
-        free(a), free(b), free(ids);
-    }
+    check_long_input(dir, m, &g);
 
     /* 4. one thread vs two threads: bitwise identical */
     float *l1 = eval_prompt(m, &g, 0, 1);
