@@ -29,6 +29,23 @@ static void *rows_alloc(const di_backend *be, size_t bytes) {
     return p;
 }
 
+/* A store's two allocations: zeroed bookkeeping of meta bytes in host memory and rows of
+ * `rows` bytes in be's memory. False (nothing held) when either fails. */
+static bool store_alloc(const di_backend *be, size_t meta, size_t rows, void **mem_out,
+                        void **rows_out) {
+    void *mem = di_aligned_alloc(meta);
+    void *r = mem ? rows_alloc(be, rows) : NULL;
+    if (!r) {
+        di_aligned_free(mem);
+        *mem_out = *rows_out = NULL;
+        return false;
+    }
+    memset(mem, 0, meta);
+    *mem_out = mem;
+    *rows_out = r;
+    return true;
+}
+
 static void rows_free(const di_backend *be, void *p) {
     if (!p) return;
     if (be)
@@ -70,16 +87,10 @@ di_status di_v4_slots_init(di_v4_slots *s, const di_backend *be, int64_t n_slots
     const size_t meta = align64((size_t)n_slots * sizeof(di_v4_slot)) +
                         (size_t)n_slots * align64((size_t)n_layers * sizeof(di_v4_slot_layer));
     const size_t rows = (size_t)n_slots * per_slot;
-    s->mem = di_aligned_alloc(meta);
-    s->rows = s->mem ? rows_alloc(be, rows) : NULL;
-    if (!s->rows) {
-        di_aligned_free(s->mem);
-        s->mem = NULL;
+    if (!store_alloc(be, meta, rows, &s->mem, &s->rows))
         return di_error(DI_ERR_OUT_OF_MEMORY,
                         "V4 state: cannot allocate %zu bytes of window state (%lld slots)",
                         meta + rows, (long long)n_slots);
-    }
-    memset(s->mem, 0, meta);
     s->be = be;
     s->bytes = meta + rows;
     s->rows_bytes = rows;
@@ -135,16 +146,10 @@ di_status di_v4_pool_init(di_v4_pool *p, const di_backend *be, int64_t n_layers,
         total += align64((size_t)(rows * dim) * sizeof(float));
         if (kinds[il] == KIND_CSA) total += align64((size_t)(rows * index_dim) * sizeof(float));
     }
-    p->mem = di_aligned_alloc(meta);
-    p->rows = p->mem ? rows_alloc(be, total) : NULL;
-    if (!p->rows) {
-        di_aligned_free(p->mem);
-        p->mem = NULL;
+    if (!store_alloc(be, meta, total, &p->mem, &p->rows))
         return di_error(DI_ERR_OUT_OF_MEMORY,
                         "V4 state: cannot allocate %zu bytes of compressed rows (%lld blocks)",
                         meta + total, (long long)n_blocks);
-    }
-    memset(p->mem, 0, meta);
     p->be = be;
     p->bytes = meta + total;
     p->rows_bytes = total;
