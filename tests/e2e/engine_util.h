@@ -48,12 +48,43 @@ typedef struct eu_req {
     eu_result *res;
 } eu_req;
 
+/* Loads tests/data/<name>, or the folder `name` when it is an absolute path. */
 static inline bool eu_load(const char *name, int n_threads, di_model **m) {
     char dir[512];
-    snprintf(dir, sizeof dir, "%s/%s", DATA_DIR, name);
+    if (name[0] == '/')
+        snprintf(dir, sizeof dir, "%s", name);
+    else
+        snprintf(dir, sizeof dir, "%s/%s", DATA_DIR, name);
     di_model_params mp = di_model_default_params();
     mp.n_threads = n_threads;
     return di_model_load(dir, &mp, m) == DI_OK;
+}
+
+/* Engine parameters sized for the tiny test models: short contexts, small batches and
+ * blocks, so that chunking and preemption happen. */
+static inline di_engine_params eu_small_params(void) {
+    di_engine_params ep = di_engine_default_params();
+    ep.max_model_len = 128;
+    ep.max_batch_tokens = 64;
+    ep.max_prefill_tokens = 24;
+    ep.max_running = 8;
+    ep.block_size = 8;
+    return ep;
+}
+
+/* Loads tests/data/<name> and creates an engine on it with ep (both checked); false, with
+ * nothing held, when either fails. */
+static inline bool eu_open(const char *name, int n_threads, const di_engine_params *ep,
+                           di_model **m, di_engine **e) {
+    *m = NULL;
+    *e = NULL;
+    CHECK_MSG(eu_load(name, n_threads, m), "%s: %s", name, di_last_error());
+    if (!*m) return false;
+    CHECK_MSG(di_engine_create(*m, ep, e) == DI_OK, "%s: %s", name, di_last_error());
+    if (*e) return true;
+    di_model_free(*m);
+    *m = NULL;
+    return false;
 }
 
 /* Greedy tokens of a prompt through a single-sequence context (ignores EOS). */

@@ -102,21 +102,11 @@ static int32_t rnd(int32_t n) {
     return (int32_t)((g_rng >> 8) % (uint32_t)n);
 }
 
-static di_engine_params small_params(void) {
-    di_engine_params ep = di_engine_default_params();
-    ep.max_model_len = 128;
-    ep.max_batch_tokens = 64;
-    ep.max_prefill_tokens = 24;
-    ep.max_running = 8;
-    ep.block_size = 8;
-    return ep;
-}
-
 #define N_MIXED 10
 
 /* Runs the requests through an engine on m; false on an API failure. */
 static bool run_engine(di_model *m, eu_req *reqs, int n) {
-    di_engine_params ep = small_params();
+    di_engine_params ep = eu_small_params();
     di_engine *e = NULL;
     if (di_engine_create(m, &ep, &e) != DI_OK) {
         printf("  engine: %s\n", di_last_error());

@@ -30,24 +30,10 @@ static int32_t rnd(int32_t n) {
     return (int32_t)((g_rng >> 8) % (uint32_t)n);
 }
 
-static bool load(const char *name, di_model **m) {
-    char dir[512];
-    if (name[0] == '/')
-        snprintf(dir, sizeof dir, "%s", name);
-    else
-        snprintf(dir, sizeof dir, "%s/%s", DATA_DIR, name);
-    di_model_params mp = di_model_default_params();
-    mp.n_threads = 2;
-    return di_model_load(dir, &mp, m) == DI_OK;
-}
-
 static di_engine_params params(void) {
-    di_engine_params ep = di_engine_default_params();
+    di_engine_params ep = eu_small_params();
     ep.max_model_len = 256;
-    ep.max_batch_tokens = 64;
     ep.max_prefill_tokens = 32;
-    ep.max_running = 8;
-    ep.block_size = 8;
     ep.n_threads = 2;
     return ep;
 }
@@ -124,7 +110,7 @@ static bool same(const eu_result *a, const eu_result *b, bool logprobs) {
 /* Unified vs disaggregated (and its variants) on one model. */
 static void equal_outputs(const char *model_name, bool tiny_kv) {
     di_model *m = NULL;
-    if (!load(model_name, &m)) {
+    if (!eu_load(model_name, 2, &m)) {
         CHECK_MSG(false, "%s: %s", model_name, di_last_error());
         return;
     }
@@ -205,7 +191,7 @@ TEST(disagg_equals_unified_with_preemption) {
 /* A long prompt arrives while three short requests decode. */
 TEST(long_prompt_does_not_stall_decodes) {
     di_model *m = NULL;
-    if (!load("v2_lite", &m)) {
+    if (!eu_load("v2_lite", 2, &m)) {
         CHECK(false);
         return;
     }
@@ -292,7 +278,7 @@ TEST(long_prompt_does_not_stall_decodes) {
 /* Aborts land on both sides (in flight or not); the other requests are unaffected. */
 TEST(aborts_and_errors) {
     di_model *m = NULL;
-    if (!load("v3_fp8", &m)) {
+    if (!eu_load("v3_fp8", 2, &m)) {
         CHECK(false);
         return;
     }

@@ -101,20 +101,10 @@ static void check_mixed(const char *model_name, di_engine_params ep, int n_reqs,
     check_mixed_len(model_name, ep, n_reqs, expect_preempt, 0);
 }
 
-static di_engine_params small_params(void) {
-    di_engine_params ep = di_engine_default_params();
-    ep.max_model_len = 128;
-    ep.max_batch_tokens = 64;
-    ep.max_prefill_tokens = 24;
-    ep.max_running = 8;
-    ep.block_size = 8;
-    return ep;
-}
-
 TEST(mixed_batches) {
     const char *models[] = {"v2_lite", "v3_grouped", "v3_fp8", "v4_hc3_plain", "v4_mix_yarn"};
     for (size_t k = 0; k < sizeof models / sizeof *models; k++) {
-        di_engine_params ep = small_params();
+        di_engine_params ep = eu_small_params();
         check_mixed(models[k], ep, 10, false);
         ep.overlap = true;
         check_mixed(models[k], ep, 10, false);
@@ -123,7 +113,7 @@ TEST(mixed_batches) {
 
 /* A KV pool of one sequence's worth: requests preempt each other and resume. */
 static di_engine_params tiny_kv(const char *model_name) {
-    di_engine_params ep = small_params();
+    di_engine_params ep = eu_small_params();
     di_model *m = NULL;
     if (eu_load(model_name, 1, &m)) {
         di_model_info info;
@@ -144,7 +134,7 @@ TEST(preemption) {
     /* V4 (v4_hc3_plain: blocks of 16 tokens, the multiple of its ratios 4 and 16): a pool
      * of 256 tokens and prompts of 100 to 170; a preempted sequence resumes from its blocks
      * still cached and replays its window state, which must give the uninterrupted tokens. */
-    ep = small_params();
+    ep = eu_small_params();
     ep.max_model_len = 256;
     ep.max_prefill_tokens = 64;
     {
@@ -162,14 +152,10 @@ TEST(preemption) {
 }
 
 TEST(prefix_reuse) {
-    di_model *m = NULL;
-    if (!eu_load("v2_lite", 2, &m)) {
-        CHECK(false);
-        return;
-    }
-    di_engine_params ep = small_params();
-    di_engine *e = NULL;
-    CHECK(di_engine_create(m, &ep, &e) == DI_OK);
+    di_engine_params ep = eu_small_params();
+    di_model *m;
+    di_engine *e;
+    if (!eu_open("v2_lite", 2, &ep, &m, &e)) return;
     int32_t a[70], b[75];
     for (int k = 0; k < 70; k++)
         a[k] = b[k] = 2 + rnd(390);
@@ -202,14 +188,10 @@ TEST(prefix_reuse) {
 #define EL_K          2
 
 TEST(expert_loads) {
-    di_model *m = NULL;
-    if (!eu_load("v2_lite", 2, &m)) {
-        CHECK(false);
-        return;
-    }
-    di_engine_params ep = small_params();
-    di_engine *e = NULL;
-    CHECK(di_engine_create(m, &ep, &e) == DI_OK);
+    di_engine_params ep = eu_small_params();
+    di_model *m;
+    di_engine *e;
+    if (!eu_open("v2_lite", 2, &ep, &m, &e)) return;
     di_sampling_params sp = greedy(6);
     int32_t prompt[3][12];
     for (int r = 0; r < 3; r++)
@@ -315,7 +297,7 @@ static void check_prompt_logprobs(const char *model_name) {
     sp.prompt_logprobs = PLP_N;
     eu_result *alone = calloc(1, sizeof *alone);
     eu_req ra = {.prompt = p, .n_prompt = PLP_LEN, .sp = sp, .abort_at = -1, .res = alone};
-    di_engine_params ep = small_params();
+    di_engine_params ep = eu_small_params();
     ep.max_model_len = 256;
     ep.max_batch_tokens = ep.max_prefill_tokens = 128;
     CHECK(plp_run(m, ep, &ra, 1, NULL));
@@ -381,7 +363,7 @@ static void check_prompt_logprobs(const char *model_name) {
              .abort_at = -1,
              .res = &res[4]},
             {.prompt = &one, .n_prompt = 1, .sp = sp, .arrive = 7, .abort_at = -1, .res = &res[5]}};
-        di_engine_params eb = small_params();
+        di_engine_params eb = eu_small_params();
         eb.max_model_len = 256;
         if (variant == 1) eb.max_prefill_tokens = 7; /* chunked prefill */
         if (variant == 2) eb.overlap = true;
@@ -412,14 +394,10 @@ TEST(prompt_logprobs) {
 }
 
 TEST(n_samples) {
-    di_model *m = NULL;
-    if (!eu_load("v3_fp8", 2, &m)) {
-        CHECK(false);
-        return;
-    }
-    di_engine_params ep = small_params();
-    di_engine *e = NULL;
-    CHECK(di_engine_create(m, &ep, &e) == DI_OK);
+    di_engine_params ep = eu_small_params();
+    di_model *m;
+    di_engine *e;
+    if (!eu_open("v3_fp8", 2, &ep, &m, &e)) return;
     int32_t p[30];
     for (int k = 0; k < 30; k++)
         p[k] = 2 + rnd(300);
@@ -457,15 +435,11 @@ TEST(n_samples) {
 }
 
 TEST(stop_strings_and_text) {
-    di_model *m = NULL;
-    if (!eu_load("v2_lite", 2, &m)) {
-        CHECK(false);
-        return;
-    }
-    di_engine_params ep = small_params();
+    di_engine_params ep = eu_small_params();
     ep.tokenizer_path = TOKENIZER;
-    di_engine *e = NULL;
-    CHECK(di_engine_create(m, &ep, &e) == DI_OK);
+    di_model *m;
+    di_engine *e;
+    if (!eu_open("v2_lite", 2, &ep, &m, &e)) return;
     /* Tokens below 256 (the tokenizer's ids) keep the text meaningful. */
     di_sampling_params sp = greedy(24);
     sp.logit_bias = NULL;
@@ -516,14 +490,10 @@ TEST(stop_strings_and_text) {
 }
 
 TEST(abort_and_errors) {
-    di_model *m = NULL;
-    if (!eu_load("v2_lite", 1, &m)) {
-        CHECK(false);
-        return;
-    }
-    di_engine_params ep = small_params();
-    di_engine *e = NULL;
-    CHECK(di_engine_create(m, &ep, &e) == DI_OK);
+    di_engine_params ep = eu_small_params();
+    di_model *m;
+    di_engine *e;
+    if (!eu_open("v2_lite", 1, &ep, &m, &e)) return;
     int32_t p[10] = {5, 6, 7, 8, 9, 10, 11, 12, 13, 14}, longp[200];
     for (int k = 0; k < 200; k++)
         longp[k] = 3 + k;
@@ -597,15 +567,11 @@ static void *produce(void *arg) {
 }
 
 TEST(add_from_thread) {
-    di_model *m = NULL;
-    if (!eu_load("v3_fp8", 1, &m)) {
-        CHECK(false);
-        return;
-    }
-    di_engine_params ep = small_params();
+    di_engine_params ep = eu_small_params();
     ep.overlap = true;
-    di_engine *e = NULL;
-    CHECK(di_engine_create(m, &ep, &e) == DI_OK);
+    di_model *m;
+    di_engine *e;
+    if (!eu_open("v3_fp8", 1, &ep, &m, &e)) return;
     producer *p = calloc(1, sizeof *p);
     p->e = e;
     p->sp = greedy(5);

@@ -249,13 +249,8 @@ static void engine_requests(int64_t V, int32_t (*prompts)[96], eu_req *reqs, eu_
 }
 
 static bool engine_run(di_model *m, eu_req *reqs, int n) {
-    di_engine_params ep = di_engine_default_params();
+    di_engine_params ep = eu_small_params();
     ep.n_threads = 2;
-    ep.max_model_len = 128;
-    ep.max_batch_tokens = 64;
-    ep.max_prefill_tokens = 24;
-    ep.max_running = 8;
-    ep.block_size = 8;
     di_engine *e = NULL;
     if (di_engine_create(m, &ep, &e) != DI_OK) {
         printf("  engine: %s\n", di_last_error());
