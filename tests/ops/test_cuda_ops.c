@@ -29,6 +29,7 @@
 #define TEST_RAND_SEED 0x853c49e6748fea9bull
 #include "test_rand.h"
 #include "test_cuda_util.h"
+#include "test_route_util.h"
 
 /* ---------------------------------------------------------------------------------------- */
 /* Random weights                                                                             */
@@ -809,66 +810,18 @@ TEST(copy_rows_moe_combine) {
 
 /* Router configurations: V2 softmax greedy, V2 group-limited, V3 sigmoid + bias noaux_tc
  * (renormalised, scaled), V4-like sqrt(softplus). */
-static di_router_params route_config(int which) {
-    di_router_params r = {.n_experts = 64,
-                          .top_k = 6,
-                          .n_group = 1,
-                          .topk_group = 1,
-                          .score = DI_SCORE_SOFTMAX,
-                          .method = DI_TOPK_GREEDY,
-                          .routed_scaling_factor = 1.0f};
-    if (which == 1) {
-        r.n_experts = 160, r.n_group = 8, r.topk_group = 3;
-        r.method = DI_TOPK_GROUP_LIMITED_GREEDY, r.routed_scaling_factor = 16.0f;
-    } else if (which == 2) {
-        r.n_experts = 256, r.top_k = 8, r.n_group = 8, r.topk_group = 4;
-        r.score = DI_SCORE_SIGMOID, r.method = DI_TOPK_NOAUX_TC, r.norm_topk_prob = true;
-        r.routed_scaling_factor = 2.5f;
-    } else if (which == 3) {
-        r.n_experts = 16, r.top_k = 2, r.score = DI_SCORE_SQRTSOFTPLUS;
-        r.method = DI_TOPK_NOAUX_TC, r.norm_topk_prob = true, r.routed_scaling_factor = 1.5f;
-    }
-    return r;
-}
-
-/* Host and device buffers of one routing call. */
-typedef struct {
-    int32_t *off, *act, *src, *rows;
-    float *w, *scr;
-} route_bufs;
-
-static route_bufs route_alloc(int64_t E, int64_t nk, bool dev) {
+/* The routing buffers in device memory (test_route_util.h has the host ones). */
+static route_bufs route_dev_alloc(int64_t E, int64_t nk) {
     route_bufs b;
     const size_t e4 = (size_t)(E + 1) * 4, k4 = (size_t)nk * 4, s4 = (size_t)(3 * E) * 4;
-    if (dev) {
-        b.off = di_cuda_malloc(&g_be, e4), b.act = di_cuda_malloc(&g_be, e4);
-        b.src = di_cuda_malloc(&g_be, k4), b.rows = di_cuda_malloc(&g_be, k4);
-        b.w = di_cuda_malloc(&g_be, k4), b.scr = di_cuda_malloc(&g_be, s4);
-    } else {
-        b.off = malloc(e4), b.act = malloc(e4), b.src = malloc(k4), b.rows = malloc(k4);
-        b.w = malloc(k4), b.scr = malloc(s4);
-    }
+    b.off = di_cuda_malloc(&g_be, e4), b.act = di_cuda_malloc(&g_be, e4);
+    b.src = di_cuda_malloc(&g_be, k4), b.rows = di_cuda_malloc(&g_be, k4);
+    b.w = di_cuda_malloc(&g_be, k4), b.scr = di_cuda_malloc(&g_be, s4);
     return b;
 }
 
-static void route_free(route_bufs *b, bool dev) {
-    void *p[] = {b->off, b->act, b->src, b->rows, b->w, b->scr};
-    for (size_t i = 0; i < DI_ARRAY_LEN(p); i++)
-        dev ? dfree(p[i]) : free(p[i]);
-}
-
-static void route_run(const di_backend *be, const di_router_params *r, int64_t n,
-                      const float *logits, route_bufs *b) {
-    di_moe_route_params p = {.router = *r,
-                             .n = n,
-                             .logits = logits,
-                             .scratch = b->scr,
-                             .offsets = b->off,
-                             .active = b->act,
-                             .src = b->src,
-                             .rows_of = b->rows,
-                             .w = b->w};
-    be->ops->moe_route(be->ctx, &p);
+static void route_dev_free(route_bufs *b) {
+    dfree(b->off), dfree(b->act), dfree(b->src), dfree(b->rows), dfree(b->w), dfree(b->scr);
 }
 
 static int32_t *host_ints(const int32_t *dev, int64_t n) {
@@ -885,7 +838,7 @@ TEST(moe_route) {
     CHECK(di_backend_cpu_init(&cpu, pool, 16) == DI_OK);
     static const int64_t ns[] = {1, 2, 7, 64, 200, 256};
     for (int iter = 0; iter < 32; iter++) {
-        di_router_params r = route_config(iter % 4);
+        di_router_params r = test_router_config(iter % 4);
         const int64_t E = r.n_experts, K = r.top_k, n = ns[(iter / 4) % 6], nk = n * K;
         float *bias = rnd_vec(E, 0.5f), *lg = rnd_vec(n * E, 4.0f);
         if (iter % 3 == 0)
@@ -894,7 +847,7 @@ TEST(moe_route) {
         float *dbias = dev_floats(bias, E), *dlg = dev_floats(lg, n * E);
         di_router_params rc = r, rg = r;
         if (r.score == DI_SCORE_SIGMOID) rc.bias = bias, rg.bias = dbias;
-        route_bufs hb = route_alloc(E, nk, false), db = route_alloc(E, nk, true);
+        route_bufs hb = route_host_alloc(E, nk), db = route_dev_alloc(E, nk);
         route_run(&cpu, &rc, n, lg, &hb);
         route_run(&g_be, &rg, n, dlg, &db);
         int32_t *off = host_ints(db.off, E + 1), *act = host_ints(db.act, E + 1);
@@ -909,7 +862,7 @@ TEST(moe_route) {
         CHECK_MSG(what == NULL, "config %d n=%lld%s: %s differ from the CPU", iter % 4,
                   (long long)n, iter % 3 == 0 ? " (ties)" : "", what ? what : "");
         CHECK(di_backend_cuda_sync(&g_be) == DI_OK);
-        route_free(&hb, false), route_free(&db, true);
+        route_host_free(&hb), route_dev_free(&db);
         dfree(dbias), dfree(dlg);
         free(off), free(act), free(src), free(rows), free(w), free(bias), free(lg);
     }
@@ -957,15 +910,9 @@ static void check_experts(di_dtype dt, int64_t E, int64_t K, int64_t n, int64_t 
     const test_weight *tw = gate.tw;
     const di_weight *dw = gate.dw;
     const di_expert_weights ew = gate.ew;
-    di_router_params r = {.n_experts = E,
-                          .top_k = K,
-                          .n_group = 1,
-                          .topk_group = 1,
-                          .score = DI_SCORE_SOFTMAX,
-                          .method = DI_TOPK_GREEDY,
-                          .routed_scaling_factor = 1.0f};
+    const di_router_params r = test_router_plain(E, K);
     float *lg = rnd_vec(n * E, 3.0f), *dlg = dev_floats(lg, n * E);
-    route_bufs db = route_alloc(E, nk, true);
+    route_bufs db = route_dev_alloc(E, nk);
     route_run(&g_be, &r, n, dlg, &db);
     float *x = rnd_vec(nk * cols, 1.0f), *dx = dev_floats(x, nk * cols);
     float *dy = dev_poison(nk * rows);
@@ -1003,7 +950,7 @@ static void check_experts(di_dtype dt, int64_t E, int64_t K, int64_t n, int64_t 
     free_experts(&gate), free_experts(&up);
     dfree(dg);
     free(yu), free(gref), free(yg);
-    route_free(&db, true);
+    route_dev_free(&db);
     dfree(dlg), dfree(dx), dfree(dy);
     free(lg), free(x), free(y), free(off), free(ref);
 }
@@ -1074,9 +1021,9 @@ TEST(matmul_mma) {
         void *tab = NULL;
         CHECK(mb.ops->expert_table(mb.ctx, dw, E, &tab) == DI_OK);
         di_expert_weights ew = {.w = dw, .n_experts = E, .table = tab};
-        di_router_params r = route_config(0);
+        di_router_params r = test_router_config(0);
         float *lg = rnd_vec(n * E, 3.0f), *dlg = dev_floats(lg, n * E);
-        route_bufs db = route_alloc(E, nk, true);
+        route_bufs db = route_dev_alloc(E, nk);
         route_run(&mb, &r, n, dlg, &db);
         float *x = rnd_vec(nk * cols, 1.0f), *dx = dev_floats(x, nk * cols);
         float *dy = dev_poison(nk * rows);
@@ -1096,7 +1043,7 @@ TEST(matmul_mma) {
             free_weight(&tw[e]);
         }
         mb.ops->buf_free(mb.ctx, tab);
-        route_free(&db, true);
+        route_dev_free(&db);
         dfree(dlg), dfree(dx), dfree(dy);
         free(tw), free(dw), free(lg), free(x), free(y), free(off), free(ref);
     }

@@ -14,6 +14,7 @@
 #include "core/core.h"
 #include "moe/router.h"
 #include "test.h"
+#include "test_route_util.h"
 
 #include <math.h>
 #define TEST_RAND_SEED 0x9e3779b97f4a7c15ull
@@ -21,34 +22,6 @@
 
 static di_pool *g_pool;
 static di_backend g_cpu;
-
-static di_router_params config(int which) {
-    di_router_params r = {.n_experts = 64,
-                          .top_k = 6,
-                          .n_group = 1,
-                          .topk_group = 1,
-                          .score = DI_SCORE_SOFTMAX,
-                          .method = DI_TOPK_GREEDY,
-                          .routed_scaling_factor = 1.0f};
-    switch (which) {
-    case 1: /* V2: group-limited greedy */
-        r.n_experts = 160, r.n_group = 8, r.topk_group = 3;
-        r.method = DI_TOPK_GROUP_LIMITED_GREEDY, r.routed_scaling_factor = 16.0f;
-        break;
-    case 2: /* V3: sigmoid, bias, noaux_tc, renormalised and scaled */
-        r.n_experts = 256, r.top_k = 8, r.n_group = 8, r.topk_group = 4;
-        r.score = DI_SCORE_SIGMOID, r.method = DI_TOPK_NOAUX_TC, r.norm_topk_prob = true;
-        r.routed_scaling_factor = 2.5f;
-        break;
-    case 3: /* V4-like: sqrt(softplus), plain top-k, renormalised */
-        r.n_experts = 16, r.top_k = 2, r.score = DI_SCORE_SQRTSOFTPLUS;
-        r.method = DI_TOPK_NOAUX_TC, r.norm_topk_prob = true, r.routed_scaling_factor = 1.5f;
-        break;
-    default:
-        break;
-    }
-    return r;
-}
 
 /* Logits on a few levels (ties) or continuous. */
 static float *route_logits(int64_t n, int64_t E, bool ties) {
@@ -61,24 +34,15 @@ static float *route_logits(int64_t n, int64_t E, bool ties) {
 
 TEST(moe_route_cpu) {
     for (int iter = 0; iter < 40; iter++) {
-        di_router_params r = config(iter % 4);
+        di_router_params r = test_router_config(iter % 4);
         const int64_t E = r.n_experts, K = r.top_k, n = rnd_int(1, 70), nk = n * K;
         float *bias = rnd_vec(E, 0.5f);
         if (r.score == DI_SCORE_SIGMOID) r.bias = bias;
         float *lg = route_logits(n, E, iter % 3 == 0);
-        int32_t *off = malloc((size_t)(E + 1) * 4), *act = malloc((size_t)(E + 1) * 4);
-        int32_t *src = malloc((size_t)nk * 4), *rows = malloc((size_t)nk * 4);
-        float *w = malloc((size_t)nk * 4), *scr = malloc((size_t)(3 * E) * 4);
-        di_moe_route_params p = {.router = r,
-                                 .n = n,
-                                 .logits = lg,
-                                 .scratch = scr,
-                                 .offsets = off,
-                                 .active = act,
-                                 .src = src,
-                                 .rows_of = rows,
-                                 .w = w};
-        g_cpu.ops->moe_route(g_cpu.ctx, &p);
+        route_bufs b = route_host_alloc(E, nk);
+        route_run(&g_cpu, &r, n, lg, &b);
+        int32_t *off = b.off, *act = b.act, *src = b.src, *rows = b.rows;
+        float *w = b.w, *scr = b.scr;
         /* Selection: di_router_select per token. */
         int32_t *ids = malloc((size_t)nk * 4);
         float *wr = malloc((size_t)nk * 4);
@@ -105,8 +69,8 @@ TEST(moe_route_cpu) {
         for (int64_t e = 0; e < E; e++) /* tokens ascending inside an expert */
             for (int64_t g = off[e] + 1; g < off[e + 1]; g++)
                 CHECK(src[g - 1] < src[g]);
-        free(seen), free(ids), free(wr), free(off), free(act), free(src), free(rows), free(w);
-        free(scr), free(lg), free(bias);
+        route_host_free(&b);
+        free(seen), free(ids), free(wr), free(lg), free(bias);
     }
 }
 
@@ -131,27 +95,11 @@ TEST(matmul_experts_cpu) {
                                 .cols = cols,
                                 .row_stride = cols,
                                 .data = (char *)data + (size_t)(e * rows * cols) * esz};
-        di_router_params r = {.n_experts = E,
-                              .top_k = K,
-                              .n_group = 1,
-                              .topk_group = 1,
-                              .score = DI_SCORE_SOFTMAX,
-                              .method = DI_TOPK_GREEDY,
-                              .routed_scaling_factor = 1.0f};
+        const di_router_params r = test_router_plain(E, K);
         float *lg = route_logits(n, E, false);
-        int32_t *off = malloc((size_t)(E + 1) * 4), *act = malloc((size_t)(E + 1) * 4);
-        int32_t *src = malloc((size_t)nk * 4), *rws = malloc((size_t)nk * 4);
-        float *w = malloc((size_t)nk * 4), *scr = malloc((size_t)(3 * E) * 4);
-        di_moe_route_params p = {.router = r,
-                                 .n = n,
-                                 .logits = lg,
-                                 .scratch = scr,
-                                 .offsets = off,
-                                 .active = act,
-                                 .src = src,
-                                 .rows_of = rws,
-                                 .w = w};
-        g_cpu.ops->moe_route(g_cpu.ctx, &p);
+        route_bufs b = route_host_alloc(E, nk);
+        route_run(&g_cpu, &r, n, lg, &b);
+        const int32_t *off = b.off, *act = b.act;
         void *tab = (void *)1;
         CHECK(g_cpu.ops->expert_table(g_cpu.ctx, ws, E, &tab) == DI_OK && tab == NULL);
         di_expert_weights ew = {.w = ws, .n_experts = E, .table = NULL};
@@ -163,8 +111,8 @@ TEST(matmul_experts_cpu) {
                 g_cpu.ops->matmul(g_cpu.ctx, &ws[e], x + off[e] * cols, off[e + 1] - off[e],
                                   yr + off[e] * rows);
         CHECK(memcmp(y, yr, (size_t)(nk * rows) * 4) == 0);
-        free(data), free(ws), free(lg), free(off), free(act), free(src), free(rws), free(w);
-        free(scr), free(x), free(y), free(yr);
+        route_host_free(&b);
+        free(data), free(ws), free(lg), free(x), free(y), free(yr);
     }
 }
 
