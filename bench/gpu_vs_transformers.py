@@ -17,6 +17,7 @@ usage: gpu_vs_transformers.py --deepinfer BUILD/deepinfer --bench-engine BUILD/b
                               [--layers 27] [--model-dir /tmp/v2lite-rand] [--gen 64]
                               [--prompt-len 16] [--concurrency 1,8,64] [--out results.json]
                               [--md table.md] [--plot plot.png] [--skip-hf]
+                              [--no-invariant [--ni-concurrency 1,64]]
        gpu_vs_transformers.py --make-only [--layers N] [--model-dir DIR]  (only the folder)
        gpu_vs_transformers.py --from-json results.json [--concurrency ...] [--md] [--plot]
 deepinfer runs first, transformers last, so a run cut short keeps deepinfer's rows.
@@ -125,22 +126,22 @@ def hf_decode(model, batch, args):
     return batch * (args.gen - 1) / (tn - t1), batch * args.gen / tn
 
 
-def di_generate(args, new_tokens, env=None):
+def di_generate(args, new_tokens, env=None, extra=()):
     """One `deepinfer generate` process: (wall seconds incl. loading, its JSON object)."""
     ids = " ".join(str(10 + 37 * i % 99000) for i in range(args.prompt_len))
     cmd = [args.deepinfer, "generate", "--device", "cuda", "--model", args.model_dir, "--ids", ids,
-           "--max-tokens", str(new_tokens), "--ignore-eos", "--format", "json"]
+           "--max-tokens", str(new_tokens), "--ignore-eos", "--format", "json"] + list(extra)
     t = time.perf_counter()
     out = subprocess.run(cmd, check=True, capture_output=True, text=True,
                          env=dict(os.environ, **(env or {}))).stdout
     return time.perf_counter() - t, json.loads(out.strip().splitlines()[-1])
 
 
-def di_engine(args, conc, env=None):
+def di_engine(args, conc, env=None, extra=()):
     cmd = [args.bench_engine, "--device", "cuda", "--model", args.model_dir, "--mode", "engine",
            "--concurrency", str(conc), "--requests", str(conc), "--prompt-len", str(args.prompt_len),
            "--gen-len", str(args.gen), "--max-running", str(max(conc, 1)),
-           "--max-batch-tokens", str(max(conc * args.prompt_len, 256))]
+           "--max-batch-tokens", str(max(conc * args.prompt_len, 256))] + list(extra)
     out = subprocess.run(cmd, check=True, capture_output=True, text=True,
                          env=dict(os.environ, **(env or {}))).stdout
     return json.loads(out.strip().splitlines()[-1])
@@ -163,8 +164,11 @@ def main():
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--md", help="also write the Markdown table here")
     ap.add_argument("--plot", help="draw a PNG bar chart here")
-    ap.add_argument("--mma", action="store_true",
-                    help="also the engine with DI_CUDA_MMA=1 (opt-in tensor cores, inexact)")
+    ap.add_argument("--no-invariant", action="store_true",
+                    help="also batch 1 and the engine with --no-batch-invariant (the SIMT GEMV up "
+                         "to 8 tokens, the tensor cores above)")
+    ap.add_argument("--ni-concurrency", default="1,64",
+                    help="the engine's concurrencies measured with --no-invariant")
     ap.add_argument("--no-graphs", action="store_true",
                     help="also batch-1 decode with DI_CUDA_GRAPHS=0 (every op launched)")
     args = ap.parse_args()
@@ -232,16 +236,25 @@ def main():
         except subprocess.CalledProcessError as e:
             log("deepinfer generate (no graphs) failed: %s" % e.stderr[-2000:])
         save()
-    if args.mma:
-        res["deepinfer_engine_mma"] = {}
-        for conc in [c for c in concs if c >= 8]:
+    if args.no_invariant:
+        ni = ["--no-batch-invariant"]
+        try:
+            wall, js = di_generate(args, args.gen, extra=ni)
+            res["deepinfer_b1_ni"] = {"decode_tok_s": js["timing"]["decode_tok_s"]}
+            log("deepinfer batch 1, --no-batch-invariant: decode %.1f tok/s"
+                % js["timing"]["decode_tok_s"])
+        except subprocess.CalledProcessError as e:
+            log("deepinfer generate (not invariant) failed: %s" % e.stderr[-2000:])
+        res["deepinfer_engine_ni"] = {}
+        for conc in [int(x) for x in args.ni_concurrency.split(",")]:
             try:
-                r = di_engine(args, conc, {"DI_CUDA_MMA": "1"})
+                r = di_engine(args, conc, extra=ni)
             except subprocess.CalledProcessError as e:
-                log("bench_engine DI_CUDA_MMA=1 concurrency %d failed: %s" % (conc, e.stderr[-2000:]))
+                log("bench_engine --no-batch-invariant concurrency %d failed: %s"
+                    % (conc, e.stderr[-2000:]))
                 continue
-            res["deepinfer_engine_mma"][str(conc)] = r
-            log("deepinfer engine DI_CUDA_MMA=1 concurrency %d: %.1f output tok/s"
+            res["deepinfer_engine_ni"][str(conc)] = r
+            log("deepinfer engine --no-batch-invariant concurrency %d: %.1f output tok/s"
                 % (conc, r["output_tok_s"]))
             save()
     # transformers last (its model stays in GPU memory meanwhile: 31 GB of the H200's 141), so
@@ -286,6 +299,10 @@ def report(res, concs):
     if d1n:
         lines.append("| deepinfer batch-1 decode, DI_CUDA_GRAPHS=0 | %.1f | %.0f %% | %s |"
                      % (d1n, 100 * d1n / rl, "%.1fx" % (d1n / h1) if h1 else "-"))
+    d1i = res.get("deepinfer_b1_ni", {}).get("decode_tok_s")
+    if d1i:
+        lines.append("| deepinfer batch-1 decode, --no-batch-invariant | %.1f | %.0f %% | %s |"
+                     % (d1i, 100 * d1i / rl, "%.1fx" % (d1i / h1) if h1 else "-"))
     if h1:
         lines.append("| transformers batch-1 decode | %.1f | %.0f %% | - |" % (h1, 100 * h1 / rl))
     for conc in concs:
@@ -295,11 +312,11 @@ def report(res, concs):
             ratio = "%.1fx" % (e["output_tok_s"] / h["output_tok_s"]) if h else "-"
             lines.append("| deepinfer engine, %d concurrent (output tok/s) | %.1f | - | %s |"
                          % (conc, e["output_tok_s"], ratio))
-        em = res.get("deepinfer_engine_mma", {}).get(str(conc))
+        em = res.get("deepinfer_engine_ni", {}).get(str(conc))
         if em:
             ratio = "%.1fx" % (em["output_tok_s"] / h["output_tok_s"]) if h else "-"
-            lines.append("| deepinfer engine, %d concurrent, DI_CUDA_MMA=1 (output tok/s) | %.1f "
-                         "| - | %s |" % (conc, em["output_tok_s"], ratio))
+            lines.append("| deepinfer engine, %d concurrent, --no-batch-invariant (output tok/s) "
+                         "| %.1f | - | %s |" % (conc, em["output_tok_s"], ratio))
         if h:
             lines.append("| transformers generate, batch %d (output tok/s) | %.1f | - | - |"
                          % (conc, h["output_tok_s"]))
@@ -315,12 +332,12 @@ def plot(res, concs, path):
     fig, ax = plt.subplots(figsize=(7, 4))
     xs = range(len(concs))
     di = [res.get("deepinfer_engine", {}).get(str(c), {}).get("output_tok_s", 0) for c in concs]
-    dm = [res.get("deepinfer_engine_mma", {}).get(str(c), {}).get("output_tok_s", 0)
+    dm = [res.get("deepinfer_engine_ni", {}).get(str(c), {}).get("output_tok_s", 0)
           for c in concs]
     hf = [res.get("hf", {}).get(str(c), {}).get("output_tok_s", 0) for c in concs]
-    ax.bar([x - 0.27 for x in xs], di, 0.27, label="deepinfer engine (CUDA, exact)")
+    ax.bar([x - 0.27 for x in xs], di, 0.27, label="deepinfer engine (CUDA, batch-invariant)")
     if any(dm):
-        ax.bar(list(xs), dm, 0.27, label="deepinfer engine, DI_CUDA_MMA=1")
+        ax.bar(list(xs), dm, 0.27, label="deepinfer engine, --no-batch-invariant")
     ax.bar([x + 0.27 for x in xs], hf, 0.27, label="transformers generate")
     ax.set_xticks(list(xs))
     ax.set_xticklabels([str(c) for c in concs])

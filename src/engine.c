@@ -443,6 +443,7 @@ di_status di_engine_create(di_model *model, const di_engine_params *params, di_e
         }
         if (!st) st = di_model_backend_init(model, pool, e->max_model_len, &e->be);
         if (!st) di_backend_cpu_set_batch_invariant(&e->be, p.batch_invariant);
+        if (!st) di_backend_cuda_set_batch_invariant(&e->be, p.batch_invariant);
         if (!st) st = arch->batch_state_create(model->weights, &bc, &e->state);
         const int64_t bps = (e->max_model_len + p.block_size - 1) / p.block_size;
         for (int k = 0; k < 2 && !st; k++)

@@ -135,6 +135,7 @@ static di_status worker_init(di_engine *e, eng_worker *w, di_sched_side side, in
     di_status st = di_backend_cpu_init(&w->be, w->pool, e->max_model_len);
     if (st) return st;
     di_backend_cpu_set_batch_invariant(&w->be, p->batch_invariant);
+    di_backend_cuda_set_batch_invariant(&w->be, p->batch_invariant);
     /* The prefill worker runs up to max_prefill_tokens per step, the decode worker one token
      * per running sequence: each sizes its activation buffers for that. */
     di_batch_config c = *bc;

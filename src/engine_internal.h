@@ -16,6 +16,7 @@
 
 #include "api_internal.h"
 #include "backend/backend.h"
+#include "backend/cuda/cuda_backend.h"
 #include "core/core.h"
 #include "core/threadpool.h"
 #include "sample/sampler.h"

@@ -290,14 +290,21 @@ TEST(matmul_glu) {
     check_glu(DI_DTYPE_F8_E4M3, 2048, 7168, 5, 0);
 }
 
+/* false while matmul_simt_bf16 runs the tests on a backend without the tensor-core path */
+static bool g_tc = true;
+
 /* Weights whose rows are not 16-byte aligned take the element-wise load path; it must give
- * the bits of the 16-byte path. The unaligned weight is a one-column shift of an upload. */
+ * the bits of the 16-byte path. The unaligned weight is a one-column shift of an upload.
+ * (With the tensor-core path on, an aligned BF16 weight with K % 8 == 0 takes it and its
+ * shifted view the SIMT GEMV: other bits, so such K are left to the SIMT pass.) */
 TEST(matmul_unaligned) {
     if (!g_have_gpu) SKIP("no CUDA device");
     static const di_dtype dts[] = {DI_DTYPE_F32, DI_DTYPE_F16, DI_DTYPE_BF16};
     for (size_t d = 0; d < DI_ARRAY_LEN(dts); d++) {
         for (int it = 0; it < 4; it++) {
-            const int64_t rows = rnd_int(1, 100), cols = rnd_int(2, 600), n = rnd_int(1, 6);
+            const int64_t rows = rnd_int(1, 100), n = rnd_int(1, 6);
+            int64_t cols = rnd_int(2, 600);
+            if (g_tc && dts[d] == DI_DTYPE_BF16 && cols % 8 == 0) cols++;
             test_weight t = make_weight(dts[d], rows, cols + 1, 0, 0, 0);
             const size_t esz = di_dtype_bytes(dts[d], 1);
             di_weight hv = t.w; /* columns [1, cols] of every row */
@@ -967,87 +974,120 @@ TEST(matmul_experts) {
     check_experts(DI_DTYPE_F8_E4M3, 16, 8, 9, 256, 7168);
 }
 
-/* The opt-in tensor-core matmul (DI_CUDA_MMA=1, a backend of its own): BF16 at n >= 8
- * within bf16-activation accuracy of the reference, and bitwise the same for a token in any
- * batch of >= 8 (the K order is fixed); matmul_experts through it on V2-Lite's shapes. */
-TEST(matmul_mma) {
-    if (!g_have_gpu) SKIP("no CUDA device");
-    setenv("DI_CUDA_MMA", "1", 1);
-    di_backend mb;
-    di_status st = di_backend_cuda_init(&mb, 0, 1024);
-    unsetenv("DI_CUDA_MMA");
+/* A CUDA backend with one environment variable set during its creation. */
+static di_backend backend_with(const char *var, const char *value) {
+    di_backend b;
+    memset(&b, 0, sizeof b);
+    setenv(var, value, 1);
+    di_status st = di_backend_cuda_init(&b, 0, 8192);
+    unsetenv(var);
     CHECK_MSG(st == DI_OK, "%s", di_last_error());
-    if (st) return;
-    static const int64_t shapes[][2] = {{64, 128}, {1408, 2048}, {2048, 1408}, {3072, 2048}};
-    static const int64_t ns[] = {8, 13, 64, 100};
-    for (size_t si = 0; si < DI_ARRAY_LEN(shapes); si++) {
-        const int64_t rows = shapes[si][0], cols = shapes[si][1];
+    return b;
+}
+
+/* BF16 products on the tensor cores (cuda_tc_gemv.cu, the default): the reference's accuracy
+ * and the same bits for a token alone and in batches of any size, over the kernel's cases:
+ * 1-16 warps per row tile, partial row tiles and chunks (K % 32 == 8), every token group
+ * count, activations split in-kernel (up to 8 tokens, or without scratch) and beforehand;
+ * with 2 bf16 parts per activation (DI_CUDA_TC_TERMS=2) a looser bound. */
+static void check_tc(di_backend *be, int64_t rows, int64_t cols, double tol) {
+    static const int64_t ns[] = {1, 3, 8, 9, 17, 40, 64, 100};
+    test_weight t = make_weight(DI_DTYPE_BF16, rows, cols, 0, 0, 0);
+    di_weight dw;
+    CHECK(di_cuda_weight_upload(be, &t.w, &dw) == DI_OK);
+    const int64_t nmax = 100;
+    float *x = rnd_vec(nmax * cols, 1.0f), *dx = dev_floats(x, nmax * cols);
+    float *ref = malloc((size_t)(nmax * rows) * 4);
+    di_cpu_matmul_ref(&t.w, x, nmax, ref);
+    float *alone = NULL; /* token 0 alone */
+    for (size_t ni = 0; ni < DI_ARRAY_LEN(ns); ni++) {
+        const int64_t n = ns[ni];
+        float *dy = dev_poison(n * rows);
+        be->ops->matmul(be->ctx, &dw, dx, n, dy);
+        CHECK(di_backend_cuda_sync(be) == DI_OK);
+        float *y = host_floats(dy, n * rows);
+        const double e = nerr(y, ref, n * rows);
+        CHECK_MSG(e <= tol, "tc %lldx%lld n=%lld: error %.3g", (long long)rows, (long long)cols,
+                  (long long)n, e);
+        if (!alone) alone = y;
+        else {
+            CHECK_MSG(memcmp(alone, y, (size_t)rows * 4) == 0,
+                      "tc %lldx%lld: token 0 in a batch of %lld differs from alone",
+                      (long long)rows, (long long)cols, (long long)n);
+            free(y);
+        }
+        dfree(dy);
+    }
+    /* the last token of 100 alone (a partial token group in the batch) */
+    /* (host_floats copies on g_be's stream: wait for be's own first) */
+    float *dy = dev_poison(nmax * rows), *dl = dev_poison(rows);
+    be->ops->matmul(be->ctx, &dw, dx, nmax, dy);
+    be->ops->matmul(be->ctx, &dw, dx + (nmax - 1) * cols, 1, dl);
+    CHECK(di_backend_cuda_sync(be) == DI_OK);
+    float *y = host_floats(dy, nmax * rows), *last = host_floats(dl, rows);
+    CHECK_MSG(memcmp(last, y + (nmax - 1) * rows, (size_t)rows * 4) == 0,
+              "tc %lldx%lld: token 99 alone differs from the batch", (long long)rows,
+              (long long)cols);
+    di_cuda_weight_free(be, &dw);
+    dfree(dx), dfree(dy), dfree(dl);
+    free(x), free(ref), free(alone), free(y), free(last);
+    free_weight(&t);
+}
+
+TEST(matmul_tc) {
+    if (!g_have_gpu) SKIP("no CUDA device");
+    static const int64_t shapes[][2] = {{37, 2056}, {1408, 2048}, {2048, 1408}, {576, 2048},
+                                        {4096, 512}, {300, 520}, {16, 8},      {5000, 2048}};
+    for (size_t si = 0; si < DI_ARRAY_LEN(shapes); si++)
+        check_tc(&g_be, shapes[si][0], shapes[si][1], 1e-5);
+    di_backend b2 = backend_with("DI_CUDA_TC_TERMS", "2");
+    if (!b2.ctx) return;
+    check_tc(&b2, 1408, 2048, 5e-5);
+    check_tc(&b2, 37, 2056, 5e-5);
+    di_backend_free(&b2);
+    /* batch invariance off: the SIMT GEMV up to 8 tokens, the tensor cores above; both at
+     * the reference's accuracy, GLU still bitwise matmul + silu_mul at either size */
+    di_backend_cuda_set_batch_invariant(&g_be, false);
+    for (int it = 0; it < 2; it++) {
+        const int64_t rows = 1408, cols = 2048, n = it ? 40 : 3;
         test_weight t = make_weight(DI_DTYPE_BF16, rows, cols, 0, 0, 0);
         di_weight dw = upload(&t.w);
-        for (size_t ni = 0; ni < DI_ARRAY_LEN(ns); ni++) {
-            const int64_t n = ns[ni];
-            float *x = rnd_vec(n * cols, 1.0f), *ref = malloc((size_t)(n * rows) * 4);
-            di_cpu_matmul_ref(&t.w, x, n, ref);
-            float *dx = dev_floats(x, n * cols), *dy = dev_poison(n * rows);
-            mb.ops->matmul(mb.ctx, &dw, dx, n, dy);
-            CHECK(di_backend_cuda_sync(&mb) == DI_OK);
-            float *y = host_floats(dy, n * rows);
-            double e = nerr(y, ref, n * rows);
-            CHECK_MSG(e <= 2e-2, "mma %lldx%lld n=%lld: error %.3g", (long long)rows,
-                      (long long)cols, (long long)n, e);
-            /* the first 8 tokens again, alone as a batch of 8: the same bits */
-            float *dy8 = dev_poison(8 * rows);
-            mb.ops->matmul(mb.ctx, &dw, dx, 8, dy8);
-            CHECK(di_backend_cuda_sync(&mb) == DI_OK);
-            float *z = host_floats(dy8, 8 * rows);
-            CHECK_MSG(memcmp(z, y, (size_t)(8 * rows) * 4) == 0,
-                      "mma %lldx%lld n=%lld: first 8 tokens differ from a batch of 8",
-                      (long long)rows, (long long)cols, (long long)n);
-            free(z), free(y), free(x), free(ref);
-            dfree(dx), dfree(dy), dfree(dy8);
-        }
+        float *x = rnd_vec(n * cols, 1.0f), *ref = malloc((size_t)(n * rows) * 4);
+        di_cpu_matmul_ref(&t.w, x, n, ref);
+        float *y = gpu_mm(&dw, false, x, n);
+        CHECK_MSG(nerr(y, ref, n * rows) <= 1e-5, "not invariant, n=%lld: error %.3g",
+                  (long long)n, nerr(y, ref, n * rows));
+        /* GLU with the same weight as gate and up: silu_mul(y, y) */
+        float *gref = gpu_silu_mul(y, y, n * rows);
+        float *dx = dev_floats(x, n * cols), *dy = dev_poison(n * rows);
+        g_be.ops->matmul_glu(g_be.ctx, &dw, &dw, dx, n, dy);
+        float *yg = host_floats(dy, n * rows);
+        CHECK_MSG(memcmp(yg, gref, (size_t)(n * rows) * 4) == 0,
+                  "not invariant, n=%lld: glu differs from matmul + silu_mul", (long long)n);
         di_cuda_weight_free(&g_be, &dw);
+        dfree(dx), dfree(dy);
+        free(x), free(ref), free(y), free(gref), free(yg);
         free_weight(&t);
     }
-    /* grouped: V2-Lite's experts at a decode batch of 64 and 9 */
-    for (int it = 0; it < 2; it++) {
-        const int64_t E = 64, K = 6, n = it ? 9 : 64, rows = 1408, cols = 2048, nk = n * K;
-        test_weight *tw = malloc((size_t)E * sizeof *tw);
-        di_weight *dw = malloc((size_t)E * sizeof *dw);
-        for (int64_t e = 0; e < E; e++) {
-            tw[e] = make_weight(DI_DTYPE_BF16, rows, cols, 0, 0, 0);
-            dw[e] = upload(&tw[e].w);
-        }
-        void *tab = NULL;
-        CHECK(mb.ops->expert_table(mb.ctx, dw, E, &tab) == DI_OK);
-        di_expert_weights ew = {.w = dw, .n_experts = E, .table = tab};
-        di_router_params r = test_router_config(0);
-        float *lg = rnd_vec(n * E, 3.0f), *dlg = dev_floats(lg, n * E);
-        route_bufs db = route_dev_alloc(E, nk);
-        route_run(&mb, &r, n, dlg, &db);
-        float *x = rnd_vec(nk * cols, 1.0f), *dx = dev_floats(x, nk * cols);
-        float *dy = dev_poison(nk * rows);
-        mb.ops->matmul_experts(mb.ctx, &ew, db.off, db.act, DI_MIN(E, nk), n, dx, dy);
-        CHECK(di_backend_cuda_sync(&mb) == DI_OK);
-        float *y = host_floats(dy, nk * rows);
-        int32_t *off = host_ints(db.off, E + 1);
-        float *ref = malloc((size_t)(nk * rows) * 4);
-        for (int64_t e = 0; e < E; e++)
-            if (off[e + 1] > off[e])
-                di_cpu_matmul_ref(&tw[e].w, x + off[e] * cols, off[e + 1] - off[e],
-                                  ref + off[e] * rows);
-        CHECK_MSG(off[E] == nk && nerr(y, ref, nk * rows) <= 2e-2, "mma experts n=%lld: %.3g",
-                  (long long)n, nerr(y, ref, nk * rows));
-        for (int64_t e = 0; e < E; e++) {
-            di_cuda_weight_free(&g_be, &dw[e]);
-            free_weight(&tw[e]);
-        }
-        mb.ops->buf_free(mb.ctx, tab);
-        route_dev_free(&db);
-        dfree(dlg), dfree(dx), dfree(dy);
-        free(tw), free(dw), free(lg), free(x), free(y), free(off), free(ref);
-    }
-    di_backend_free(&mb);
+    di_backend_cuda_set_batch_invariant(&g_be, true);
+}
+
+/* The SIMT GEMV for BF16 too (DI_CUDA_TC=0): the matmul, GLU, accumulate and grouped tests
+ * again on a backend without the tensor-core path. */
+TEST(matmul_simt_bf16) {
+    if (!g_have_gpu) SKIP("no CUDA device");
+    di_backend simt = backend_with("DI_CUDA_TC", "0"), saved = g_be;
+    if (!simt.ctx) return;
+    g_be = simt;
+    g_tc = false;
+    test_matmul();
+    test_matmul_unaligned();
+    test_matmul_glu();
+    test_matmul_add();
+    test_matmul_experts();
+    g_tc = true;
+    g_be = saved;
+    di_backend_free(&simt);
 }
 
 int main(void) {
@@ -1074,7 +1114,8 @@ int main(void) {
     RUN(copy_rows_moe_combine);
     RUN(moe_route);
     RUN(matmul_experts);
-    RUN(matmul_mma); /* last: a fault here cannot hide the others' results */
+    RUN(matmul_tc);
+    RUN(matmul_simt_bf16);
     if (g_have_gpu) di_backend_free(&g_be);
     return test_summary();
 }

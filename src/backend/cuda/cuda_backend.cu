@@ -25,12 +25,6 @@ typedef struct cuda_backend {
     cudaStream_t stream; /* owned */
     float *attn_partial; /* owned: split-KV chunk states, attn_partial_floats floats */
     int64_t attn_partial_floats;
-    /* Tensor-core matmul (DI_CUDA_MMA=1; cuda_mma.cu): from mma_min_n rows up, BF16 weights
-     * of suitable shape go to mma over bf16 activations staged in mma_scratch. */
-    int mma;
-    int64_t mma_min_n;
-    void *mma_scratch; /* owned: mma_scratch_elems bf16 */
-    int64_t mma_scratch_elems;
     int n_sms;
     int64_t max_ctx; /* the longest context a call may attend over (init's max_ctx) */
     di_cuda_attn_mode attn_mode;
@@ -39,6 +33,8 @@ typedef struct cuda_backend {
     int fp8_pipe;            /* FP8 GEMV software pipeline on (1) or off (0) */
     int64_t short_vec;       /* one-token GEMV: rows of <= this many vectors, 4 per group */
     int max_tb;              /* GEMV: largest token group (DI_CUDA_MAX_TB, default 8) */
+    int tc, tc_terms;        /* BF16 products on the tensor cores (DI_CUDA_TC, _TERMS) */
+    bool invariant; /* batch-invariant (default): one matmul path for every n */
     cudaError_t first_error; /* first failed launch since the last sync */
     bool capturing;          /* between graph_begin and graph_end, capture started */
     cudaError_t capture_saved_error, capture_error;
@@ -76,20 +72,14 @@ static di_cuda_mm_params mm_params(const di_weight *w, const cuda_backend *be) {
     p.fp8_pipe = be->fp8_pipe;
     p.short_vec = be->short_vec;
     p.max_tb = be->max_tb;
+    p.tc = be->tc;
+    p.tc_terms = be->tc_terms;
+    /* Batch-invariant: the tensor cores for every n. Otherwise the SIMT GEMV where it is
+     * faster (up to 8 tokens: bandwidth-bound, fewer rows per load) and the tensor cores
+     * above. */
+    p.tc_min_n = be->invariant ? 1 : 9;
     p.stream = be->stream;
     return p;
-}
-
-/* The opt-in tensor-core path (cuda_mma.cu) when enabled and the shape suits it; x_rows:
- * the rows of x it stages. Returns false where the GEMV must run. */
-static bool try_mma(cuda_backend *be, const di_cuda_mm_params *p, int64_t n, int64_t x_rows,
-                    const int32_t *x_rows_dev) {
-    if (!be->mma || n < be->mma_min_n || !di_cuda_mma_fits(p)) return false;
-    cudaError_t err =
-        di_cuda_launch_matmul_mma(p, be->mma_scratch, be->mma_scratch_elems, x_rows, x_rows_dev);
-    if (err == cudaErrorMemoryAllocation) return false; /* too big for the staging buffer */
-    note(be, err);
-    return true;
 }
 
 /* The parameters of y = W x over n contiguous rows of x and y. */
@@ -107,7 +97,6 @@ static di_cuda_mm_params product_params(const di_weight *w, const cuda_backend *
 static void cuda_matmul(void *ctx, const di_weight *w, const float *x, int64_t n, float *y) {
     cuda_backend *be = (cuda_backend *)ctx;
     di_cuda_mm_params p = product_params(w, be, x, n, y);
-    if (try_mma(be, &p, n, n, NULL)) return;
     note(be, di_cuda_launch_matmul(&p));
 }
 
@@ -132,7 +121,7 @@ static void cuda_matmul_glu(void *ctx, const di_weight *gate, const di_weight *u
     note(be, di_cuda_launch_matmul(&p));
 }
 
-/* y += W x in the GEMV's epilogue (the exact GEMV even with DI_CUDA_MMA=1). */
+/* y += W x in the product's epilogue. */
 static void cuda_matmul_add(void *ctx, const di_weight *w, const float *x, int64_t n, float *y) {
     cuda_backend *be = (cuda_backend *)ctx;
     di_cuda_mm_params p = product_params(w, be, x, n, y);
@@ -381,8 +370,6 @@ static void cuda_matmul_experts(void *ctx, const di_expert_weights *ew, const in
     cuda_backend *be = (cuda_backend *)ctx;
     if (max_active <= 0 || max_rows <= 0) return;
     di_cuda_mm_params p = grouped_params(ew, be, offsets, active, max_active, max_rows, x, y);
-    /* The grouped rows: offsets[E] of them (device memory), at most max_active * max_rows. */
-    if (try_mma(be, &p, max_rows, max_active * max_rows, offsets + ew->n_experts)) return;
     note(be, di_cuda_launch_matmul(&p));
 }
 
@@ -525,7 +512,6 @@ static void cuda_free_ctx(void *ctx) {
     cudaSetDevice(be->device);
     if (be->stream) cudaStreamSynchronize(be->stream);
     cudaFree(be->attn_partial);
-    cudaFree(be->mma_scratch);
     if (be->stream) cudaStreamDestroy(be->stream);
     di_free(be);
 }
@@ -560,8 +546,7 @@ static di_backend_ops make_ops(void) {
     o.moe_combine = cuda_moe_combine;
     o.moe_route = cuda_moe_route;
     o.matmul_experts = cuda_matmul_experts;
-    /* Fused SwiGLU products (always the exact GEMV: the opt-in tensor-core path has no GLU
-     * form, so with DI_CUDA_MMA=1 only the other products take it). */
+    /* Fused SwiGLU products, bitwise the separate products and silu_mul. */
     o.matmul_glu = cuda_matmul_glu;
     o.matmul_experts_glu = cuda_matmul_experts_glu;
     o.matmul_add = cuda_matmul_add;
@@ -648,13 +633,13 @@ extern "C" di_status di_backend_cuda_init(di_backend *out, int device, int64_t m
     be->short_vec = env ? atoll(env) : 512;
     env = getenv("DI_CUDA_MAX_TB"); /* 1, 2, 4 or 8 */
     be->max_tb = env && (atoi(env) == 1 || atoi(env) == 2 || atoi(env) == 4) ? atoi(env) : 8;
-    /* DI_CUDA_MMA=1: the tensor-core matmul from DI_CUDA_MMA_MIN_N rows (default 8) up;
-     * not exact vs the CPU and not batch-invariant (cuda_mma.cu), so off by default. */
-    env = getenv("DI_CUDA_MMA");
-    be->mma = env && strcmp(env, "1") == 0;
-    env = getenv("DI_CUDA_MMA_MIN_N");
-    be->mma_min_n = env && atoll(env) > 0 ? atoll(env) : 8;
-    be->mma_scratch_elems = be->mma ? ((int64_t)64 << 20) : 0; /* 128 MiB of bf16 */
+    /* DI_CUDA_TC=0: BF16 products on the SIMT GEMV instead of the tensor cores (both
+     * batch-invariant; cuda_tc_gemv.cu); DI_CUDA_TC_TERMS=2|3: bf16 parts per activation. */
+    env = getenv("DI_CUDA_TC");
+    be->tc = !(env && strcmp(env, "0") == 0);
+    env = getenv("DI_CUDA_TC_TERMS");
+    be->tc_terms = env && atoi(env) == 2 ? 2 : 3;
+    be->invariant = true;
     const int64_t chunks = (max_ctx + DI_CUDA_ATTN_CHUNK - 1) / DI_CUDA_ATTN_CHUNK;
     int64_t floats = DI_CUDA_ATTN_SPLIT_TOKENS * 128 * chunks * (DI_CUDA_ATTN_MAX_R + 2);
     if (floats * (int64_t)sizeof(float) > DI_CUDA_ATTN_SCRATCH_MAX)
@@ -665,8 +650,6 @@ extern "C" di_status di_backend_cuda_init(di_backend *out, int device, int64_t m
         (err = cudaStreamCreateWithFlags(&be->stream, cudaStreamNonBlocking)) != cudaSuccess ||
         (err = cudaMalloc((void **)&be->attn_partial, (size_t)floats * sizeof(float))) !=
             cudaSuccess ||
-        (be->mma &&
-         (err = cudaMalloc(&be->mma_scratch, (size_t)be->mma_scratch_elems * 2)) != cudaSuccess) ||
         (err = di_cuda_attn_setup()) != cudaSuccess || (err = di_cuda_v4_setup()) != cudaSuccess) {
         cuda_free_ctx(be);
         return di_error(DI_ERR_OUT_OF_MEMORY, "cuda backend: device %d: %s", device,
@@ -693,6 +676,10 @@ extern "C" di_status di_backend_cuda_sync(const di_backend *dbe) {
 
 extern "C" void *di_backend_cuda_stream(const di_backend *dbe) {
     return (void *)ctx_of(dbe)->stream;
+}
+
+extern "C" void di_backend_cuda_set_batch_invariant(const di_backend *dbe, bool on) {
+    if (dbe && dbe->ops == &g_cuda_ops && dbe->ctx) ctx_of(dbe)->invariant = on;
 }
 
 extern "C" void di_backend_cuda_set_attn_mode(const di_backend *dbe, di_cuda_attn_mode mode) {

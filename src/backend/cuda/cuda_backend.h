@@ -64,6 +64,12 @@ void *di_backend_cuda_stream(const di_backend *be);
 typedef enum { DI_CUDA_ATTN_AUTO, DI_CUDA_ATTN_SPLIT, DI_CUDA_ATTN_SEQUENTIAL } di_cuda_attn_mode;
 void di_backend_cuda_set_attn_mode(const di_backend *be, di_cuda_attn_mode mode);
 
+/* Batch invariance (on by default): BF16 products take one path, the tensor cores, for
+ * every batch size, so a token's results never depend on the batch. Off (the engine's
+ * batch_invariant = false): the SIMT GEMV up to 8 tokens, where it streams the weights
+ * faster, and the tensor cores above. No-op on other backends. */
+void di_backend_cuda_set_batch_invariant(const di_backend *be, bool on);
+
 /* Device-to-device copy bandwidth in bytes/s (bytes read + bytes written per second) over a
  * buffer of `bytes`: the roofline the benchmarks compare with. Returns 0 on failure. */
 double di_cuda_measure_copy_bandwidth(const di_backend *be, size_t bytes);

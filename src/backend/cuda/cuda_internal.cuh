@@ -127,6 +127,11 @@ typedef struct di_cuda_mm_params {
     const struct di_cuda_expert_ptrs *glu_experts;
     /* y += W x instead of y = W x (matmul_add), each element rounded as axpy(1, W x, y). */
     bool accumulate;
+    /* BF16 weights of a suitable shape (di_cuda_tc_fits) on the tensor cores (cuda_tc_gemv.cu)
+     * when tc is set and n_tokens >= tc_min_n (1 in batch-invariant mode: one path for every
+     * n), the activations split into tc_terms (2 or 3) bf16 parts. */
+    int tc, tc_terms;
+    int64_t tc_min_n;
 } di_cuda_mm_params;
 
 /* One expert's device weight pointers (a table of them per projection: expert_table). */
@@ -137,14 +142,20 @@ typedef struct di_cuda_expert_ptrs {
 
 cudaError_t di_cuda_launch_matmul(const di_cuda_mm_params *p);
 
-/* Tensor-core y = W x (cuda_mma.cu; opt-in, not exact): does p suit it (BF16, rows and cols
- * multiples of 16, one head or grouped)? The launch stages x_rows rows of x as bf16 in
- * scratch (scratch_elems bf16; cudaErrorMemoryAllocation when too small, nothing run);
- * x_rows_dev (grouped mode: &offsets[E]) caps the rows read from x at its value. */
-bool di_cuda_mma_fits(const di_cuda_mm_params *p);
-cudaError_t di_cuda_launch_matmul_mma(const di_cuda_mm_params *p, void *scratch,
-                                      int64_t scratch_elems, int64_t x_rows,
-                                      const int32_t *x_rows_dev);
+/* The batch-invariant tensor-core product (cuda_tc_gemv.cu): does the weight suit it (BF16,
+ * W x, one head or grouped, K and the row stride multiples of 8, 16-byte aligned data)? */
+bool di_cuda_tc_fits(const di_cuda_mm_params *p);
+cudaError_t di_cuda_launch_matmul_tc(const di_cuda_mm_params *p);
+
+/* silu(g) * u, rounded as silu_mul_kernel rounds it (the fused and the separate SwiGLU agree). */
+static __device__ __forceinline__ float silu_times(float g, float u) {
+    return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
+}
+
+/* An output element: v, or with accumulate y + v rounded as axpy(1, v, y) rounds it. */
+static __device__ __forceinline__ void store_y(float *y, float v, bool accumulate) {
+    *y = accumulate ? __fadd_rn(*y, v) : v;
+}
 
 /* ---------------------------------------------------------------------------------------- */
 /* Element-wise and row-wise ops                                                              */

@@ -199,16 +199,6 @@ static __device__ __forceinline__ const float *scale_row(const di_cuda_mm_params
 /* y = W x                                                                                    */
 /* ---------------------------------------------------------------------------------------- */
 
-/* silu(g) * u, rounded as silu_mul_kernel rounds it (the fused and the separate SwiGLU agree). */
-static __device__ __forceinline__ float silu_times(float g, float u) {
-    return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
-}
-
-/* An output element: v, or with accumulate y + v rounded as axpy(1, v, y) rounds it. */
-static __device__ __forceinline__ void store_y(float *y, float v, bool accumulate) {
-    *y = accumulate ? __fadd_rn(*y, v) : v;
-}
-
 #define MM_WARPS 4 /* warps per block */
 /* Blocks per SM the pipelined FP8 one-token kernel is compiled for: 6 caps it at 80
  * registers without spills (8 would spill), 24 warps per SM instead of 16. */
@@ -694,6 +684,8 @@ template <di_dtype DT> static cudaError_t launch_dtype(const di_cuda_mm_params *
 
 cudaError_t di_cuda_launch_matmul(const di_cuda_mm_params *p) {
     if (p->n_tokens <= 0 || p->n_heads <= 0 || p->rows <= 0 || p->cols <= 0) return cudaSuccess;
+    if (p->tc && p->n_tokens >= p->tc_min_n && di_cuda_tc_fits(p))
+        return di_cuda_launch_matmul_tc(p);
     switch (p->dtype) {
     case DI_DTYPE_F32:
         return launch_dtype<DI_DTYPE_F32>(p);

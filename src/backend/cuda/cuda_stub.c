@@ -57,6 +57,10 @@ void *di_backend_cuda_stream(const di_backend *be) {
     return NULL;
 }
 
+void di_backend_cuda_set_batch_invariant(const di_backend *be, bool on) {
+    (void)be, (void)on;
+}
+
 void di_backend_cuda_set_attn_mode(const di_backend *be, di_cuda_attn_mode mode) {
     (void)be, (void)mode;
 }

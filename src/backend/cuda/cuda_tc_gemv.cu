@@ -1,0 +1,302 @@
+/*
+ * cuda_tc_gemv.cu -- y = W x on the tensor cores for BF16 weights, batch-invariant, near the
+ * fp32 GEMV's accuracy: the default for BF16 weights of suitable shape (DI_CUDA_TC=0: the
+ * SIMT GEMV of cuda_matmul.cu everywhere).
+ *
+ * Why: the SIMT GEMV is exact but at 8..64 tokens per weight it is bound by fp32 FMA issue;
+ * tensor cores do that work at a small fraction of the cost. The usual tensor-core GEMM is
+ * not batch-invariant (its tiling and K split change with n); this one is, by construction:
+ *
+ *   - The weight is the mma's A operand (m16n8k16, 16 rows x 16 k), the tokens its B operand
+ *     (8 columns per token group; a missing token is a zero column). Column j of the mma's
+ *     result depends only on column j of B, so a token's sums do not depend on the others.
+ *   - The K order is a function of the weight's shape only: K is cut into 32-element chunks
+ *     (two mma), a row tile's chunks are dealt to ks warps in contiguous runs (ks from rows and
+ *     K, tc_ks), each warp walks its run in order, and the ks partial sums are added by a
+ *     fixed tree in shared memory. n only decides how many token groups run side by side.
+ *   - fp32 activations are split into `terms` bf16 parts (x = hi + mid + lo: exact for normal
+ *     floats with 3 terms, 16 significant bits with 2), one mma per part, in that order.
+ *     Products of bf16 values are exact; the mma's fp32 accumulation is the only rounding
+ *     that differs from the SIMT GEMV's fmaf chain, so results agree with the CPU to about
+ *     1e-7 of the output's scale, not bitwise.
+ *
+ * The A fragment is loaded straight from global memory, 16 bytes (8 consecutive k) per lane
+ * and row: the mma's k slots are a permutation of the chunk's 32 columns, the same one for A
+ * and B (lane tig holds columns 8 tig .. 8 tig + 7 of rows g and g + 8; the first mma takes
+ * columns 8 tig + 0..3, the second 8 tig + 4..7), which changes no sum. Activations are read
+ * as fp32 (L1 / L2 resident: every row tile reads the same x) and split in registers.
+ *
+ * Modes as the SIMT GEMV's (di_cuda_mm_params): plain (one head), grouped (matmul_experts:
+ * blockIdx.z an active-expert slot), GLU (a warp's two 16-row tiles are the gate's and the
+ * up projection's same rows; silu(g) * u in the epilogue) and accumulate (y += W x). Each is
+ * bitwise the plain product followed by the separate op, since the products are the same.
+ */
+#include "backend/cuda/cuda_internal.cuh"
+
+#include <cuda_bf16.h>
+
+#define TC_CHUNK      32   /* K elements per chunk: two m16n8k16 steps */
+#define TC_MAX_KS     8    /* warps sharing a row's K range */
+#define TC_TARGET     1024 /* warps of 16 rows a product should spread over (chooses ks) */
+#define TC_MIN_CHUNKS 4    /* fewest chunks per warp */
+#define TC_THREADS    (32 * TC_MAX_KS)
+
+/* d += A B for one m16n8k16 step (bf16 inputs, fp32 accumulation). */
+static __device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1,
+                                                uint32_t a2, uint32_t a3, uint32_t b0,
+                                                uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+        "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+/* The bf16 pair (a, b) rounded to nearest, a in the low half; a and b become what is left
+ * (exact: x - bf16(x) is a float). */
+static __device__ __forceinline__ uint32_t split_pair(float &a, float &b) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    a = __fsub_rn(a, __low2float(h));
+    b = __fsub_rn(b, __high2float(h));
+    return *reinterpret_cast<const uint32_t *>(&h);
+}
+
+/* x(t)[k .. k + 8) as floats (zeros unless ok). */
+static __device__ __forceinline__ void load_x8(const di_cuda_mm_params &p, int64_t t, int64_t k,
+                                               bool ok, bool xvec, float (&xv)[8]) {
+    if (!ok) {
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            xv[e] = 0.0f;
+        return;
+    }
+    const float *xp = p.x + t * p.x_tstride + k;
+    if (xvec) {
+        const float4 q0 = __ldg(reinterpret_cast<const float4 *>(xp));
+        const float4 q1 = __ldg(reinterpret_cast<const float4 *>(xp) + 1);
+        xv[0] = q0.x, xv[1] = q0.y, xv[2] = q0.z, xv[3] = q0.w;
+        xv[4] = q1.x, xv[5] = q1.y, xv[6] = q1.z, xv[7] = q1.w;
+    } else {
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            xv[e] = __ldg(xp + e);
+    }
+}
+
+/* Warps per row: the smallest power of two that spreads the product's 16-row tiles over
+ * TC_TARGET warps, keeping TC_MIN_CHUNKS chunks per warp. From rows and K only, so the
+ * plain, GLU and grouped products of one weight, at any n, share their K order. */
+static int tc_ks(int64_t rows, int64_t cols) {
+    const int64_t tiles = (rows + 15) / 16, chunks = (cols + TC_CHUNK - 1) / TC_CHUNK;
+    int ks = 1;
+    while (ks < TC_MAX_KS && tiles * ks < TC_TARGET && chunks / (2 * ks) >= TC_MIN_CHUNKS)
+        ks *= 2;
+    return ks;
+}
+
+/* Block: max(4, ks) warps, ks per row tile (warp = tile * ks + kw). A warp's row tile is MT
+ * m-tiles of 16 rows (GLU: MT = 2, the gate's and the up projection's same 16 rows); grid y:
+ * token chunks of 8 NG (grouped: one, the block walks its expert's chunks); grid z: the
+ * active-expert slot (grouped). U chunks of weights are requested before any is used. MT,
+ * NG and U only choose how much runs side by side, never a sum's order. */
+template <int MT, int NG, int U, bool PIPE, bool G, bool GLU>
+__global__ void __launch_bounds__(TC_THREADS) tc_kernel(const di_cuda_mm_params p, int ks,
+                                                        int terms, bool xvec) {
+    static_assert(!GLU || MT == 2, "GLU pairs a gate tile with an up tile");
+    constexpr int RO = GLU ? 16 : 16 * MT; /* output rows per tile */
+    __shared__ float red[TC_MAX_KS][32][4 * MT];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, tig = lane & 3;
+    const int kw = warp % ks, tiles_per_block = (int)(blockDim.x >> 5) / ks;
+    const int64_t r0 = ((int64_t)blockIdx.x * tiles_per_block + warp / ks) * RO;
+    /* A tile past the last row still takes part in the block's barriers. */
+    const bool live = r0 < p.rows;
+    const void *wdata = p.data, *udata = p.glu_data;
+    int64_t t0 = (int64_t)blockIdx.y * 8 * NG, t_end = p.n_tokens;
+    if constexpr (G) {
+        pdl_wait(); /* the routing (active list, offsets) comes from earlier kernels */
+        pdl_trigger();
+        if ((int)blockIdx.z >= p.g_active[0]) return; /* block-uniform exits */
+        const int e = p.g_active[1 + blockIdx.z];
+        wdata = p.experts[e].data;
+        if constexpr (GLU) udata = p.glu_experts[e].data;
+        t0 += p.g_off[e];
+        t_end = p.g_off[e + 1];
+        if (t0 >= t_end) return;
+    }
+    const int64_t K = p.cols, C = (K + TC_CHUNK - 1) / TC_CHUNK;
+    const int64_t c_begin = C * kw / ks, c_end = live ? C * (kw + 1) / ks : c_begin;
+
+    /* Row pointers of this lane: m-tile mt's rows g and g + 8 (rows past the end alias the
+     * last row; their results are never stored). */
+    const char *wrow[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int64_t r = min(r0 + (GLU ? 0 : 16 * mt) + g + 8 * h, p.rows - 1);
+            const void *base = GLU && mt == 1 ? udata : wdata;
+            wrow[mt][h] = static_cast<const char *>(base) + r * p.row_stride * 2;
+        }
+    const int64_t kl = 8 * tig; /* this lane's first column inside a chunk */
+
+    uint4 a[U][MT][2];
+    auto load_a = [&](uint4(&dst)[U][MT][2], int64_t c) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int64_t k = (c + u) * TC_CHUNK + kl;
+            const bool ok = c + u < c_end && k < K; /* K % 8 == 0: whole vectors */
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+                    dst[u][mt][h] = ok ? __ldcs(reinterpret_cast<const uint4 *>(wrow[mt][h] + 2 * k))
+                                       : make_uint4(0, 0, 0, 0);
+        }
+    };
+
+    for (bool first = true; t0 < t_end; t0 += 8 * NG, first = false) {
+        const int nt = (int)min((int64_t)8 * NG, t_end - t0);
+        float acc[MT][NG][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int j = 0; j < NG; j++)
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    acc[mt][j][i] = 0.0f;
+
+        load_a(a, c_begin);
+        if (!G && first) { /* the first weights are on their way; now wait for x (PDL) */
+            pdl_wait();
+            pdl_trigger();
+        }
+        for (int64_t c = c_begin; c < c_end; c += U) {
+            /* PIPE: the next U chunks are requested before this U are used */
+            uint4 next[PIPE ? U : 1][MT][2];
+            if constexpr (PIPE) load_a(next, c + U);
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                if (c + u >= c_end) break;
+                const int64_t k = (c + u) * TC_CHUNK + kl;
+#pragma unroll
+                for (int j = 0; j < NG; j++) {
+                    if (8 * j >= nt) break;
+                    const int64_t t = t0 + 8 * j + g;
+                    const bool tok = t < t_end && k < K;
+                    /* B: token 8 j + g, columns k .. k + 7 (zero past K or past the tokens) */
+                    float xv[8];
+                    load_x8(p, t, k, tok, xvec, xv);
+                    for (int s = 0; s < terms; s++) {
+                        const uint32_t b0 = split_pair(xv[0], xv[1]);
+                        const uint32_t b1 = split_pair(xv[2], xv[3]);
+                        const uint32_t b2 = split_pair(xv[4], xv[5]);
+                        const uint32_t b3 = split_pair(xv[6], xv[7]);
+#pragma unroll
+                        for (int mt = 0; mt < MT; mt++) {
+                            const uint4 &w = a[u][mt][0], &v = a[u][mt][1];
+                            mma_bf16(acc[mt][j], w.x, v.x, w.y, v.y, b0, b1);
+                            mma_bf16(acc[mt][j], w.z, v.z, w.w, v.w, b2, b3);
+                        }
+                    }
+                }
+            }
+            if constexpr (PIPE) {
+#pragma unroll
+                for (int u = 0; u < U; u++)
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++)
+                        a[u][mt][0] = next[u][mt][0], a[u][mt][1] = next[u][mt][1];
+            } else {
+                load_a(a, c + U);
+            }
+        }
+
+        /* Result (mt, j): c0, c1 = row g, tokens 2 tig, 2 tig + 1; c2, c3 = row g + 8. With
+         * ks > 1 the warps' partial sums meet in shared memory first: warp kw adds warp
+         * kw + s for s = ks / 2, ..., 1 (a fixed tree), and warp kw = 0 stores. */
+        const int w0 = warp - kw; /* the tile's first warp */
+#pragma unroll
+        for (int j = 0; j < NG; j++) {
+            if (8 * j >= nt) break; /* uniform over the block */
+            float v[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    v[mt][i] = acc[mt][j][i];
+            if (ks > 1) {
+#pragma unroll
+                for (int i = 0; i < 4 * MT; i++)
+                    red[warp][lane][i] = v[i / 4][i % 4];
+                __syncthreads();
+                for (int s = ks / 2; s >= 1; s /= 2) {
+                    if (kw < s)
+#pragma unroll
+                        for (int i = 0; i < 4 * MT; i++)
+                            red[warp][lane][i] = red[warp][lane][i] + red[warp + s][lane][i];
+                    __syncthreads();
+                }
+#pragma unroll
+                for (int i = 0; i < 4 * MT; i++)
+                    v[i / 4][i % 4] = red[w0][lane][i];
+                __syncthreads(); /* red is written again by the next token group */
+                if (kw != 0) continue;
+            }
+            if (!live) continue;
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int64_t t = t0 + 8 * j + 2 * tig + (i & 1);
+                const int row = g + 8 * (i >> 1);
+                if (t >= t_end) continue;
+#pragma unroll
+                for (int mt = 0; mt < (GLU ? 1 : MT); mt++) {
+                    const int64_t r = r0 + 16 * mt + row;
+                    if (r >= p.rows) continue;
+                    const float val = GLU ? silu_times(v[0][i], v[1][i]) : v[mt][i];
+                    store_y(p.y + t * p.y_tstride + r, val, p.accumulate);
+                }
+            }
+        }
+        if constexpr (!G) break; /* one token chunk per block (blockIdx.y) */
+    }
+}
+
+/* From the weight alone (never from x or n), so that one weight always takes one path. */
+bool di_cuda_tc_fits(const di_cuda_mm_params *p) {
+    return p->dtype == DI_DTYPE_BF16 && !p->transposed && (p->n_heads == 1 || p->experts) &&
+           p->cols % 8 == 0 && p->row_stride % 8 == 0 && ((uintptr_t)p->data & 15u) == 0 &&
+           (!p->glu_data || ((uintptr_t)p->glu_data & 15u) == 0);
+}
+
+/* One launch of tc_kernel<MT, NG, U, PIPE, grouped or not, GLU>. */
+template <int MT, int NG, int U, bool PIPE, bool GLU>
+static cudaError_t launch_tc(const di_cuda_mm_params *p, int ks, bool xvec) {
+    void (*k)(const di_cuda_mm_params, int, int, bool) =
+        p->experts ? tc_kernel<MT, NG, U, PIPE, true, GLU> : tc_kernel<MT, NG, U, PIPE, false, GLU>;
+    const int64_t ro = GLU ? 16 : 16 * MT, tiles = (p->rows + ro - 1) / ro;
+    const int warps = ks > 4 ? ks : 4, tiles_per_block = warps / ks;
+    const int64_t per_block = 8 * NG;
+    dim3 grid((unsigned)((tiles + tiles_per_block - 1) / tiles_per_block),
+              p->experts ? 1u : (unsigned)((p->n_tokens + per_block - 1) / per_block),
+              p->experts ? (unsigned)p->n_heads : 1u);
+    return di_cuda_launch(k, grid, dim3(32 * warps), 0, p->stream, *p, ks, p->tc_terms, xvec);
+}
+
+cudaError_t di_cuda_launch_matmul_tc(const di_cuda_mm_params *p) {
+    const bool glu = p->glu_data || p->glu_experts;
+    const int ks = tc_ks(p->rows, p->cols);
+    const bool xvec = ((uintptr_t)p->x & 15u) == 0 && p->x_tstride % 4 == 0;
+    const int64_t n = p->n_tokens;
+    /* Token groups of 8 per block as n needs, at most 4 (32 tokens: the registers of two
+     * m-tiles). One m-tile per warp for a few tokens (more warps, more loads in flight),
+     * two for more (each activation fragment serves twice the weights). One token group:
+     * the next weights are requested before the current ones are used (PIPE). */
+    if (glu) {
+        if (n <= 8) return launch_tc<2, 1, 2, true, true>(p, ks, xvec);
+        if (n <= 16) return launch_tc<2, 2, 2, false, true>(p, ks, xvec);
+        return launch_tc<2, 4, 2, false, true>(p, ks, xvec);
+    }
+    if (n <= 8) return launch_tc<1, 1, 4, true, false>(p, ks, xvec);
+    if (n <= 16) return launch_tc<1, 2, 4, false, false>(p, ks, xvec);
+    return launch_tc<2, 4, 2, false, false>(p, ks, xvec);
+}
