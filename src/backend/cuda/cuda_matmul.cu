@@ -15,11 +15,11 @@
  * order, the products of vectors v = q, q + 32 KS, q + 64 KS, ... (elements in order inside a
  * vector); each warp adds its 32 slot sums by the xor butterfly (offsets 16, 8, 4, 2, 1), and the
  * KS warp sums are added as (w0 + w1) + (w2 + w3). y = W^T x: 16 row slices per 16-byte vector
- * of output columns, each summing its rows in order, added by a fixed pairwise tree. The token count only changes how many such sums run side
- * by side, so a row's result is the same bits alone or in any batch, and the tiling chosen for
- * large n (more token groups of TB = 8, not a tensor-core GEMM) keeps that. A tensor-core path for
- * prefill would need the same K order for every n (one kernel configuration for all batch sizes),
- * so it is left for later, behind an explicit non-invariant mode.
+ * of output columns, each summing its rows in order, added by a fixed pairwise tree. The token
+ * count only changes how many such sums run side by side, so a row's result is the same bits
+ * alone or in any batch, and the tiling chosen for large n (more token groups of TB = 8) keeps
+ * that. BF16 weights of a suitable shape go to the tensor-core product of cuda_tc_gemv.cu
+ * instead (batch-invariant by its own K order; di_cuda_launch_matmul decides).
  *
  * FP8: the real weight is e4m3(byte) * scale(block), rounded to float once (the same value
  * the CPU kernels consume); blocks of any shape, partial blocks and row views work, with a
