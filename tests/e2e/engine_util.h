@@ -183,4 +183,16 @@ static inline int eu_run(di_engine *e, eu_req *reqs, int n_reqs) {
     return step;
 }
 
+/* Runs the requests through a fresh engine on m with ep; false on an API failure. */
+static inline bool eu_run_fresh(di_model *m, const di_engine_params *ep, eu_req *reqs, int n) {
+    di_engine *e = NULL;
+    if (di_engine_create(m, ep, &e) != DI_OK) {
+        printf("  engine: %s\n", di_last_error());
+        return false;
+    }
+    bool ok = eu_run(e, reqs, n) > 0;
+    di_engine_free(e);
+    return ok;
+}
+
 #endif /* DI_TEST_ENGINE_UTIL_H */

@@ -106,15 +106,8 @@ static int32_t rnd(int32_t n) {
 
 /* Runs the requests through an engine on m; false on an API failure. */
 static bool run_engine(di_model *m, eu_req *reqs, int n) {
-    di_engine_params ep = eu_small_params();
-    di_engine *e = NULL;
-    if (di_engine_create(m, &ep, &e) != DI_OK) {
-        printf("  engine: %s\n", di_last_error());
-        return false;
-    }
-    bool ok = eu_run(e, reqs, n) > 0;
-    di_engine_free(e);
-    return ok;
+    const di_engine_params ep = eu_small_params();
+    return eu_run_fresh(m, &ep, reqs, n);
 }
 
 static void mixed_requests(const di_model_info *info, int32_t (*prompts)[96], eu_req *reqs,

@@ -251,14 +251,7 @@ static void engine_requests(int64_t V, int32_t (*prompts)[96], eu_req *reqs, eu_
 static bool engine_run(di_model *m, eu_req *reqs, int n) {
     di_engine_params ep = eu_small_params();
     ep.n_threads = 2;
-    di_engine *e = NULL;
-    if (di_engine_create(m, &ep, &e) != DI_OK) {
-        printf("  engine: %s\n", di_last_error());
-        return false;
-    }
-    bool ok = eu_run(e, reqs, n) > 0;
-    di_engine_free(e);
-    return ok;
+    return eu_run_fresh(m, &ep, reqs, n);
 }
 
 /* The engine's runner with the model's weights (and so its states) in separate memory: the

@@ -156,7 +156,7 @@ __global__ void __launch_bounds__(TC_THREADS) tc_kernel(const di_cuda_mm_params 
         }
     };
 
-    for (bool first = true; t0 < t_end; t0 += 8 * NG, first = false) {
+    for (; t0 < t_end; t0 += 8 * NG) {
         const int nt = (int)min((int64_t)8 * NG, t_end - t0);
         float acc[MT][NG][4];
 #pragma unroll
@@ -168,8 +168,8 @@ __global__ void __launch_bounds__(TC_THREADS) tc_kernel(const di_cuda_mm_params 
                     acc[mt][j][i] = 0.0f;
 
         load_a(a, c_begin);
-        if (!G && first) { /* the first weights are on their way; now wait for x (PDL) */
-            pdl_wait();
+        if constexpr (!G) { /* the first weights are on their way; now wait for x (PDL) */
+            pdl_wait(); /* (a plain block runs this loop once) */
             pdl_trigger();
         }
         for (int64_t c = c_begin; c < c_end; c += U) {
