@@ -5,7 +5,10 @@
 #   decode.txt  `deepinfer generate --device cuda` decode tok/s: CUDA graphs with and without
 #               programmatic dependent launch (DI_CUDA_PDL=0), and no graphs
 #   ncu.csv     Nsight Compute's duration of every kernel of a short run (no graphs)
-#   step.txt    the last decode step kernel by kernel, summed by kernel, against the step time
+#   step.txt    the last decode step kernel by kernel (duration, DRAM bytes read and their
+#               rate), summed by kernel, against the step time
+#   stepC.txt   the same for a decode step of C sequences (the engine, bench_engine at C
+#               concurrent requests) for each C in CONCURRENCY (e.g. CONCURRENCY="8 64")
 # Needs a CUDA build of deepinfer in BUILD_DIR, python3 with torch + transformers, and ncu
 # (Nsight Compute) for step.txt. MODEL_DIR overrides the model folder (/tmp/v2lite-L<LAYERS>).
 set -euo pipefail
@@ -40,11 +43,19 @@ ms() { python3 -c "print('%.3f' % (1000 / $1))"; }
 
 if command -v ncu >/dev/null; then
     DI_CUDA_GRAPHS=0 ncu --clock-control none --cache-control none --csv \
-        --metrics gpu__time_duration.sum "$build/deepinfer" generate --device cuda \
+        --metrics gpu__time_duration.sum,dram__bytes_read.sum "$build/deepinfer" generate --device cuda \
         --model "$model" --ids "$ids" --max-tokens 4 --ignore-eos >"$out/ncu.csv" 2>"$out/ncu.err"
     python3 "$here/ncu_step_table.py" "$out/ncu.csv" "$(python3 -c "print(1000 / $g1)")" \
         >"$out/step.txt"
     tail -40 "$out/step.txt"
+    for c in ${CONCURRENCY:-}; do
+        DI_CUDA_GRAPHS=0 ncu --clock-control none --cache-control none --csv \
+            --metrics gpu__time_duration.sum,dram__bytes_read.sum "$build/bench_engine" \
+            --model "$model" --device cuda --concurrency "$c" --requests "$c" \
+            --prompt-len 16 --gen-len 3 >"$out/ncu$c.csv" 2>"$out/ncu$c.err"
+        python3 "$here/ncu_step_table.py" "$out/ncu$c.csv" >"$out/step$c.txt"
+        tail -40 "$out/step$c.txt"
+    done
 else
     echo "ncu not found: no per-kernel table" | tee "$out/step.txt"
 fi

@@ -6,7 +6,8 @@ that ran a few decode steps without CUDA graphs, cuts out the last step (from th
 of the step's first kernel, `embed_kernel`, to the end) and prints: each kernel of that step
 in launch order with its duration, then the durations summed by kernel name, and their total
 next to STEP_MS (the step time measured without the profiler, when given): the difference is
-what launches and gaps between kernels cost.
+what launches and gaps between kernels cost. When the CSV also holds `dram__bytes_read.sum`
+(add it to ncu's --metrics), each kernel's DRAM reads and their rate are printed too.
 """
 import csv
 import re
@@ -23,33 +24,49 @@ def short(name):
     return (m.group(1) + (m.group(2) or "").replace(" ", "")) if m else name
 
 
-def main():
-    rows = []
-    with open(sys.argv[1], newline="") as f:
+BYTE_UNITS = {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9}
+
+
+def read_rows(path):
+    """[(kernel, us, dram bytes or None)] in launch order."""
+    kernels = OrderedDict()  # launch ID -> [name, us, bytes]
+    with open(path, newline="") as f:
         lines = [l for l in f if l.startswith('"')]  # ncu's own log lines are not CSV
     for r in csv.DictReader(lines):
-        if r.get("Metric Name") != "gpu__time_duration.sum":
-            continue
         v = float(r["Metric Value"].replace(",", ""))
-        unit = r.get("Metric Unit", "nsecond")
-        us = v / 1000.0 if unit.startswith("n") else v * 1000.0 if unit.startswith("m") else v
-        rows.append((short(r["Kernel Name"]), us))
-    starts = [i for i, (n, _) in enumerate(rows) if n.startswith("embed_kernel")]
+        unit = r.get("Metric Unit", "")
+        k = kernels.setdefault(r["ID"], [short(r["Kernel Name"]), 0.0, None])
+        if r.get("Metric Name") == "gpu__time_duration.sum":
+            k[1] = v / 1000.0 if unit.startswith("n") else v * 1000.0 if unit.startswith("m") else v
+        elif r.get("Metric Name") == "dram__bytes_read.sum":
+            k[2] = v * BYTE_UNITS.get(unit, 1)
+    return [tuple(k) for k in kernels.values()]
+
+
+def main():
+    rows = read_rows(sys.argv[1])
+    starts = [i for i, (n, _, _) in enumerate(rows) if n.startswith("embed_kernel")]
     if not starts:
         sys.exit("no embed_kernel launch in %s" % sys.argv[1])
     step = rows[starts[-1]:]
-    print("last decode step: %d kernels" % len(step))
-    for i, (n, us) in enumerate(step):
-        print("%4d %9.1f us  %s" % (i, us, n))
+    with_bytes = all(b is not None for _, _, b in step)
+    print("last decode step: %d kernels%s" % (len(step), "; DRAM MB read, GB/s" if with_bytes else ""))
+    for i, (n, us, b) in enumerate(step):
+        extra = " %8.2f MB %6.0f GB/s" % (b / 1e6, b / us / 1e3) if with_bytes and us > 0 else ""
+        print("%4d %9.1f us%s  %s" % (i, us, extra, n))
     agg = OrderedDict()
-    for n, us in step:
-        c, t = agg.get(n, (0, 0.0))
-        agg[n] = (c + 1, t + us)
-    total = sum(us for _, us in step)
-    print("\nby kernel (count, total us, share):")
-    for n, (c, t) in sorted(agg.items(), key=lambda kv: -kv[1][1]):
-        print("%5d %10.1f us %5.1f %%  %s" % (c, t, 100 * t / total, n))
+    for n, us, b in step:
+        c, t, tb = agg.get(n, (0, 0.0, 0.0))
+        agg[n] = (c + 1, t + us, tb + (b or 0.0))
+    total = sum(us for _, us, _ in step)
+    print("\nby kernel (count, total us, share%s):" % (", DRAM MB, GB/s" if with_bytes else ""))
+    for n, (c, t, tb) in sorted(agg.items(), key=lambda kv: -kv[1][1]):
+        extra = " %9.1f MB %6.0f GB/s" % (tb / 1e6, tb / t / 1e3) if with_bytes and t > 0 else ""
+        print("%5d %10.1f us %5.1f %%%s  %s" % (c, t, 100 * t / total, extra, n))
     print("\nkernel time of the step: %.1f us" % total)
+    if with_bytes:
+        tb = sum(b for _, _, b in step)
+        print("DRAM read in the step: %.1f MB (%.0f GB/s over the kernel time)" % (tb / 1e6, tb / total / 1e3))
     if len(sys.argv) > 2:
         ms = float(sys.argv[2])
         print("measured step (no profiler): %.1f us; launches and gaps: %.1f us (%.0f %%)"

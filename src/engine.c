@@ -73,7 +73,10 @@ const char *di_engine_finish_str(di_engine_finish r) {
 
 static void run_forward(di_engine *e, const eng_batch *b) {
     double t0 = di_time_now();
-    di_batch_args a = {.seqs = b->seqs, .n_seqs = b->sb->n_seqs, .logits = b->logits};
+    di_batch_args a = {
+        .seqs = b->seqs, .n_seqs = b->sb->n_seqs, .logits = b->logits, .argmax = b->argmax};
+    for (int64_t i = 0; b->argmax && i < b->n_lrows; i++)
+        b->argmax[i] = -1;
     e->model->arch->forward_batch(e->model->weights, e->state, &e->be, &a);
     /* A device reports its ops' first error at the sync. The step's logits are then not
      * trustworthy: they become NaN, so the sampler's guard finishes the step's requests with
@@ -82,6 +85,8 @@ static void run_forward(di_engine *e, const eng_batch *b) {
         di_log(DI_LOG_ERROR, "engine: forward on %s failed: %s", e->be.ops->name, di_last_error());
         for (int64_t i = 0; i < b->n_lrows * e->vocab; i++)
             e->logits[i] = NAN;
+        for (int64_t i = 0; b->argmax && i < b->n_lrows; i++)
+            b->argmax[i] = -1;
     }
     e->work_time = di_time_now() - t0;
     e->work_expert_loads =
@@ -159,7 +164,8 @@ void eng_build(di_engine *e, const di_sched_batch *sb, eng_batch *b) {
                                     .block_table = tab,
                                     .slot = q->slot,
                                     .reset_state = q->reset_state,
-                                    .n_logits = q->n_logit_rows};
+                                    .n_logits = q->n_logit_rows,
+                                    .greedy_plain = eng_greedy_plain(e, q)};
         b->lrow[i] = q->n_logit_rows > 0 ? (int32_t)b->n_lrows : -1;
         b->n_lrows += q->n_logit_rows;
         b->n_tokens += q->n_tokens;
@@ -182,7 +188,10 @@ void eng_sample_batch(di_engine *e, const eng_batch *b) {
         if (b->lrow[i] < 0) continue;
         const float *rows = b->logits + (int64_t)b->lrow[i] * e->vocab;
         if (q->n_logit_rows > q->n_logits) eng_prompt_logprobs(e, q, rows);
-        if (q->n_logits) eng_sample_row(e, q, i, rows + (q->n_logit_rows - 1) * e->vocab);
+        const int64_t last = b->lrow[i] + q->n_logit_rows - 1;
+        if (q->n_logits)
+            eng_sample_row(e, q, i, rows + (q->n_logit_rows - 1) * e->vocab,
+                           b->argmax ? b->argmax[last] : -1);
     }
 }
 
@@ -451,8 +460,11 @@ di_status di_engine_create(di_model *model, const di_engine_params *params, di_e
         if (!st) {
             int64_t rows = p.max_running + e->scfg.max_prompt_logits;
             e->logits = di_malloc((size_t)(rows * e->vocab) * sizeof(float));
-            if (!e->logits) st = di_error(DI_ERR_OUT_OF_MEMORY, "engine: out of memory for logits");
+            e->argmax = di_malloc((size_t)rows * sizeof(int32_t));
+            if (!e->logits || !e->argmax)
+                st = di_error(DI_ERR_OUT_OF_MEMORY, "engine: out of memory for logits");
             e->batches[0].logits = e->batches[1].logits = e->logits;
+            e->batches[0].argmax = e->batches[1].argmax = e->argmax;
         }
     }
     if (!st) {
@@ -510,6 +522,7 @@ void di_engine_free(di_engine *e) {
     for (int k = 0; k < 2; k++)
         eng_free_batch(&e->batches[k]);
     di_free(e->logits);
+    di_free(e->argmax);
     di_free(e->sampled);
     di_free(e->results);
     di_free(e->row_ok);

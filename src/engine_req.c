@@ -474,23 +474,46 @@ di_status eng_drain_inbox(di_engine *e) {
 /* Sampling one row                                                                           */
 /* ---------------------------------------------------------------------------------------- */
 
-void eng_sample_row(di_engine *e, const di_sched_seq *q, int32_t row, const float *logits) {
+/* The sampler's input for seq q's sampled row (h receives the history view). */
+static di_sample_input sample_input(const di_engine *e, const di_sched_seq *q, const eng_sample *s,
+                                    const float *logits, di_token_counts *h) {
+    const eng_req *r = s->req;
+    int64_t position = q->start + q->n_tokens;
+    *h = (di_token_counts){
+        .ids = s->h_ids, .output_count = s->h_cnt, .n = s->h_n, .n_output = position - r->n_prompt};
+    return (di_sample_input){.logits = logits,
+                             .vocab = e->vocab,
+                             .history = h,
+                             .eos_token_id = e->eos,
+                             .seed = r->sp.seed,
+                             .sample_index = s->index,
+                             .position = position};
+}
+
+bool eng_greedy_plain(const di_engine *e, const di_sched_seq *q) {
+    eng_sample *s = q->req_id < e->n_sid ? e->by_sid[q->req_id] : NULL;
+    if (!s || s->finished || q->n_logits != 1 || q->n_logit_rows != 1) return false;
+    di_token_counts h;
+    di_sample_input in = sample_input(e, q, s, NULL, &h);
+    return di_sampler_greedy_plain(&s->req->sp, &in);
+}
+
+void eng_sample_row(di_engine *e, const di_sched_seq *q, int32_t row, const float *logits,
+                    int32_t argmax) {
     eng_sample *s = q->req_id < e->n_sid ? e->by_sid[q->req_id] : NULL;
     e->sampled[row] = 0;
     e->row_ok[row] = false;
     if (!s || s->finished) return; /* a row of a request that ended meanwhile */
-    const eng_req *r = s->req;
-    int64_t position = q->start + q->n_tokens;
-    di_token_counts h = {
-        .ids = s->h_ids, .output_count = s->h_cnt, .n = s->h_n, .n_output = position - r->n_prompt};
-    di_sample_input in = {.logits = logits,
-                          .vocab = e->vocab,
-                          .history = &h,
-                          .eos_token_id = e->eos,
-                          .seed = r->sp.seed,
-                          .sample_index = s->index,
-                          .position = position};
-    di_status st = di_sampler_sample(&r->sp, &in, e->sscratch, &e->results[row]);
+    if (argmax >= 0) { /* plain greedy: the sampler's result for the row, found on the device */
+        memset(&e->results[row], 0, sizeof e->results[row]);
+        e->results[row].token = argmax;
+        e->sampled[row] = argmax;
+        e->row_ok[row] = true;
+        return;
+    }
+    di_token_counts h;
+    di_sample_input in = sample_input(e, q, s, logits, &h);
+    di_status st = di_sampler_sample(&s->req->sp, &in, e->sscratch, &e->results[row]);
     if (st == DI_OK && e->results[row].token >= 0) {
         e->sampled[row] = e->results[row].token;
         e->row_ok[row] = true;

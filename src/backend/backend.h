@@ -126,9 +126,9 @@ typedef struct di_head_matmul_params {
  * iters == 0 (the head) only pre and h. All in fp32 (sums in double). */
 typedef struct di_v4_hc_params {
     int64_t n_tokens, n_hc, dim;
-    const float *x;    /* [n_tokens][n_hc][dim] streams */
-    const float *fn;   /* [n_mix][n_hc * dim], n_mix = iters ? (2 + n_hc) n_hc : n_hc */
-    const float *base; /* [n_mix] */
+    const float *x;     /* [n_tokens][n_hc][dim] streams */
+    const float *fn;    /* [n_mix][n_hc * dim], n_mix = iters ? (2 + n_hc) n_hc : n_hc */
+    const float *base;  /* [n_mix] */
     const float *scale; /* [3] (sublayer) or [1] (head) */
     int64_t iters;
     float eps, hc_eps;
@@ -370,6 +370,11 @@ typedef struct di_backend_ops {
     /* The MLA latent store (di_mla_store_params; optional, NULL: rmsnorm, rope and two
      * copy_rows). */
     void (*mla_store)(void *ctx, const di_mla_store_params *p);
+    /* out[t] = the first index of row t's maximum over x[t][0 .. V), for greedy decoding
+     * without downloading the rows; -1 where the row holds a NaN or +inf or only -inf (the
+     * host sampler then sees the row and reports it). Optional: NULL on backends whose memory
+     * is the host's (the sampler reads the rows in place). */
+    void (*argmax_rows)(void *ctx, const float *x, int64_t n, int64_t V, int32_t *out);
 } di_backend_ops;
 
 typedef struct di_backend {

@@ -137,9 +137,9 @@ static void rope_row(const ds_model *m, int64_t pos, float *cs, float *sn) {
 /* The part of one sequence that falls into a chunk of rows. */
 typedef struct ds_seg {
     const di_batch_seq *seq;
-    int64_t off;  /* index in seq->ids of the segment's first token */
-    int64_t n;    /* tokens */
-    int64_t row0; /* first chunk row */
+    int64_t off;          /* index in seq->ids of the segment's first token */
+    int64_t n;            /* tokens */
+    int64_t row0;         /* first chunk row */
     const int32_t *table; /* the sequence's block table in backend memory (chunk inputs) */
 } ds_seg;
 
@@ -161,23 +161,24 @@ typedef struct ds_state {
     int64_t max_blocks;        /* block-table entries of the longest sequence */
     /* backend memory, one allocation (dev) */
     void *dev;
-    float *x;                  /* [C][H] residual stream */
-    float *xn;                 /* [C][H] normed input of a block */
-    float *qa;                 /* [C][q_lora_rank] */
-    float *q;                  /* [C][nh][dn + dr] */
-    float *kva;                /* [C][R + dr] kv_a_proj_with_mqa output */
-    float *q_lat;              /* [nh][C][R] absorbed queries */
-    float *o_lat;              /* [nh][C][R] attention output in latent space */
-    float *attn;               /* [C][nh * dv] o_proj input */
-    float *hbuf;               /* [C][H] block output before the residual add */
-    float *gate, *up;          /* [C][max_inter] */
-    float *rlogits;            /* [C][E] router logits */
-    float *xe;                 /* [C K][H] routed inputs, grouped by expert */
-    float *xg, *xu;            /* [C K][I] routed gate / up products, grouped by expert */
-    float *eo;                 /* [C K][H] routed outputs, grouped by expert */
-    float *moe_out;            /* [C][H] */
-    float *logits;             /* [C][V] unless backend memory is host memory (then NULL) */
-    int32_t *in;               /* chunk inputs (in_words 4-byte words, layout in pack_inputs) */
+    float *x;         /* [C][H] residual stream */
+    float *xn;        /* [C][H] normed input of a block */
+    float *qa;        /* [C][q_lora_rank] */
+    float *q;         /* [C][nh][dn + dr] */
+    float *kva;       /* [C][R + dr] kv_a_proj_with_mqa output */
+    float *q_lat;     /* [nh][C][R] absorbed queries */
+    float *o_lat;     /* [nh][C][R] attention output in latent space */
+    float *attn;      /* [C][nh * dv] o_proj input */
+    float *hbuf;      /* [C][H] block output before the residual add */
+    float *gate, *up; /* [C][max_inter] */
+    float *rlogits;   /* [C][E] router logits */
+    float *xe;        /* [C K][H] routed inputs, grouped by expert */
+    float *xg, *xu;   /* [C K][I] routed gate / up products, grouped by expert */
+    float *eo;        /* [C K][H] routed outputs, grouped by expert */
+    float *moe_out;   /* [C][H] */
+    float *logits;    /* [C][V] unless backend memory is host memory (then NULL) */
+    int32_t *argmax;  /* [C] each logits row's argmax (backends with argmax_rows) */
+    int32_t *in;      /* chunk inputs (in_words 4-byte words, layout in pack_inputs) */
     /* routing (moe_route's outputs): offsets [E + 1], active [E + 1], src / rows_of [C K],
      * weights [C K], router scratch [3 E] */
     int32_t *r_off, *r_active, *r_src, *r_rows;
@@ -284,6 +285,7 @@ static di_status state_create(const void *weights, int64_t rows, int64_t block_s
                              C * K * H * f,
                              C * H * f,
                              mem->ops->host_memory ? 0 : C * V * f,
+                             C * w4,
                              s->in_words * w4,
                              (E + 1) * w4,
                              (E + 1) * w4,
@@ -324,6 +326,7 @@ static di_status state_create(const void *weights, int64_t rows, int64_t block_s
     s->eo = carve(&p, dsizes[k++]);
     s->moe_out = carve(&p, dsizes[k++]);
     s->logits = mem->ops->host_memory ? (k++, NULL) : carve(&p, dsizes[k++]);
+    s->argmax = carve(&p, dsizes[k++]);
     s->in = carve(&p, dsizes[k++]);
     s->r_off = carve(&p, dsizes[k++]);
     s->r_active = carve(&p, dsizes[k++]);
@@ -418,8 +421,7 @@ static void attention(const ds_model *m, const ds_layer *L, int64_t il, ds_state
                                   .krope = kr};
         be->ops->mla_store(c, &sp);
     } else {
-        be->ops->rmsnorm(c, s->kva, R + dr, L->kv_a_norm, n, R, DS_LATENT_NORM_EPS, s->kva,
-                         R + dr);
+        be->ops->rmsnorm(c, s->kva, R + dr, L->kv_a_norm, n, R, DS_LATENT_NORM_EPS, s->kva, R + dr);
     }
     di_rope_op_params rq = {.x = s->q + dn,
                             .n_tokens = n,
@@ -691,6 +693,8 @@ static bool forward_graph(const ds_model *m, ds_state *s, const di_backend *be, 
         be->ops->graph_begin(c);
         int64_t k = forward_layers(m, s, be, n, nseg);
         be->ops->matmul(c, &m->lm_head, s->xn, k, s->logits);
+        if (be->ops->argmax_rows)
+            be->ops->argmax_rows(c, s->logits, k, m->hp->vocab_size, s->argmax);
         if (be->ops->graph_end(c, &s->graphs[n]) != DI_OK) {
             s->graphs_off = true; /* e.g. a backend op that cannot be captured */
             return false;
@@ -700,18 +704,41 @@ static bool forward_graph(const ds_model *m, ds_state *s, const di_backend *be, 
     return true;
 }
 
+/* The n logits rows of a decode step (in s->logits, their argmax in s->argmax) to the host:
+ * when every row is greedy_plain and argmax is wanted, only the argmax (n ints instead of
+ * n V floats, the step's largest transfer); all rows otherwise, or when a row's argmax is -1
+ * (NaN, +inf: the host sampler then reports the row). */
+static void fetch_decode(const ds_model *m, ds_state *s, const di_backend *be, int64_t n,
+                         float *logits, int32_t *argmax) {
+    const int64_t V = m->hp->vocab_size;
+    void *c = be->ctx;
+    bool plain = argmax && be->ops->argmax_rows;
+    for (int64_t g = 0; plain && g < n; g++)
+        plain = s->segs[g].seq->greedy_plain;
+    if (plain && be->ops->download(c, argmax, s->argmax, (size_t)n * sizeof(int32_t)) == DI_OK) {
+        bool all = true;
+        for (int64_t g = 0; g < n; g++)
+            all &= argmax[g] >= 0;
+        if (all) return;
+        for (int64_t g = 0; g < n; g++)
+            argmax[g] = -1;
+    }
+    be->ops->download(c, logits, s->logits, (size_t)(n * V) * sizeof(float));
+}
+
 /* One chunk of n <= C rows holding s->segs[0 .. nseg). The logits rows of its sequences
- * (each one's last n_logits tokens) go to logits[0 ..) (host memory), in order; returns their
+ * (each one's last n_logits tokens) go to logits[0 ..) (host memory), in order, or for a
+ * decode step possibly only their argmax to argmax[0 ..) (fetch_decode); returns their
  * count. */
 static int64_t forward_chunk(const ds_model *m, ds_state *s, const di_backend *be, int64_t n,
-                             int64_t nseg, float *logits) {
+                             int64_t nseg, float *logits, int32_t *argmax) {
     const int64_t V = m->hp->vocab_size;
     void *c = be->ctx;
 
     s->decode = logits && is_decode(s, n, nseg);
     pack_inputs(m, s, be, n, nseg);
     if (s->decode && forward_graph(m, s, be, n, nseg)) {
-        be->ops->download(c, logits, s->logits, (size_t)(n * V) * sizeof(float));
+        fetch_decode(m, s, be, n, logits, argmax);
         return n;
     }
     int64_t k = forward_layers(m, s, be, n, nseg);
@@ -720,7 +747,12 @@ static int64_t forward_chunk(const ds_model *m, ds_state *s, const di_backend *b
             be->ops->matmul(c, &m->lm_head, s->xn, k, logits);
         } else {
             be->ops->matmul(c, &m->lm_head, s->xn, k, s->logits);
-            be->ops->download(c, logits, s->logits, (size_t)(k * V) * sizeof(float));
+            if (s->decode && be->ops->argmax_rows) {
+                be->ops->argmax_rows(c, s->logits, k, V, s->argmax);
+                fetch_decode(m, s, be, n, logits, argmax);
+            } else {
+                be->ops->download(c, logits, s->logits, (size_t)(k * V) * sizeof(float));
+            }
         }
     }
     return k;
@@ -741,13 +773,15 @@ static void ds_forward_batch(const void *weights, void *state, const di_backend 
             s->segs[nseg] = (ds_seg){.seq = q, .off = off, .n = take, .row0 = rows};
             nseg++, rows += take, off += take;
             if (rows == s->chunk) {
-                lrow +=
-                    forward_chunk(m, s, be, rows, nseg, a->logits ? a->logits + lrow * V : NULL);
+                lrow += forward_chunk(m, s, be, rows, nseg, a->logits ? a->logits + lrow * V : NULL,
+                                      a->argmax ? a->argmax + lrow : NULL);
                 rows = nseg = 0;
             }
         }
     }
-    if (rows > 0) forward_chunk(m, s, be, rows, nseg, a->logits ? a->logits + lrow * V : NULL);
+    if (rows > 0)
+        forward_chunk(m, s, be, rows, nseg, a->logits ? a->logits + lrow * V : NULL,
+                      a->argmax ? a->argmax + lrow : NULL);
 }
 
 static void ds_forward(const void *weights, void *state, const di_backend *be,

@@ -55,6 +55,18 @@ static di_status check_id(int32_t id, int64_t vocab, const char *what, int64_t i
     return DI_OK;
 }
 
+/* The token ids the params and the history name must lie in the vocabulary. */
+static bool ids_valid(const di_sampling_params *p, const di_sample_input *in) {
+    for (int64_t i = 0; i < p->n_logit_bias; i++)
+        if (p->logit_bias[i].id < 0 || p->logit_bias[i].id >= in->vocab) return false;
+    for (int64_t i = 0; i < p->n_stop_token_ids; i++)
+        if (p->stop_token_ids[i] < 0 || p->stop_token_ids[i] >= in->vocab) return false;
+    const di_token_counts *h = in->history;
+    for (int64_t i = 0; h && i < h->n; i++)
+        if (h->ids[i] < 0 || h->ids[i] >= in->vocab) return false;
+    return true;
+}
+
 /* Everything that depends on the vocabulary size, which params validation cannot know. */
 static di_status check_input(const di_sampling_params *p, const di_sample_input *in) {
     if (!p || !in || !in->logits || in->vocab <= 0 || in->vocab > INT32_MAX)
@@ -62,6 +74,7 @@ static di_status check_input(const di_sampling_params *p, const di_sample_input 
                         "sampler: need params, a logits row and a vocab "
                         "size in [1, 2^31), got vocab %lld",
                         in ? (long long)in->vocab : 0LL);
+    if (ids_valid(p, in)) return DI_OK;
     di_status st = DI_OK;
     for (int64_t i = 0; st == DI_OK && i < p->n_logit_bias; i++)
         st = check_id(p->logit_bias[i].id, in->vocab, "logit_bias", i);
@@ -204,6 +217,11 @@ static di_status prepare(const di_sampling_params *p, const di_sample_input *in,
                                       "logit_bias, min_tokens and penalties)");
     *best = (int32_t)first;
     return DI_OK;
+}
+
+bool di_sampler_greedy_plain(const di_sampling_params *p, const di_sample_input *in) {
+    if (!p || !in || in->vocab <= 0 || in->vocab > INT32_MAX) return false;
+    return is_greedy(p) && p->logprobs < 0 && !processing_needed(p, in) && ids_valid(p, in);
 }
 
 di_status di_sampler_process(const di_sampling_params *p, const di_sample_input *in, float *row) {

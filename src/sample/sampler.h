@@ -70,6 +70,13 @@ size_t di_sampler_scratch_size(int64_t vocab);
 di_status di_sampler_sample(const di_sampling_params *params, const di_sample_input *in,
                             void *scratch, di_sample_result *out);
 
+/* Whether di_sampler_sample's token for this input is simply the first index of the row's
+ * maximum (greedy, no logit processor active, no logprobs wanted, the ids valid), so that a
+ * device may compute it without the row leaving the device. It then also must check the
+ * row for NaN and +inf (and a row of -inf only), which are errors here. in->logits is not
+ * read. */
+bool di_sampler_greedy_plain(const di_sampling_params *params, const di_sample_input *in);
+
 /* Raw logprobs of a given token (prompt logprobs): out->logprob of `token` and the n_top
  * best entries, computed exactly as di_sampler_sample's step 1; out->token = token. The row
  * must hold no NaN or +inf (else DI_ERR_RANGE). n_top in [0, DI_SAMPLING_MAX_LOGPROBS]. */

@@ -25,6 +25,7 @@
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cuda/cuda_backend.h"
 #include "core/core.h"
+#include "sample/sampler.h"
 #include "test.h"
 #define TEST_RAND_SEED 0x853c49e6748fea9bull
 #include "test_rand.h"
@@ -249,9 +250,11 @@ static void check_add(di_dtype dt, int64_t rows, int64_t cols, int64_t n, int bl
         const float want = y0[i] + ym[i];
         if (memcmp(&want, &y[i], sizeof want) != 0) bad = i;
     }
-    CHECK_MSG(bad < 0, "%s add rows=%lld cols=%lld n=%lld blk=%d: element %lld differs from "
-              "y0 + matmul", di_dtype_name(dt), (long long)rows, (long long)cols, (long long)n,
-              blk, (long long)bad);
+    CHECK_MSG(bad < 0,
+              "%s add rows=%lld cols=%lld n=%lld blk=%d: element %lld differs from "
+              "y0 + matmul",
+              di_dtype_name(dt), (long long)rows, (long long)cols, (long long)n, blk,
+              (long long)bad);
     CHECK(di_backend_cuda_sync(&g_be) == DI_OK);
     di_cuda_weight_free(&g_be, &dw);
     dfree(dx), dfree(dy);
@@ -945,8 +948,7 @@ static void check_experts(di_dtype dt, int64_t E, int64_t K, int64_t n, int64_t 
     g_be.ops->matmul_experts(g_be.ctx, &up.ew, db.off, db.act, DI_MIN(E, nk), n, dx, dy);
     float *yu = host_floats(dy, nk * rows), *gref = gpu_silu_mul(y, yu, nk * rows);
     float *dg = dev_poison(nk * rows);
-    g_be.ops->matmul_experts_glu(g_be.ctx, &ew, &up.ew, db.off, db.act, DI_MIN(E, nk), n, dx,
-                                 dg);
+    g_be.ops->matmul_experts_glu(g_be.ctx, &ew, &up.ew, db.off, db.act, DI_MIN(E, nk), n, dx, dg);
     float *yg = host_floats(dg, nk * rows);
     CHECK_MSG(memcmp(yg, gref, (size_t)(nk * rows) * 4) == 0,
               "%s E=%lld K=%lld n=%lld %lldx%lld: experts glu differs from matmul_experts + "
@@ -1009,7 +1011,8 @@ static void check_tc(di_backend *be, int64_t rows, int64_t cols, double tol) {
         const double e = nerr(y, ref, n * rows);
         CHECK_MSG(e <= tol, "tc %lldx%lld n=%lld: error %.3g", (long long)rows, (long long)cols,
                   (long long)n, e);
-        if (!alone) alone = y;
+        if (!alone)
+            alone = y;
         else {
             CHECK_MSG(memcmp(alone, y, (size_t)rows * 4) == 0,
                       "tc %lldx%lld: token 0 in a batch of %lld differs from alone",
@@ -1036,8 +1039,8 @@ static void check_tc(di_backend *be, int64_t rows, int64_t cols, double tol) {
 
 TEST(matmul_tc) {
     if (!g_have_gpu) SKIP("no CUDA device");
-    static const int64_t shapes[][2] = {{37, 2056}, {1408, 2048}, {2048, 1408}, {576, 2048},
-                                        {4096, 512}, {300, 520}, {16, 8},      {5000, 2048}};
+    static const int64_t shapes[][2] = {{37, 2056},  {1408, 2048}, {2048, 1408}, {576, 2048},
+                                        {4096, 512}, {300, 520},   {16, 8},      {5000, 2048}};
     for (size_t si = 0; si < DI_ARRAY_LEN(shapes); si++)
         check_tc(&g_be, shapes[si][0], shapes[si][1], 1e-5);
     di_backend b2 = backend_with("DI_CUDA_TC_TERMS", "2");
@@ -1055,8 +1058,8 @@ TEST(matmul_tc) {
         float *x = rnd_vec(n * cols, 1.0f), *ref = malloc((size_t)(n * rows) * 4);
         di_cpu_matmul_ref(&t.w, x, n, ref);
         float *y = gpu_mm(&dw, false, x, n);
-        CHECK_MSG(nerr(y, ref, n * rows) <= 1e-5, "not invariant, n=%lld: error %.3g",
-                  (long long)n, nerr(y, ref, n * rows));
+        CHECK_MSG(nerr(y, ref, n * rows) <= 1e-5, "not invariant, n=%lld: error %.3g", (long long)n,
+                  nerr(y, ref, n * rows));
         /* GLU with the same weight as gate and up: silu_mul(y, y) */
         float *gref = gpu_silu_mul(y, y, n * rows);
         float *dx = dev_floats(x, n * cols), *dy = dev_poison(n * rows);
@@ -1090,7 +1093,63 @@ TEST(matmul_simt_bf16) {
     di_backend_free(&simt);
 }
 
+/* argmax_rows: the CPU sampler's greedy token for every valid row (ties between equal
+ * maxima at several places, -0 next to +0, -inf entries), -1 for a row holding a NaN or
+ * +inf or only -inf (the sampler's errors). */
+TEST(argmax_rows) {
+    if (!g_have_gpu) SKIP("no CUDA device");
+    const int64_t vocabs[] = {1, 7, 1000, 4099, 102400};
+    di_sampling_params sp = di_sampling_default_params();
+    sp.temperature = 0.0f;
+    void *scratch = malloc(di_sampler_scratch_size(102400));
+    for (size_t vi = 0; vi < DI_ARRAY_LEN(vocabs); vi++) {
+        const int64_t V = vocabs[vi], n = vi == 4 ? 70 : 37;
+        float *x = rnd_vec(n * V, 4.0f);
+        for (int64_t t = 0; t < n; t++) {
+            float *row = x + t * V;
+            const int kind = (int)(t % 8);
+            if (kind == 1) { /* the maximum at several places */
+                for (int k = 0; k < 3; k++)
+                    row[rnd_int(0, V - 1)] = 9.0f;
+            } else if (kind == 2) { /* zeros of both signs as the maximum */
+                for (int64_t i = 0; i < V; i++)
+                    row[i] = row[i] > 0 ? -row[i] : row[i];
+                row[rnd_int(0, V - 1)] = -0.0f;
+                row[rnd_int(0, V - 1)] = 0.0f;
+            } else if (kind == 3) { /* banned tokens */
+                for (int64_t i = 0; i < V; i += 3)
+                    row[i] = -INFINITY;
+            } else if (kind == 4) {
+                row[rnd_int(0, V - 1)] = NAN;
+            } else if (kind == 5) {
+                row[rnd_int(0, V - 1)] = INFINITY;
+            } else if (kind == 6 && t % 16 == 6) {
+                for (int64_t i = 0; i < V; i++)
+                    row[i] = -INFINITY;
+            }
+        }
+        float *dx = dev_floats(x, n * V);
+        int32_t *dout = (int32_t *)dev_poison(n);
+        g_be.ops->argmax_rows(g_be.ctx, dx, n, V, dout);
+        int32_t *got = host_ints(dout, n);
+        for (int64_t t = 0; t < n; t++) {
+            di_sample_input in = {.logits = x + t * V, .vocab = V, .eos_token_id = -1};
+            di_sample_result r;
+            di_status st = di_sampler_sample(&sp, &in, scratch, &r);
+            const int32_t want = st == DI_OK ? r.token : -1;
+            CHECK_MSG(got[t] == want, "V=%lld row %lld: device %d, sampler %d", (long long)V,
+                      (long long)t, got[t], want);
+        }
+        dfree(dx), dfree(dout);
+        free(x), free(got);
+    }
+    free(scratch);
+}
+
 int main(void) {
+    /* Every BF16 weight on the tensor cores, however few its rows (the default sends
+     * weights of < 1024 rows to the SIMT GEMV): the odd small shapes below test that path. */
+    setenv("DI_CUDA_TC_MIN_ROWS", "1", 1);
     di_status st = di_backend_cuda_init(&g_be, 0, 8192);
     g_have_gpu = st == DI_OK;
     if (!g_have_gpu)
@@ -1116,6 +1175,7 @@ int main(void) {
     RUN(matmul_experts);
     RUN(matmul_tc);
     RUN(matmul_simt_bf16);
+    RUN(argmax_rows);
     if (g_have_gpu) di_backend_free(&g_be);
     return test_summary();
 }

@@ -100,15 +100,14 @@ static __device__ att_smem att_carve(float *base, int64_t R, int64_t dr) {
     return s;
 }
 
-/* Copies n floats from global to shared memory with the whole block. 16-byte asynchronous
- * copies (cp.async: no registers, every copy of the thread in flight at once) when both
- * sides allow it, else one float at a time; the caller's barrier follows. */
-static __device__ __forceinline__ void block_copy(float *dst, const float *src, int64_t n) {
+/* Starts copying n floats from global to shared memory with the whole block: 16-byte
+ * asynchronous copies (cp.async: no registers, every copy of the thread in flight at once)
+ * when both sides allow it, else one float at a time. The caller commits and waits once for
+ * all its copies (load_tile), then its barrier follows. */
+static __device__ __forceinline__ void block_copy_async(float *dst, const float *src, int64_t n) {
     if ((((uintptr_t)src | (uintptr_t)dst) & 15u) == 0 && (n & 3) == 0) {
         for (int64_t i = threadIdx.x; i < n / 4; i += ATT_THREADS)
             __pipeline_memcpy_async(dst + 4 * i, src + 4 * i, 16);
-        __pipeline_commit();
-        __pipeline_wait_prior(0);
     } else {
         for (int64_t i = threadIdx.x; i < n; i += ATT_THREADS)
             dst[i] = __ldg(src + i);
@@ -121,39 +120,49 @@ static __device__ __forceinline__ int64_t att_row(const di_mla_attn_params &p, i
     return (int64_t)p.block_table[j / p.block_size] * p.block_size + j % p.block_size;
 }
 
-/* Copies n floats of one row with one warp, as block_copy does. */
-static __device__ __forceinline__ void warp_copy(float *dst, const float *src, int64_t n,
-                                                 int lane) {
+/* Starts copying n floats of one row with one warp (cp.async where both sides allow it,
+ * else plain loads); the caller commits and waits once for all its rows, so the rows of a
+ * tile are in flight together (a wait per row cost one memory latency per row). */
+static __device__ __forceinline__ void warp_copy_async(float *dst, const float *src, int64_t n,
+                                                       int lane) {
     if ((((uintptr_t)src | (uintptr_t)dst) & 15u) == 0 && (n & 3) == 0) {
         for (int64_t i = lane; i < n / 4; i += 32)
             __pipeline_memcpy_async(dst + 4 * i, src + 4 * i, 16);
-        __pipeline_commit();
-        __pipeline_wait_prior(0);
     } else {
         for (int64_t i = lane; i < n; i += 32)
             dst[i] = __ldg(src + i);
     }
 }
 
-/* Loads the tile of keys [j0, j0 + nv) into shared memory. A tile inside one block of a
- * paged cache (or of a contiguous cache) is one contiguous copy; otherwise each warp copies
- * whole rows, finding each row's place once (blocks smaller than a tile: every tile spans
- * several). Either way the same values arrive. */
+/* Loads the tile of keys [j0, j0 + nv) into shared memory and waits for it (and for any
+ * earlier asynchronous copy of the thread). A tile inside one block of a paged cache (or of
+ * a contiguous cache) is one contiguous copy; otherwise each warp copies whole rows, their
+ * places looked up first (blocks smaller than a tile: every tile spans several). Either
+ * way the same values arrive. */
 static __device__ __forceinline__ void load_tile(const di_mla_attn_params &p, const att_smem &s,
                                                  int64_t j0, int nv) {
     const int64_t R = p.kv_lora_rank, dr = p.rope_dim;
     if (!p.block_table || j0 % p.block_size + nv <= p.block_size) {
         const int64_t r0 = att_row(p, j0);
-        block_copy(s.ckv, p.c_kv + r0 * R, (int64_t)nv * R);
-        block_copy(s.kr, p.k_rope + r0 * dr, (int64_t)nv * dr);
+        block_copy_async(s.ckv, p.c_kv + r0 * R, (int64_t)nv * R);
+        block_copy_async(s.kr, p.k_rope + r0 * dr, (int64_t)nv * dr);
+        __pipeline_commit();
+        __pipeline_wait_prior(0); /* also the queries' copies (mla_attn_kernel) */
         return;
     }
+    /* The rows' places first, all at once (one table read per row, in parallel), so that
+     * each warp's copies do not wait for a table read per row. */
+    __shared__ int64_t tile_rows[ATT_BJ];
+    if ((int)threadIdx.x < nv) tile_rows[threadIdx.x] = att_row(p, j0 + threadIdx.x);
+    __syncthreads();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     for (int r = warp; r < nv; r += ATT_WARPS) {
-        const int64_t row = att_row(p, j0 + r);
-        warp_copy(s.ckv + r * R, p.c_kv + row * R, R, lane);
-        warp_copy(s.kr + r * dr, p.k_rope + row * dr, dr, lane);
+        const int64_t row = tile_rows[r];
+        warp_copy_async(s.ckv + r * R, p.c_kv + row * R, R, lane);
+        warp_copy_async(s.kr + r * dr, p.k_rope + row * dr, dr, lane);
     }
+    __pipeline_commit();
+    __pipeline_wait_prior(0);
 }
 
 /* Head strides of q_lat and out (backend.h: 0 means n_tokens * R). */
@@ -323,28 +332,37 @@ __global__ void __launch_bounds__(ATT_THREADS, 2) /* 2 blocks of ~93 KiB per SM 
     const att_smem s = att_carve(smem, R, dr);
     const int64_t n_groups = (p.n_heads + ATT_HG - 1) / ATT_HG;
     const int64_t t = blockIdx.x / n_groups, h0 = (blockIdx.x % n_groups) * ATT_HG;
-    const int64_t L = att_keys(p_in, t), n_chunks = (L + DI_CUDA_ATTN_CHUNK - 1) / DI_CUDA_ATTN_CHUNK;
+    const int64_t L = att_keys(p_in, t),
+                  n_chunks = (L + DI_CUDA_ATTN_CHUNK - 1) / DI_CUDA_ATTN_CHUNK;
     if (p_in.q_pos) { /* a query of its own sequence: its position and table from memory */
         p.pos0 = L - 1 - t;
         p.block_table = p_in.q_tables + p_in.q_table_off[t];
     }
     const int64_t c_first = split ? blockIdx.y : 0, c_step = split ? gridDim.y : 1;
     if (c_first >= n_chunks) return; /* shorter queries have fewer chunks */
-    if (split && n_chunks > cmax) { /* past the scratch (a caller broke max_keys): fail */
+    if (split && n_chunks > cmax) {  /* past the scratch (a caller broke max_keys): fail */
         if (tid == 0) __trap();
         return;
     }
 
-#pragma unroll 8 /* loads in flight: the copy is latency-bound */
+    /* The queries by asynchronous copies (all in flight, no registers); the first key tile's
+     * wait covers them (attn_chunk), its barrier makes them visible to the block. */
     for (int i = tid; i < ATT_HG * R; i += ATT_THREADS) {
         const int64_t h = h0 + i / R;
-        s.q[i] = h < p.n_heads ? p.q_lat[h * att_q_hs(p) + t * R + i % R] : 0.0f;
+        if (h < p.n_heads)
+            __pipeline_memcpy_async(s.q + i, p.q_lat + h * att_q_hs(p) + t * R + i % R, 4);
+        else
+            s.q[i] = 0.0f;
     }
     for (int i = tid; i < ATT_HG * dr; i += ATT_THREADS) {
         const int64_t h = h0 + i / dr;
-        s.qr[i] =
-            h < p.n_heads ? p.q_rope[t * p.q_rope_tstride + h * p.q_rope_hstride + i % dr] : 0.0f;
+        if (h < p.n_heads)
+            __pipeline_memcpy_async(
+                s.qr + i, p.q_rope + t * p.q_rope_tstride + h * p.q_rope_hstride + i % dr, 4);
+        else
+            s.qr[i] = 0.0f;
     }
+    __pipeline_commit();
     if (tid < ATT_HG) {
         s.m_run[tid] = -INFINITY;
         s.l_run[tid] = 0.0f;
@@ -443,8 +461,8 @@ cudaError_t di_cuda_launch_mla_attention(const di_cuda_attn_launch *a) {
      * the chunks. Depends only on the call's shape (a captured graph replays it). */
     int64_t S = 1;
     if (split) {
-        const int64_t want = (2 * (int64_t)a->n_sms + p->n_tokens * n_groups - 1) /
-                             (p->n_tokens * n_groups);
+        const int64_t want =
+            (2 * (int64_t)a->n_sms + p->n_tokens * n_groups - 1) / (p->n_tokens * n_groups);
         S = want < 1 ? 1 : want > cmax ? cmax : want;
     }
     dim3 grid((unsigned)(p->n_tokens * n_groups), (unsigned)S);

@@ -34,7 +34,8 @@ typedef struct cuda_backend {
     int64_t short_vec;       /* one-token GEMV: rows of <= this many vectors, 4 per group */
     int max_tb;              /* GEMV: largest token group (DI_CUDA_MAX_TB, default 8) */
     int tc, tc_terms;        /* BF16 products on the tensor cores (DI_CUDA_TC, _TERMS) */
-    bool invariant; /* batch-invariant (default): one matmul path for every n */
+    int64_t tc_min_rows;     /* DI_CUDA_TC_MIN_ROWS: smaller weights take the SIMT GEMV */
+    bool invariant;          /* batch-invariant (default): one matmul path for every n */
     cudaError_t first_error; /* first failed launch since the last sync */
     bool capturing;          /* between graph_begin and graph_end, capture started */
     cudaError_t capture_saved_error, capture_error;
@@ -74,6 +75,7 @@ static di_cuda_mm_params mm_params(const di_weight *w, const cuda_backend *be) {
     p.max_tb = be->max_tb;
     p.tc = be->tc;
     p.tc_terms = be->tc_terms;
+    p.tc_min_rows = be->tc_min_rows;
     /* Batch-invariant: the tensor cores for every n. Otherwise the SIMT GEMV where it is
      * faster (up to 8 tokens: bandwidth-bound, fewer rows per load) and the tensor cores
      * above. */
@@ -83,8 +85,8 @@ static di_cuda_mm_params mm_params(const di_weight *w, const cuda_backend *be) {
 }
 
 /* The parameters of y = W x over n contiguous rows of x and y. */
-static di_cuda_mm_params product_params(const di_weight *w, const cuda_backend *be,
-                                        const float *x, int64_t n, float *y) {
+static di_cuda_mm_params product_params(const di_weight *w, const cuda_backend *be, const float *x,
+                                        int64_t n, float *y) {
     di_cuda_mm_params p = mm_params(w, be);
     p.n_tokens = n;
     p.x = x;
@@ -207,6 +209,11 @@ static void cuda_rmsnorm(void *ctx, const float *x, int64_t x_stride, const floa
 static void cuda_rope(void *ctx, const di_rope_op_params *p) {
     cuda_backend *be = (cuda_backend *)ctx;
     note(be, di_cuda_launch_rope(p, be->stream));
+}
+
+static void cuda_argmax_rows(void *ctx, const float *x, int64_t n, int64_t V, int32_t *out) {
+    cuda_backend *be = (cuda_backend *)ctx;
+    note(be, di_cuda_launch_argmax(x, n, V, out, be->stream));
 }
 
 static void cuda_mla_store(void *ctx, const di_mla_store_params *p) {
@@ -551,6 +558,7 @@ static di_backend_ops make_ops(void) {
     o.matmul_experts_glu = cuda_matmul_experts_glu;
     o.matmul_add = cuda_matmul_add;
     o.mla_store = cuda_mla_store;
+    o.argmax_rows = cuda_argmax_rows;
     o.expert_table = cuda_expert_table;
     /* DI_CUDA_GRAPHS=0: no graphs (the model then enqueues every op of every step). */
     const char *graphs = getenv("DI_CUDA_GRAPHS");
@@ -639,6 +647,10 @@ extern "C" di_status di_backend_cuda_init(di_backend *out, int device, int64_t m
     be->tc = !(env && strcmp(env, "0") == 0);
     env = getenv("DI_CUDA_TC_TERMS");
     be->tc_terms = env && atoi(env) == 2 ? 2 : 3;
+    /* Weights of fewer rows (a router, kv_a) keep the SIMT GEMV at every n: too few row
+     * tiles to fill the device, they were faster there at 1 and at 64 tokens (H200). */
+    env = getenv("DI_CUDA_TC_MIN_ROWS");
+    be->tc_min_rows = env ? atoll(env) : 1024;
     be->invariant = true;
     const int64_t chunks = (max_ctx + DI_CUDA_ATTN_CHUNK - 1) / DI_CUDA_ATTN_CHUNK;
     int64_t floats = DI_CUDA_ATTN_SPLIT_TOKENS * 128 * chunks * (DI_CUDA_ATTN_MAX_R + 2);

@@ -132,6 +132,7 @@ typedef struct di_cuda_mm_params {
      * n), the activations split into tc_terms (2 or 3) bf16 parts. */
     int tc, tc_terms;
     int64_t tc_min_n;
+    int64_t tc_min_rows; /* fewer rows: the SIMT GEMV (di_cuda_tc_fits) */
 } di_cuda_mm_params;
 
 /* One expert's device weight pointers (a table of them per projection: expert_table). */
@@ -178,6 +179,10 @@ cudaError_t di_cuda_launch_mla_store(const di_mla_store_params *p, cudaStream_t 
 cudaError_t di_cuda_launch_moe_combine(const float *rows, const int32_t *rows_of, const float *w,
                                        int64_t n, int64_t K, int64_t dim, float *out,
                                        cudaStream_t stream);
+/* Greedy decoding (backend.h's argmax_rows): out[t] = first index of row t's maximum, or -1
+ * for a row with a NaN, +inf or only -inf. */
+cudaError_t di_cuda_launch_argmax(const float *x, int64_t n, int64_t V, int32_t *out,
+                                  cudaStream_t stream);
 
 /* MoE routing (cuda_moe.cu): selection by di_router_select's rules and the grouping by
  * expert, as backend.h's moe_route describes. At most DI_CUDA_ROUTE_MAX_E experts and
@@ -202,7 +207,7 @@ typedef struct di_cuda_attn_launch {
     di_mla_attn_params p; /* device pointers */
     float *partial;       /* split scratch, [capacity] floats (may be NULL) */
     int64_t partial_floats;
-    int split; /* 1: chunks spread over blocks + combine; 0: chunks walked in-block */
+    int split;        /* 1: chunks spread over blocks + combine; 0: chunks walked in-block */
     int64_t max_keys; /* decode batches (q_pos): an upper bound on every query's key count */
     int n_sms;        /* the device's multiprocessors (how many split blocks pay) */
     cudaStream_t stream;

@@ -14,18 +14,22 @@
  * tolerance, and the tests compare the results with the host's. NaN keys rank lowest here
  * (the host's scan keeps a NaN it starts on); a NaN router logit is a broken model anyway.
  *
- * group_kernel: one block; thread e counts expert e's entries, block scans give the offsets
- * and the active list, and thread e then walks the entries in order placing its own, so
- * tokens stay in order inside an expert (the host's counting sort, the same rows).
+ * group_kernel: one block; the threads count the entries per expert (shared-memory atomics),
+ * block scans give the offsets and the active list, and one warp then places the entries
+ * 32 at a time in entry order (__match_any_sync finds each entry's rank among the same
+ * expert's), so tokens stay in order inside an expert (the host's counting sort, the same
+ * rows) in nk / 32 steps instead of one thread walking all nk entries per expert.
  */
 #include "backend/cuda/cuda_internal.cuh"
 
 #include <math.h>
 
-#define RT_THREADS 64   /* select_kernel: experts per pass of a thread loop (few warps: the
-                           argmax rounds wait on block barriers, and E is 64..384) */
-#define RG_THREADS 1024 /* group_kernel: at most one thread per expert (launched with the
-                           power of two >= E, at least a warp) */
+#define RT_THREADS                                                                                 \
+    32 /* select_kernel: experts per pass of a thread loop (one warp: the                          \
+          argmax rounds' barriers cost little, and E is only 64..384) */
+#define RG_THREADS                                                                                 \
+    1024 /* group_kernel: at most one thread per expert (launched with the                         \
+            power of two >= E, at least a warp) */
 
 struct route_args {
     di_router_params r; /* bias: device memory or NULL */
@@ -213,30 +217,45 @@ __global__ void __launch_bounds__(RG_THREADS)
     pdl_trigger();
     extern __shared__ int32_t ids[]; /* [nk] */
     __shared__ int buf[RG_THREADS];
+    __shared__ int next[RG_THREADS]; /* per expert: its count, then its next free row */
     const int e = threadIdx.x;
+    if (e < E) next[e] = 0;
     for (int i = e; i < nk; i += (int)blockDim.x)
         ids[i] = ids_rows[i];
     __syncthreads();
-    int cnt = 0;
-    if (e < E)
-        for (int i = 0; i < nk; i++)
-            cnt += ids[i] == e;
+    for (int i = e; i < nk; i += (int)blockDim.x) /* counts: the order does not matter */
+        atomicAdd(&next[ids[i]], 1);
+    __syncthreads();
+    const int cnt = e < E ? next[e] : 0;
     const int end = block_scan(cnt, buf);
     const int act = block_scan(e < E && cnt > 0 ? 1 : 0, buf);
     if (e < E) {
         offsets[e] = end - cnt;
+        next[e] = end - cnt;
         if (cnt > 0) active[act] = e; /* slot act - 1 of the list after the count */
         if (e == E - 1) {
             offsets[E] = end;
             active[0] = act;
         }
-        int g = end - cnt;
-        for (int i = 0; i < nk && g < end; i++)
-            if (ids[i] == e) {
-                src[g] = i / K;
-                ids_rows[i] = g;
-                g++;
-            }
+    }
+    __syncthreads();
+    /* Placement in entry order, 32 entries at a time by one warp (stable: an entry's row is
+     * its expert's next free row plus the count of the same expert's entries before it
+     * among the 32; that group's first lane then advances the expert's next row). */
+    if (e >= 32) return;
+    const unsigned below = (1u << e) - 1u;
+    for (int i0 = 0; i0 < nk; i0 += 32) {
+        const int i = i0 + e;
+        const int x = i < nk ? ids[i] : -1 - e; /* past the end: a key of its own */
+        const unsigned same = __match_any_sync(0xffffffffu, x);
+        if (i < nk) {
+            const int g = next[x] + __popc(same & below);
+            src[g] = i / K;
+            ids_rows[i] = g;
+        }
+        __syncwarp();
+        if (i < nk && (same & below) == 0) next[x] += __popc(same);
+        __syncwarp();
     }
 }
 

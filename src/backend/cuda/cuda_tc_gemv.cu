@@ -101,8 +101,8 @@ static int tc_ks(int64_t rows, int64_t cols) {
  * active-expert slot (grouped). U chunks of weights are requested before any is used. MT,
  * NG and U only choose how much runs side by side, never a sum's order. */
 template <int MT, int NG, int U, bool PIPE, bool G, bool GLU>
-__global__ void __launch_bounds__(TC_THREADS) tc_kernel(const di_cuda_mm_params p, int ks,
-                                                        int terms, bool xvec) {
+__global__ void __launch_bounds__(TC_THREADS)
+    tc_kernel(const di_cuda_mm_params p, int ks, int terms, bool xvec) {
     static_assert(!GLU || MT == 2, "GLU pairs a gate tile with an up tile");
     constexpr int RO = GLU ? 16 : 16 * MT; /* output rows per tile */
     __shared__ float red[TC_MAX_KS][32][4 * MT];
@@ -151,8 +151,9 @@ __global__ void __launch_bounds__(TC_THREADS) tc_kernel(const di_cuda_mm_params 
             for (int mt = 0; mt < MT; mt++)
 #pragma unroll
                 for (int h = 0; h < 2; h++)
-                    dst[u][mt][h] = ok ? __ldcs(reinterpret_cast<const uint4 *>(wrow[mt][h] + 2 * k))
-                                       : make_uint4(0, 0, 0, 0);
+                    dst[u][mt][h] =
+                        ok ? __ldcs(reinterpret_cast<const uint4 *>(wrow[mt][h] + 2 * k))
+                           : make_uint4(0, 0, 0, 0);
         }
     };
 
@@ -169,7 +170,7 @@ __global__ void __launch_bounds__(TC_THREADS) tc_kernel(const di_cuda_mm_params 
 
         load_a(a, c_begin);
         if constexpr (!G) { /* the first weights are on their way; now wait for x (PDL) */
-            pdl_wait(); /* (a plain block runs this loop once) */
+            pdl_wait();     /* (a plain block runs this loop once) */
             pdl_trigger();
         }
         for (int64_t c = c_begin; c < c_end; c += U) {
@@ -266,8 +267,8 @@ __global__ void __launch_bounds__(TC_THREADS) tc_kernel(const di_cuda_mm_params 
 /* From the weight alone (never from x or n), so that one weight always takes one path. */
 bool di_cuda_tc_fits(const di_cuda_mm_params *p) {
     return p->dtype == DI_DTYPE_BF16 && !p->transposed && (p->n_heads == 1 || p->experts) &&
-           p->cols % 8 == 0 && p->row_stride % 8 == 0 && ((uintptr_t)p->data & 15u) == 0 &&
-           (!p->glu_data || ((uintptr_t)p->glu_data & 15u) == 0);
+           p->rows >= p->tc_min_rows && p->cols % 8 == 0 && p->row_stride % 8 == 0 &&
+           ((uintptr_t)p->data & 15u) == 0 && (!p->glu_data || ((uintptr_t)p->glu_data & 15u) == 0);
 }
 
 /* One launch of tc_kernel<MT, NG, U, PIPE, grouped or not, GLU>. */
@@ -288,16 +289,21 @@ cudaError_t di_cuda_launch_matmul_tc(const di_cuda_mm_params *p) {
     const bool glu = p->glu_data || p->glu_experts;
     const int ks = tc_ks(p->rows, p->cols);
     const bool xvec = ((uintptr_t)p->x & 15u) == 0 && p->x_tstride % 4 == 0;
-    const int64_t n = p->n_tokens;
+    /* Tokens per weight: n, or for grouped experts the mean per active-expert slot (a block
+     * walks its expert's token chunks, so an expert with more tokens takes more passes). */
+    const int64_t n =
+        p->experts ? (p->n_tokens + p->n_heads - 1) / DI_MAX(p->n_heads, 1) : p->n_tokens;
     /* Token groups of 8 per block as n needs, at most 4 (32 tokens: the registers of two
      * m-tiles). One m-tile per warp for a few tokens (more warps, more loads in flight),
-     * two for more (each activation fragment serves twice the weights). One token group:
-     * the next weights are requested before the current ones are used (PIPE). */
+     * two for more (each activation fragment serves twice the weights) and for grouped
+     * experts with few tokens each (many small matrices: enough warps either way). One
+     * token group: the next weights are requested before the current ones are used (PIPE). */
     if (glu) {
         if (n <= 8) return launch_tc<2, 1, 2, true, true>(p, ks, xvec);
         if (n <= 16) return launch_tc<2, 2, 2, false, true>(p, ks, xvec);
         return launch_tc<2, 4, 2, false, true>(p, ks, xvec);
     }
+    if (n <= 8 && p->experts) return launch_tc<2, 1, 2, true, false>(p, ks, xvec);
     if (n <= 8) return launch_tc<1, 1, 4, true, false>(p, ks, xvec);
     if (n <= 16) return launch_tc<1, 2, 4, false, false>(p, ks, xvec);
     return launch_tc<2, 4, 2, false, false>(p, ks, xvec);
