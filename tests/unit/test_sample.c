@@ -288,6 +288,46 @@ TEST(greedy_uses_processed_row) {
     CHECK_EQ_INT(sample(&p, in, 0), 1);
 }
 
+/* di_sampler_greedy_plain: true exactly when the token is the raw row's first argmax
+ * (a device may then compute it), false whenever a processor, logprobs or the temperature
+ * could change it or an id check would fail. */
+TEST(greedy_plain) {
+    static float x[MAX_VOCAB];
+    const int32_t ids[2] = {0, 5}, cnt[2] = {0, 1}, bad_stop[1] = {3000}, stop[1] = {7};
+    di_token_counts h = {ids, cnt, 2, 1};
+    di_logit_bias bias[1] = {{5, 1.0f}};
+    di_sampling_params g = di_sampling_default_params();
+    g.temperature = 0.0f;
+    di_sample_input in = input(x, 3000);
+    in.history = &h;
+    for (int rep = 0; rep < 20; rep++) { /* plain: the sampler's token is the first argmax */
+        random_row(x, 3000, 4.0);
+        if (rep % 4 == 0) x[11] = x[2000] = 9.0f;
+        CHECK(di_sampler_greedy_plain(&g, &in));
+        int32_t first = 0;
+        for (int32_t i = 1; i < 3000; i++)
+            first = x[i] > x[first] ? i : first;
+        CHECK_EQ_INT(sample(&g, in, rep), first);
+    }
+    di_sampling_params p = g;
+    p.stop_token_ids = stop, p.n_stop_token_ids = 1; /* valid stop ids: still plain */
+    CHECK(di_sampler_greedy_plain(&p, &in));
+    p.stop_token_ids = bad_stop; /* the sampler would fail: not plain */
+    CHECK(!di_sampler_greedy_plain(&p, &in));
+    p = g, p.temperature = 0.7f;
+    CHECK(!di_sampler_greedy_plain(&p, &in));
+    p = g, p.logprobs = 0;
+    CHECK(!di_sampler_greedy_plain(&p, &in));
+    p = g, p.logit_bias = bias, p.n_logit_bias = 1;
+    CHECK(!di_sampler_greedy_plain(&p, &in));
+    p = g, p.presence_penalty = 0.5f;
+    CHECK(!di_sampler_greedy_plain(&p, &in));
+    p = g, p.min_tokens = 2; /* one output so far: EOS and stops still banned */
+    CHECK(!di_sampler_greedy_plain(&p, &in));
+    p.min_tokens = 1; /* reached */
+    CHECK(di_sampler_greedy_plain(&p, &in));
+}
+
 TEST(top_k_one_is_greedy) {
     static float x[MAX_VOCAB];
     di_sampling_params g = di_sampling_default_params(), k1 = g;
@@ -588,6 +628,7 @@ int main(void) {
     RUN(process_checks_ids);
     RUN(greedy_ties_lowest_id);
     RUN(greedy_uses_processed_row);
+    RUN(greedy_plain);
     RUN(top_k_one_is_greedy);
     RUN(very_low_temperature_is_greedy);
     RUN(all_masked_is_an_error);
