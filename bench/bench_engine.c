@@ -6,10 +6,12 @@
  *                [--prompt-len P] [--gen-len G] [--shared-prefix S] [--threads T]
  *                [--max-running M] [--max-batch-tokens B] [--no-prefix-cache] [--seed X]
  *                [--no-batch-invariant] [--overlap] [--device cpu|cuda|cuda:N]
+ *                [--temperature T] [--top-p P]
  *
  * engine:  a closed loop over di_engine: C requests in flight, a new one submitted as soon as
  *          one finishes, N in all. Each prompt is S ids shared by every request (a "system
- *          prompt", for the prefix cache) then P ids of its own; greedy, ignore_eos, G tokens.
+ *          prompt", for the prefix cache) then P ids of its own; greedy (or sampled with
+ *          --temperature / --top-p, seed = the request's index), ignore_eos, G tokens.
  *          --overlap runs the engine's overlap loop (forward on a compute thread).
  * context: the one-request-at-a-time baseline: di_context prefill, then G - 1 single-token
  *          evals, request after request (what `deepinfer generate` does).
@@ -38,6 +40,7 @@ typedef struct bench_opts {
     int64_t concurrency, requests, prompt_len, gen_len, shared_prefix, threads, max_running,
         max_batch_tokens, seed;
     bool no_prefix_cache, no_batch_invariant, overlap;
+    double temperature, top_p;
 } bench_opts;
 
 /* Request i's prompt: the shared prefix, then its own ids. */
@@ -92,7 +95,8 @@ static int run_engine(const bench_opts *o, di_model *model, const di_model_info 
     for (int64_t k = 0; k < o->shared_prefix; k++)
         prefix[k] = rand_id(info->vocab_size);
     di_sampling_params sp = di_sampling_default_params();
-    sp.temperature = 0;
+    sp.temperature = (float)o->temperature;
+    sp.top_p = (float)o->top_p;
     sp.ignore_eos = true;
     sp.max_tokens = o->gen_len;
     samples ttft = {0}, itl = {0};
@@ -103,6 +107,7 @@ static int run_engine(const bench_opts *o, di_model *model, const di_model_info 
     while (finished < o->requests && rc == 0) {
         while (in_flight < o->concurrency && submitted < o->requests) {
             make_prompt(o, prefix, info->vocab_size, prompt);
+            sp.seed = submitted;
             di_engine_request q = {.prompt_ids = prompt,
                                    .n_prompt_ids = plen,
                                    .sampling = &sp,
@@ -266,7 +271,7 @@ static int usage(void) {
                     "[--requests N] [--prompt-len P] [--gen-len G] [--shared-prefix S] "
                     "[--threads T] [--max-running M] [--max-batch-tokens B] "
                     "[--no-prefix-cache] [--seed X] [--no-batch-invariant] [--overlap] "
-                    "[--device cpu|cuda|cuda:N]\n");
+                    "[--device cpu|cuda|cuda:N] [--temperature T] [--top-p P]\n");
     return 2;
 }
 
@@ -276,7 +281,8 @@ int main(int argc, char **argv) {
                     .requests = 8,
                     .prompt_len = 32,
                     .gen_len = 32,
-                    .seed = 1};
+                    .seed = 1,
+                    .top_p = 1.0};
     struct {
         const char *name;
         int64_t *dest;
@@ -306,6 +312,12 @@ int main(int argc, char **argv) {
         } else if (i + 1 < argc && !strcmp(argv[i], "--device")) {
             o.device = argv[++i];
             done = true;
+        } else if (i + 1 < argc && !strcmp(argv[i], "--temperature")) {
+            o.temperature = strtod(argv[++i], NULL);
+            done = true;
+        } else if (i + 1 < argc && !strcmp(argv[i], "--top-p")) {
+            o.top_p = strtod(argv[++i], NULL);
+            done = true;
         }
         for (size_t k = 0; !done && k < sizeof ints / sizeof ints[0]; k++)
             if (i + 1 < argc && !strcmp(argv[i], ints[k].name)) {
@@ -315,7 +327,8 @@ int main(int argc, char **argv) {
         if (!done) return usage();
     }
     if (!o.model || o.concurrency < 1 || o.requests < 1 || o.prompt_len < 1 || o.gen_len < 1 ||
-        o.shared_prefix < 0 || (strcmp(o.mode, "engine") && strcmp(o.mode, "context")))
+        o.shared_prefix < 0 || (strcmp(o.mode, "engine") && strcmp(o.mode, "context")) ||
+        o.temperature < 0 || !(o.top_p > 0 && o.top_p <= 1))
         return usage();
     g_rng = (uint64_t)o.seed;
     di_model_params mp = di_model_default_params();
@@ -327,12 +340,14 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_engine: %s\n", di_last_error());
         return 1;
     }
-    json_t *out = json_pack(
-        "{s:s, s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:b, s:b, s:b}", "model", o.model, "mode", o.mode,
-        "device", o.device ? o.device : "cpu", "concurrency", (json_int_t)o.concurrency, "requests",
-        (json_int_t)o.requests, "prompt_len", (json_int_t)o.prompt_len, "gen_len",
-        (json_int_t)o.gen_len, "shared_prefix", (json_int_t)o.shared_prefix, "prefix_cache",
-        !o.no_prefix_cache, "batch_invariant", !o.no_batch_invariant, "overlap", o.overlap);
+    json_t *out =
+        json_pack("{s:s, s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:b, s:b, s:b, s:f, s:f}", "model",
+                  o.model, "mode", o.mode, "device", o.device ? o.device : "cpu", "concurrency",
+                  (json_int_t)o.concurrency, "requests", (json_int_t)o.requests, "prompt_len",
+                  (json_int_t)o.prompt_len, "gen_len", (json_int_t)o.gen_len, "shared_prefix",
+                  (json_int_t)o.shared_prefix, "prefix_cache", !o.no_prefix_cache,
+                  "batch_invariant", !o.no_batch_invariant, "overlap", o.overlap, "temperature",
+                  o.temperature, "top_p", o.top_p);
     int rc = !strcmp(o.mode, "engine") ? run_engine(&o, model, &info, out)
                                        : run_context(&o, model, &info, out);
     if (rc == 0) {

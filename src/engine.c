@@ -33,6 +33,9 @@
 /* Logits rows per step for prompt logprobs (beyond one per sequence): the logits buffer
  * grows by this many rows of the vocabulary; longer prompts take several steps. */
 #define ENG_PROMPT_LOGITS_ROWS 64
+/* Most threads that sample one batch's rows (each holds a sampler scratch of 16 bytes per
+ * vocabulary entry). */
+#define ENG_SAMPLE_THREADS 16
 
 di_engine_params di_engine_default_params(void) {
     di_engine_params p = {.n_threads = 0,
@@ -181,18 +184,47 @@ static void resolve_pending(di_engine *e, eng_batch *b) {
         }
 }
 
-/* Each seq's rows are its last n_logit_rows positions; the sampled row is the last. */
-void eng_sample_batch(di_engine *e, const eng_batch *b) {
-    for (int32_t i = 0; i < b->sb->n_seqs; i++) {
+typedef struct sample_job {
+    di_engine *e;
+    const eng_batch *b;
+    int64_t grain;
+} sample_job;
+
+/* Seqs [begin, end) of the batch: their sampled rows (the last of each seq's n_logit_rows),
+ * with the scratch of this range (begin / grain: one range per scratch, see below). */
+static void sample_seqs(void *ctx, int64_t begin, int64_t end, int tid) {
+    (void)tid;
+    const sample_job *j = ctx;
+    di_engine *e = j->e;
+    const eng_batch *b = j->b;
+    void *scratch = e->sscratch + (size_t)(begin / j->grain) * e->sscratch_size;
+    for (int64_t i = begin; i < end; i++) {
         const di_sched_seq *q = &b->sb->seqs[i];
-        if (b->lrow[i] < 0) continue;
-        const float *rows = b->logits + (int64_t)b->lrow[i] * e->vocab;
-        if (q->n_logit_rows > q->n_logits) eng_prompt_logprobs(e, q, rows);
+        if (b->lrow[i] < 0 || !q->n_logits) continue;
         const int64_t last = b->lrow[i] + q->n_logit_rows - 1;
-        if (q->n_logits)
-            eng_sample_row(e, q, i, rows + (q->n_logit_rows - 1) * e->vocab,
-                           b->argmax ? b->argmax[last] : -1);
+        eng_sample_row(e, q, (int32_t)i, b->logits + last * e->vocab,
+                       b->argmax ? b->argmax[last] : -1, scratch);
     }
+}
+
+/* Each seq's rows are its last n_logit_rows positions; the sampled row is the last. Prompt
+ * logprobs first, one seq at a time; then the sampled rows, spread over the sample pool in
+ * at most n_sscratch ranges (each row's token depends on the row, its request and the seed
+ * only, so not on the split). With no more ranges than pool threads, the pool gives each
+ * range to one thread, so range k may use scratch k. */
+void eng_sample_batch(di_engine *e, const eng_batch *b) {
+    const int64_t n = b->sb->n_seqs;
+    for (int64_t i = 0; i < n; i++) {
+        const di_sched_seq *q = &b->sb->seqs[i];
+        if (b->lrow[i] >= 0 && q->n_logit_rows > q->n_logits)
+            eng_prompt_logprobs(e, q, b->logits + (int64_t)b->lrow[i] * e->vocab);
+    }
+    sample_job job = {e, b, (n + e->n_sscratch - 1) / e->n_sscratch};
+    if (job.grain < 1) job.grain = 1;
+    if (e->sample_pool && e->n_sscratch > 1 && n > 1)
+        di_pool_run(e->sample_pool, n, job.grain, sample_seqs, &job);
+    else
+        sample_seqs(&job, 0, n, 0);
 }
 
 /* Releases scheduler requests that no pending batch can reference any more. */
@@ -451,6 +483,7 @@ di_status di_engine_create(di_model *model, const di_engine_params *params, di_e
             pool = e->own_pool;
         }
         if (!st) st = di_model_backend_init(model, pool, e->max_model_len, &e->be);
+        e->sample_pool = pool;
         if (!st) di_backend_cpu_set_batch_invariant(&e->be, p.batch_invariant);
         if (!st) di_backend_cuda_set_batch_invariant(&e->be, p.batch_invariant);
         if (!st) st = arch->batch_state_create(model->weights, &bc, &e->state);
@@ -471,7 +504,13 @@ di_status di_engine_create(di_model *model, const di_engine_params *params, di_e
         e->sampled = di_calloc((size_t)p.max_running, sizeof(int32_t));
         e->results = di_calloc((size_t)p.max_running, sizeof *e->results);
         e->row_ok = di_calloc((size_t)p.max_running, sizeof(bool));
-        e->sscratch = di_malloc(di_sampler_scratch_size(e->vocab));
+        /* Up to ENG_SAMPLE_THREADS threads of the forward's pool sample a batch's rows (the
+         * pool is idle then); the disaggregated engine's workers own their pools, so it
+         * samples on the calling thread alone. */
+        e->sscratch_size = di_sampler_scratch_size(e->vocab);
+        e->n_sscratch =
+            e->sample_pool ? DI_MIN(di_pool_size(e->sample_pool), ENG_SAMPLE_THREADS) : 1;
+        e->sscratch = di_malloc((size_t)e->n_sscratch * e->sscratch_size);
         if (!e->sampled || !e->results || !e->row_ok || !e->sscratch)
             st = di_error(DI_ERR_OUT_OF_MEMORY, "engine: out of memory for sampling");
     }

@@ -157,7 +157,12 @@ struct di_engine {
     int32_t *sampled;          /* [max_running] */
     di_sample_result *results; /* [max_running] */
     bool *row_ok;              /* [max_running] */
-    void *sscratch;            /* sampler scratch */
+    /* Sampler scratch: n_sscratch blocks of sscratch_size bytes, one per thread that samples
+     * (eng_sample_batch spreads a batch's rows over sample_pool; NULL: one by one) */
+    unsigned char *sscratch;
+    size_t sscratch_size;
+    int n_sscratch;
+    di_pool *sample_pool;
 
     /* sched id -> sample */
     eng_sample **by_sid;
@@ -226,7 +231,7 @@ di_status eng_drain_inbox(di_engine *e);
 /* Samples one row: fills e->sampled[row], e->results[row]. argmax >= 0: the device's argmax
  * of the row (only for rows eng_greedy_plain accepted), which is then the token. */
 void eng_sample_row(di_engine *e, const di_sched_seq *q, int32_t row, const float *logits,
-                    int32_t argmax);
+                    int32_t argmax, void *scratch);
 /* Whether seq q's sampled row is plain greedy (di_sampler_greedy_plain): its token is the
  * row's argmax, which a device runner may return instead of the row. */
 bool eng_greedy_plain(const di_engine *e, const di_sched_seq *q);

@@ -499,7 +499,7 @@ bool eng_greedy_plain(const di_engine *e, const di_sched_seq *q) {
 }
 
 void eng_sample_row(di_engine *e, const di_sched_seq *q, int32_t row, const float *logits,
-                    int32_t argmax) {
+                    int32_t argmax, void *scratch) {
     eng_sample *s = q->req_id < e->n_sid ? e->by_sid[q->req_id] : NULL;
     e->sampled[row] = 0;
     e->row_ok[row] = false;
@@ -513,7 +513,7 @@ void eng_sample_row(di_engine *e, const di_sched_seq *q, int32_t row, const floa
     }
     di_token_counts h;
     di_sample_input in = sample_input(e, q, s, logits, &h);
-    di_status st = di_sampler_sample(&s->req->sp, &in, e->sscratch, &e->results[row]);
+    di_status st = di_sampler_sample(&s->req->sp, &in, scratch, &e->results[row]);
     if (st == DI_OK && e->results[row].token >= 0) {
         e->sampled[row] = e->results[row].token;
         e->row_ok[row] = true;
