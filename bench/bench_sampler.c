@@ -6,7 +6,8 @@
  *
  * Prints ns per sample and that cost as a percentage of a decode step: of step_ms when given,
  * else of nominal 10 ms and 1 ms steps (nothing else is measured). The row is random with a
- * few hundred boosted tokens, roughly as peaked as a language model's; the position changes
+ * few hundred boosted tokens, roughly as peaked as a language model's (and, for the last
+ * configuration, nearly flat, as a model with random weights gives); the position changes
  * every call, so each call is an independent draw. DI_SIMD=scalar measures the portable
  * kernels instead of the vector ones (the tokens are the same).
  */
@@ -73,15 +74,20 @@ int main(int argc, char **argv) {
     }
     di_token_counts history = {ids, counts, N_HISTORY, 256};
     make_row(x);
+    /* A nearly flat row, as a model with random weights gives: top_p keeps most tokens. */
+    float *flat = malloc(sizeof(float) * VOCAB);
+    for (int64_t i = 0; i < VOCAB; i++)
+        flat[i] = (float)(rnd01() * 0.2 - 0.1);
 
     di_sampling_params base = di_sampling_default_params();
     struct {
         const char *name;
         di_sampling_params p;
         bool with_history;
-    } cfg[6];
-    for (int i = 0; i < 6; i++)
-        cfg[i].p = base, cfg[i].with_history = false;
+        bool flat;
+    } cfg[7];
+    for (int i = 0; i < 7; i++)
+        cfg[i].p = base, cfg[i].with_history = false, cfg[i].flat = false;
     cfg[0].name = "greedy (temperature 0)";
     cfg[0].p.temperature = 0.0f;
     cfg[1].name = "temperature 0.8";
@@ -100,14 +106,18 @@ int main(int argc, char **argv) {
     cfg[5].name = "temperature 0.8 + logprobs 5";
     cfg[5].p.temperature = 0.8f;
     cfg[5].p.logprobs = 5;
+    cfg[6].name = "top_p 0.95, flat row";
+    cfg[6].p.top_p = 0.95f;
+    cfg[6].flat = true;
 
     printf("sampler, vocab %d, kernels %s\n", VOCAB, di_sample_kernels_active()->name);
     printf("  %-36s %10s", "configuration", "ns/sample");
     for (int s = 0; s < n_steps; s++)
         printf("  %% of %g ms", steps_ms[s]);
     printf("\n");
-    for (int i = 0; i < 6; i++) {
-        di_sample_input in = {x, VOCAB, cfg[i].with_history ? &history : NULL, 1, 42, 0, 0};
+    for (int i = 0; i < 7; i++) {
+        di_sample_input in = {
+            cfg[i].flat ? flat : x, VOCAB, cfg[i].with_history ? &history : NULL, 1, 42, 0, 0};
         double ns = time_config(&cfg[i].p, in, scratch);
         printf("  %-36s %10.0f", cfg[i].name, ns);
         for (int s = 0; s < n_steps; s++)
@@ -115,6 +125,7 @@ int main(int argc, char **argv) {
         printf("\n");
     }
     free(x);
+    free(flat);
     free(scratch);
     return 0;
 }

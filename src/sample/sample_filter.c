@@ -11,7 +11,10 @@
  *     the order); at worst (1 - top_p) * total / (2 vocab), below which all tokens together
  *     weigh less than half of what top_p leaves out. It then histograms the candidates by
  *     their float exponent (plus 3 mantissa bits), finds the bucket where the cumulative mass
- *     crosses top_p, and sorts only the tokens at or above that bucket.
+ *     crosses top_p, and sorts only the tokens at or above that bucket -- by a stable radix
+ *     sort on the logit's order when there are many (a nearly flat row keeps most of the
+ *     vocabulary): the candidates come in increasing id, so equal logits stay in id order,
+ *     which is the keys' own order, and the result is the comparison sort's.
  * Whole-row passes (weights, threshold searches) are sample_vec.h's kernels, bit-identical at
  * every SIMD level. The kept tokens are summed and drawn from in a fixed order (block order
  * over a full row, increasing id over a list), so the result is a function of the row and the
@@ -27,6 +30,7 @@
 #include <string.h>
 
 #define HEAP_MAX_K   1024 /* above this, top_k uses quickselect over all kept keys */
+#define RADIX_MIN    4096 /* longer key lists (in id order) sort by radix, id lists by bitmap */
 #define INSERTION_N  24   /* sorts shorter than this use insertion sort */
 #define N_BUCKETS    1024 /* weight buckets: bits >> 20 of a float in [0, 1] is <= 1016 */
 #define BUCKET_SHIFT 20
@@ -124,6 +128,32 @@ static int32_t key_id(uint64_t key) {
 
 DEFINE_SORT(u64, uint64_t)
 DEFINE_SORT(i32, int32_t)
+
+/* Sorts keys[c] ascending when they were made in increasing id order: a stable LSD radix
+ * sort on the upper 32 bits (the logit's order, 8 bits a pass; a pass whose byte is the same
+ * for every key moves nothing and is skipped) leaves equal logits in increasing id, i.e. the
+ * order of the whole key. tmp[c] is scratch. */
+static void sort_keys_made_in_id_order(uint64_t *keys, int64_t c, uint64_t *tmp) {
+    if (c < RADIX_MIN) {
+        sort_u64(keys, c);
+        return;
+    }
+    uint64_t *src = keys, *dst = tmp;
+    for (int shift = 32; shift < 64; shift += 8) {
+        int64_t start[257] = {0};
+        for (int64_t i = 0; i < c; i++)
+            start[((src[i] >> shift) & 255u) + 1]++;
+        if (start[((src[0] >> shift) & 255u) + 1] == c) continue;
+        for (int b = 0; b < 256; b++)
+            start[b + 1] += start[b];
+        for (int64_t i = 0; i < c; i++)
+            dst[start[(src[i] >> shift) & 255u]++] = src[i];
+        uint64_t *t = src;
+        src = dst;
+        dst = t;
+    }
+    if (src != keys) memcpy(keys, src, (size_t)c * sizeof *keys);
+}
 
 /* ---------------------------------------------------------------------------------------- */
 /* top_k: partial selection                                                                   */
@@ -261,7 +291,8 @@ static int64_t nucleus_candidates(const di_sample_kernels *kern, const float *w,
  * bucket too high). Writes the kept keys, best first, and returns their count. cand[n] is
  * scratch. */
 static int64_t nucleus_full(const di_sample_kernels *kern, const float *x, const float *w,
-                            int64_t n, double total, float top_p, uint64_t *keys, int32_t *cand) {
+                            int64_t n, double total, float top_p, uint64_t *keys, uint64_t *tmp,
+                            int32_t *cand) {
     int64_t nc = nucleus_candidates(kern, w, n, total, top_p, cand);
     double mass[N_BUCKETS] = {0};
     for (int64_t j = 0; j < nc; j++)
@@ -274,7 +305,7 @@ static int64_t nucleus_full(const di_sample_kernels *kern, const float *x, const
         int64_t c = 0;
         for (int64_t j = 0; j < nc; j++)
             if (weight_bucket(w[cand[j]]) >= cut) keys[c++] = rank_key(x[cand[j]], cand[j]);
-        sort_u64(keys, c);
+        sort_keys_made_in_id_order(keys, c, tmp);
         bool reached;
         int64_t r = nucleus_prefix(keys, c, w, total, top_p, &reached);
         if (reached || cut == 0) return r;
@@ -286,12 +317,27 @@ static int64_t nucleus_full(const di_sample_kernels *kern, const float *x, const
 /* The kept set                                                                               */
 /* ---------------------------------------------------------------------------------------- */
 
-/* Turns keys[c] into increasing ids and sums their weights in that order. */
-static void finish_list(const uint64_t *keys, int64_t c, const di_filter_work *work,
+/* Turns keys[c] (ids below n) into increasing ids -- a sort, or for long lists a bitmap of
+ * the ids read in order -- and sums their weights in that order. */
+static void finish_list(const uint64_t *keys, int64_t c, int64_t n, const di_filter_work *work,
                         di_sample_dist *out) {
-    for (int64_t j = 0; j < c; j++)
-        work->ids[j] = key_id(keys[j]);
-    sort_i32(work->ids, c);
+    if (c < RADIX_MIN) {
+        for (int64_t j = 0; j < c; j++)
+            work->ids[j] = key_id(keys[j]);
+        sort_i32(work->ids, c);
+    } else {
+        uint64_t *bits = work->tmp;
+        const int64_t words = (n + 63) / 64;
+        memset(bits, 0, (size_t)words * sizeof *bits);
+        for (int64_t j = 0; j < c; j++) {
+            const int32_t id = key_id(keys[j]);
+            bits[id >> 6] |= 1ull << (id & 63);
+        }
+        int64_t k = 0;
+        for (int64_t wd = 0; wd < words; wd++)
+            for (uint64_t b = bits[wd]; b; b &= b - 1)
+                work->ids[k++] = (int32_t)(wd * 64 + __builtin_ctzll(b));
+    }
     double total = 0.0;
     for (int64_t j = 0; j < c; j++)
         total += work->w[work->ids[j]];
@@ -320,7 +366,7 @@ static void filter_topk(const di_sample_kernels *kern, const di_sampling_params 
         bool reached;
         c = nucleus_prefix(work->keys, c, work->w, total, p->top_p, &reached);
     }
-    finish_list(work->keys, c, work, out);
+    finish_list(work->keys, c, n, work, out);
 }
 
 void di_sample_filter(const di_sampling_params *p, const float *x, int64_t vocab, float max,
@@ -342,8 +388,9 @@ void di_sample_filter(const di_sampling_params *p, const float *x, int64_t vocab
     double total =
         kern->weights(x, vocab, max, 1.0f / t, cutoff, keep_w ? work->w : NULL, block_sum);
     if (keep_w) {
-        int64_t c = nucleus_full(kern, x, work->w, vocab, total, p->top_p, work->keys, work->ids);
-        finish_list(work->keys, c, work, out);
+        int64_t c = nucleus_full(kern, x, work->w, vocab, total, p->top_p, work->keys, work->tmp,
+                                 work->ids);
+        finish_list(work->keys, c, vocab, work, out);
         return;
     }
     out->ids = NULL;

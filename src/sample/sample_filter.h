@@ -19,6 +19,7 @@
 typedef struct di_filter_work {
     float *w;       /* weights exp((x - max) * (1 / T)) of kept tokens */
     uint64_t *keys; /* ranking keys (see sample_filter.c); also the block sums of a full row */
+    uint64_t *tmp;  /* the radix sort's second buffer, the kept-id bitmap */
     int32_t *ids;   /* kept ids, increasing */
 } di_filter_work;
 

@@ -21,22 +21,23 @@
 
 #define PHILOX_LANE_TOKEN 0u /* the Philox lane of the token draw */
 
-/* The scratch, carved as keys | row | w | ids (keys first keeps them 8-byte aligned). */
+/* The scratch, carved as keys | tmp | row | w | ids (the 8-byte arrays first). */
 typedef struct scratch_view {
-    uint64_t *keys;
+    uint64_t *keys, *tmp;
     float *row;
     float *w;
     int32_t *ids;
 } scratch_view;
 
 size_t di_sampler_scratch_size(int64_t vocab) {
-    return (size_t)vocab * (sizeof(uint64_t) + 2 * sizeof(float) + sizeof(int32_t));
+    return (size_t)vocab * (2 * sizeof(uint64_t) + 2 * sizeof(float) + sizeof(int32_t));
 }
 
 static scratch_view carve(void *scratch, int64_t vocab) {
     scratch_view v;
     v.keys = scratch;
-    v.row = (float *)(v.keys + vocab);
+    v.tmp = v.keys + vocab;
+    v.row = (float *)(v.tmp + vocab);
     v.w = v.row + vocab;
     v.ids = (int32_t *)(v.w + vocab);
     return v;
@@ -245,7 +246,7 @@ di_status di_sampler_sample(const di_sampling_params *p, const di_sample_input *
     if (is_greedy(p)) {
         out->token = best;
     } else {
-        di_filter_work work = {s.w, s.keys, s.ids};
+        di_filter_work work = {s.w, s.keys, s.tmp, s.ids};
         di_sample_dist dist;
         di_sample_filter(p, x, in->vocab, x[best], &work, &dist);
         double u = di_philox_uniform(in->seed, in->sample_index, in->position, PHILOX_LANE_TOKEN);
@@ -293,7 +294,7 @@ di_status di_sampler_probs(const di_sampling_params *p, const di_sample_input *i
         probs[best] = 1.0;
         return DI_OK;
     }
-    di_filter_work work = {s.w, s.keys, s.ids};
+    di_filter_work work = {s.w, s.keys, s.tmp, s.ids};
     di_sample_dist dist;
     di_sample_filter(p, x, in->vocab, x[best], &work, &dist);
     const float *w = dist.w;

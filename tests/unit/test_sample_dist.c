@@ -162,6 +162,18 @@ TEST(probs_match_reference_big_vocab) {
         CHECK_MSG(err < 1e-6 && n_diff == 0, "case %d: max err %g, %d kept-set differences", c, err,
                   n_diff);
     }
+    /* Nearly flat, as a model with random weights gives: top_p keeps most of the vocabulary
+     * (the radix sort of the candidates, the kept ids read from a bitmap), and a top_k of
+     * thousands (its kept ids too). */
+    random_row(x, BIG_VOCAB, 0.1);
+    const di_sampling_params pf[3] = {params(1.0f, -1, 0.95f, 0.0f), params(0.7f, -1, 0.5f, 0.0f),
+                                      params(1.0f, 9000, 0.9f, 0.0f)};
+    for (int c = 0; c < 3; c++) {
+        int n_diff;
+        double err = probs_error(&pf[c], x, BIG_VOCAB, &n_diff);
+        CHECK_MSG(err < 1e-6 && n_diff == 0, "flat case %d: max err %g, %d kept-set differences", c,
+                  err, n_diff);
+    }
     free(x);
 }
 
