@@ -33,8 +33,8 @@
 /* Logits rows per step for prompt logprobs (beyond one per sequence): the logits buffer
  * grows by this many rows of the vocabulary; longer prompts take several steps. */
 #define ENG_PROMPT_LOGITS_ROWS 64
-/* Most threads that sample one batch's rows (each holds a sampler scratch of 16 bytes per
- * vocabulary entry). */
+/* Most threads that sample one batch's rows (each holds a sampler scratch:
+ * di_sampler_scratch_size, 28 bytes per vocabulary entry). */
 #define ENG_SAMPLE_THREADS 16
 
 di_engine_params di_engine_default_params(void) {
