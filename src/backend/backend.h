@@ -234,6 +234,14 @@ typedef struct di_mla_store_params {
     float *ckv, *krope;
 } di_mla_store_params;
 
+/* One row's sampling parameters for sample_rows (the unfiltered draw of src/sample). */
+typedef struct di_sample_row {
+    float temperature;
+    int32_t sample_index;
+    int64_t seed;
+    int64_t position;
+} di_sample_row;
+
 typedef struct di_backend_ops {
     const char *name;
 
@@ -375,6 +383,13 @@ typedef struct di_backend_ops {
      * host sampler then sees the row and reports it). Optional: NULL on backends whose memory
      * is the host's (the sampler reads the rows in place). */
     void (*argmax_rows)(void *ctx, const float *x, int64_t n, int64_t V, int32_t *out);
+    /* out[t] = the token the host sampler (src/sample) chooses from row t with rows[t]'s
+     * temperature (greedy below DI_SAMPLING_GREEDY_EPS), seed, sample index and position,
+     * and no other filter or processor (sample_full_row.h); -1 where the row holds a NaN or
+     * +inf or only -inf. rows and out in backend memory. Optional; not used by the runners
+     * yet (its GPU test is written, not yet run). */
+    void (*sample_rows)(void *ctx, const float *x, int64_t n, int64_t V, const di_sample_row *rows,
+                        int32_t *out);
 } di_backend_ops;
 
 typedef struct di_backend {

@@ -1146,6 +1146,55 @@ TEST(argmax_rows) {
     free(scratch);
 }
 
+/* sample_rows: the CPU sampler's token for temperature-only sampling (and greedy at
+ * temperature 0) on every valid row, over temperatures, seeds, sample indices and positions;
+ * -1 for the rows the sampler rejects. */
+TEST(sample_rows) {
+    if (!g_have_gpu) SKIP("no CUDA device");
+    const int64_t vocabs[] = {1, 7, 1000, 4099, 129280};
+    void *scratch = malloc(di_sampler_scratch_size(129280));
+    for (size_t vi = 0; vi < DI_ARRAY_LEN(vocabs); vi++) {
+        const int64_t V = vocabs[vi], n = 40;
+        float *x = rnd_vec(n * V, vi % 2 ? 12.0f : 3.0f);
+        di_sample_row *rows = malloc((size_t)n * sizeof *rows);
+        for (int64_t t = 0; t < n; t++) {
+            float *row = x + t * V;
+            if (t % 10 == 3) row[rnd_int(0, V - 1)] = NAN;
+            if (t % 10 == 5) row[rnd_int(0, V - 1)] = INFINITY;
+            if (t % 10 == 7)
+                for (int64_t i = 0; i < V; i += 2)
+                    row[i] = -INFINITY;
+            rows[t] =
+                (di_sample_row){.temperature = t % 8 == 0 ? 0.0f : 0.2f + 0.1f * (float)(t % 9),
+                                .sample_index = (int32_t)(t % 3),
+                                .seed = 1000 + 7 * t,
+                                .position = 5 + 11 * t};
+        }
+        float *dx = dev_floats(x, n * V);
+        di_sample_row *drows = (di_sample_row *)dev_from(rows, (size_t)n * sizeof *rows);
+        int32_t *dout = (int32_t *)dev_poison(n);
+        g_be.ops->sample_rows(g_be.ctx, dx, n, V, drows, dout);
+        int32_t *got = host_ints(dout, n);
+        for (int64_t t = 0; t < n; t++) {
+            di_sampling_params sp = di_sampling_default_params();
+            sp.temperature = rows[t].temperature;
+            di_sample_input in = {.logits = x + t * V,
+                                  .vocab = V,
+                                  .eos_token_id = -1,
+                                  .seed = rows[t].seed,
+                                  .sample_index = rows[t].sample_index,
+                                  .position = rows[t].position};
+            di_sample_result r;
+            const int32_t want = di_sampler_sample(&sp, &in, scratch, &r) == DI_OK ? r.token : -1;
+            CHECK_MSG(got[t] == want, "V=%lld row %lld (T %g): device %d, sampler %d", (long long)V,
+                      (long long)t, (double)rows[t].temperature, got[t], want);
+        }
+        dfree(dx), dfree(drows), dfree(dout);
+        free(x), free(rows), free(got);
+    }
+    free(scratch);
+}
+
 int main(void) {
     /* Every BF16 weight on the tensor cores, however few its rows (the default sends
      * weights of < 1024 rows to the SIMT GEMV): the odd small shapes below test that path. */
@@ -1176,6 +1225,7 @@ int main(void) {
     RUN(matmul_tc);
     RUN(matmul_simt_bf16);
     RUN(argmax_rows);
+    RUN(sample_rows);
     if (g_have_gpu) di_backend_free(&g_be);
     return test_summary();
 }

@@ -4,7 +4,9 @@
  * and malformed rows, raw logprobs, the exponential's accuracy, and bit-identical results at
  * every SIMD level. The distributions and the draws are tested in test_sample_dist.c.
  */
+#include "core/core.h"
 #include "sample/philox.h"
+#include "sample/sample_full_row.h"
 #include "sample/sample_vec.h"
 #include "sample/sampler.h"
 #include "test.h"
@@ -328,6 +330,69 @@ TEST(greedy_plain) {
     CHECK(di_sampler_greedy_plain(&p, &in));
 }
 
+/* sample_full_row.h (the draw a GPU runs without the row leaving it) against the sampler:
+ * the same token for temperature-only sampling over rows of every tail shape (ids past the
+ * last full block, blocks of -inf), temperatures, seeds and positions; its exponential and
+ * Philox equal the host's bit for bit. */
+TEST(full_row_draw_matches) {
+    static float x[MAX_VOCAB];
+    static double bsum[MAX_VOCAB / DI_SAMPLE_BLOCK + 1];
+    const int64_t vocabs[] = {1, 7, 255, 256, 257, 1000, 4099};
+    const float temps[] = {0.3f, 0.8f, 1.0f, 1.7f};
+    for (int k = 0; k < 2000; k++) {
+        const float y = -90.0f * (float)rnd01();
+        const float want = di_sample_exp(y), got = y >= DI_SAMPLE_EXP_MIN ? ds_exp_core(y) : 0.0f;
+        CHECK(memcmp(&want, &got, sizeof got) == 0);
+        const int64_t seed = (int64_t)(rnd01() * 1e12) - 5, pos = (int64_t)(rnd01() * 1e6);
+        const double a = di_philox_uniform(seed, k % 3, pos, 0),
+                     b = ds_philox_uniform(seed, k % 3, pos, 0);
+        CHECK(a == b);
+    }
+    for (size_t vi = 0; vi < DI_ARRAY_LEN(vocabs); vi++) {
+        const int64_t n = vocabs[vi];
+        for (int rep = 0; rep < 6; rep++) {
+            random_row(x, n, rep < 3 ? 3.0 : 12.0);
+            if (rep == 2)
+                for (int64_t i = 0; i < n; i += 2)
+                    x[i] = -INFINITY;
+            if (rep == 4 && n > 300)
+                for (int64_t i = 0; i < 256; i++)
+                    x[i] = -INFINITY; /* a whole block out */
+            float max = -INFINITY;
+            for (int64_t i = 0; i < n; i++)
+                max = x[i] > max ? x[i] : max;
+            if (max == -INFINITY) { /* every token banned: an error, which a device leaves */
+                di_sampling_params p = di_sampling_default_params();
+                CHECK(sample(&p, input(x, n), 0) == -2); /* to the host sampler to report */
+                continue;
+            }
+            for (size_t ti = 0; ti < DI_ARRAY_LEN(temps); ti++) {
+                di_sampling_params p = di_sampling_default_params();
+                p.temperature = temps[ti];
+                const float inv_t = 1.0f / p.temperature;
+                double total = 0.0;
+                const int64_t nb = (n + DI_SAMPLE_BLOCK - 1) / DI_SAMPLE_BLOCK;
+                for (int64_t b = 0; b < nb; b++) {
+                    const int64_t b0 = b * DI_SAMPLE_BLOCK;
+                    bsum[b] = ds_block_sum(x, b0, DI_MIN(b0 + DI_SAMPLE_BLOCK, n), max, inv_t);
+                    total += bsum[b];
+                }
+                for (int64_t pos = 0; pos < 12; pos++) {
+                    di_sample_input in = input(x, n);
+                    in.seed = 77 + rep;
+                    in.sample_index = (int32_t)(pos % 2);
+                    const double u = ds_philox_uniform(in.seed, in.sample_index, pos, 0);
+                    const int32_t got = ds_draw_full_row(x, n, max, inv_t, bsum, total, u);
+                    CHECK_MSG(got == sample(&p, in, pos),
+                              "vocab %lld rep %d T %g pos %lld: %d vs the sampler's %d",
+                              (long long)n, rep, (double)p.temperature, (long long)pos, got,
+                              sample(&p, in, pos));
+                }
+            }
+        }
+    }
+}
+
 TEST(top_k_one_is_greedy) {
     static float x[MAX_VOCAB];
     di_sampling_params g = di_sampling_default_params(), k1 = g;
@@ -629,6 +694,7 @@ int main(void) {
     RUN(greedy_ties_lowest_id);
     RUN(greedy_uses_processed_row);
     RUN(greedy_plain);
+    RUN(full_row_draw_matches);
     RUN(top_k_one_is_greedy);
     RUN(very_low_temperature_is_greedy);
     RUN(all_masked_is_an_error);

@@ -216,6 +216,12 @@ static void cuda_argmax_rows(void *ctx, const float *x, int64_t n, int64_t V, in
     note(be, di_cuda_launch_argmax(x, n, V, out, be->stream));
 }
 
+static void cuda_sample_rows(void *ctx, const float *x, int64_t n, int64_t V,
+                             const di_sample_row *rows, int32_t *out) {
+    cuda_backend *be = (cuda_backend *)ctx;
+    note(be, di_cuda_launch_sample_rows(x, n, V, rows, out, be->stream));
+}
+
 static void cuda_mla_store(void *ctx, const di_mla_store_params *p) {
     cuda_backend *be = (cuda_backend *)ctx;
     note(be, di_cuda_launch_mla_store(p, be->stream));
@@ -559,6 +565,7 @@ static di_backend_ops make_ops(void) {
     o.matmul_add = cuda_matmul_add;
     o.mla_store = cuda_mla_store;
     o.argmax_rows = cuda_argmax_rows;
+    o.sample_rows = cuda_sample_rows;
     o.expert_table = cuda_expert_table;
     /* DI_CUDA_GRAPHS=0: no graphs (the model then enqueues every op of every step). */
     const char *graphs = getenv("DI_CUDA_GRAPHS");

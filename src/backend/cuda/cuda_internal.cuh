@@ -183,6 +183,10 @@ cudaError_t di_cuda_launch_moe_combine(const float *rows, const int32_t *rows_of
  * for a row with a NaN, +inf or only -inf. */
 cudaError_t di_cuda_launch_argmax(const float *x, int64_t n, int64_t V, int32_t *out,
                                   cudaStream_t stream);
+/* Seeded sampling, temperature only (backend.h's sample_rows; cuda_sample.cu). */
+cudaError_t di_cuda_launch_sample_rows(const float *x, int64_t n, int64_t V,
+                                       const di_sample_row *rows, int32_t *out,
+                                       cudaStream_t stream);
 
 /* MoE routing (cuda_moe.cu): selection by di_router_select's rules and the grouping by
  * expert, as backend.h's moe_route describes. At most DI_CUDA_ROUTE_MAX_E experts and
