@@ -507,7 +507,9 @@ di_status di_engine_create(di_model *model, const di_engine_params *params, di_e
         /* Up to ENG_SAMPLE_THREADS threads of the forward's pool sample a batch's rows (the
          * pool is idle then); the disaggregated engine's workers own their pools, so it
          * samples on the calling thread alone. */
-        e->sscratch_size = di_sampler_scratch_size(e->vocab);
+        /* rounded up to 64 bytes: each block starts with 8-byte arrays (an odd vocabulary
+         * makes the size 4 mod 8) */
+        e->sscratch_size = (di_sampler_scratch_size(e->vocab) + 63) & ~(size_t)63;
         e->n_sscratch =
             e->sample_pool ? DI_MIN(di_pool_size(e->sample_pool), ENG_SAMPLE_THREADS) : 1;
         e->sscratch = di_malloc((size_t)e->n_sscratch * e->sscratch_size);

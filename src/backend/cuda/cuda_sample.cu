@@ -85,7 +85,9 @@ cudaError_t di_cuda_launch_sample_rows(const float *x, int64_t n, int64_t V,
                                        cudaStream_t stream) {
     if (n <= 0 || V <= 0) return cudaSuccess;
     const size_t smem = (size_t)((V + DI_SAMPLE_BLOCK - 1) / DI_SAMPLE_BLOCK) * sizeof(double);
-    if (smem > 48 * 1024) return cudaErrorInvalidValue; /* vocabularies up to 1.5 M ids */
+    /* 48 KiB of shared memory without opting in, less the kernel's own ~100 bytes:
+     * vocabularies up to about 1.5 M ids */
+    if (smem > 48 * 1024 - 256) return cudaErrorInvalidValue;
     return di_cuda_launch(sample_rows_kernel, (unsigned)n, SR_THREADS, smem, stream, x, V, rows,
                           out);
 }
