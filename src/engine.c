@@ -77,9 +77,9 @@ const char *di_engine_finish_str(di_engine_finish r) {
 static void run_forward(di_engine *e, const eng_batch *b) {
     double t0 = di_time_now();
     di_batch_args a = {
-        .seqs = b->seqs, .n_seqs = b->sb->n_seqs, .logits = b->logits, .argmax = b->argmax};
-    for (int64_t i = 0; b->argmax && i < b->n_lrows; i++)
-        b->argmax[i] = -1;
+        .seqs = b->seqs, .n_seqs = b->sb->n_seqs, .logits = b->logits, .tokens = b->tokens};
+    for (int64_t i = 0; b->tokens && i < b->n_lrows; i++)
+        b->tokens[i] = -1;
     e->model->arch->forward_batch(e->model->weights, e->state, &e->be, &a);
     /* A device reports its ops' first error at the sync. The step's logits are then not
      * trustworthy: they become NaN, so the sampler's guard finishes the step's requests with
@@ -88,8 +88,8 @@ static void run_forward(di_engine *e, const eng_batch *b) {
         di_log(DI_LOG_ERROR, "engine: forward on %s failed: %s", e->be.ops->name, di_last_error());
         for (int64_t i = 0; i < b->n_lrows * e->vocab; i++)
             e->logits[i] = NAN;
-        for (int64_t i = 0; b->argmax && i < b->n_lrows; i++)
-            b->argmax[i] = -1;
+        for (int64_t i = 0; b->tokens && i < b->n_lrows; i++)
+            b->tokens[i] = -1;
     }
     e->work_time = di_time_now() - t0;
     e->work_expert_loads =
@@ -167,8 +167,8 @@ void eng_build(di_engine *e, const di_sched_batch *sb, eng_batch *b) {
                                     .block_table = tab,
                                     .slot = q->slot,
                                     .reset_state = q->reset_state,
-                                    .n_logits = q->n_logit_rows,
-                                    .greedy_plain = eng_greedy_plain(e, q)};
+                                    .n_logits = q->n_logit_rows};
+        eng_device_sample(e, q, &b->seqs[i]);
         b->lrow[i] = q->n_logit_rows > 0 ? (int32_t)b->n_lrows : -1;
         b->n_lrows += q->n_logit_rows;
         b->n_tokens += q->n_tokens;
@@ -203,7 +203,7 @@ static void sample_seqs(void *ctx, int64_t begin, int64_t end, int tid) {
         if (b->lrow[i] < 0 || !q->n_logits) continue;
         const int64_t last = b->lrow[i] + q->n_logit_rows - 1;
         eng_sample_row(e, q, (int32_t)i, b->logits + last * e->vocab,
-                       b->argmax ? b->argmax[last] : -1, scratch);
+                       b->tokens ? b->tokens[last] : -1, scratch);
     }
 }
 
@@ -493,11 +493,11 @@ di_status di_engine_create(di_model *model, const di_engine_params *params, di_e
         if (!st) {
             int64_t rows = p.max_running + e->scfg.max_prompt_logits;
             e->logits = di_malloc((size_t)(rows * e->vocab) * sizeof(float));
-            e->argmax = di_malloc((size_t)rows * sizeof(int32_t));
-            if (!e->logits || !e->argmax)
+            e->tokens = di_malloc((size_t)rows * sizeof(int32_t));
+            if (!e->logits || !e->tokens)
                 st = di_error(DI_ERR_OUT_OF_MEMORY, "engine: out of memory for logits");
             e->batches[0].logits = e->batches[1].logits = e->logits;
-            e->batches[0].argmax = e->batches[1].argmax = e->argmax;
+            e->batches[0].tokens = e->batches[1].tokens = e->tokens;
         }
     }
     if (!st) {
@@ -563,7 +563,7 @@ void di_engine_free(di_engine *e) {
     for (int k = 0; k < 2; k++)
         eng_free_batch(&e->batches[k]);
     di_free(e->logits);
-    di_free(e->argmax);
+    di_free(e->tokens);
     di_free(e->sampled);
     di_free(e->results);
     di_free(e->row_ok);

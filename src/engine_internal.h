@@ -99,9 +99,9 @@ typedef struct eng_batch {
     int64_t n_lrows;
     int64_t n_tokens;
     float *logits; /* where the forward writes its logits rows (the engine's or a worker's) */
-    /* NULL, or [logits rows]: the forward may return a greedy_plain row's argmax here
-     * instead of the row (di_batch_args.argmax); -1 = read the row */
-    int32_t *argmax;
+    /* NULL, or [logits rows]: the forward may return a greedy_plain or unfiltered row's
+     * token here instead of the row (di_batch_args.tokens); -1 = read the row */
+    int32_t *tokens;
 } eng_batch;
 
 /* Disaggregated mode: one worker per side, each a thread with its own thread pool, backend,
@@ -153,7 +153,7 @@ struct di_engine {
     int cur; /* index of the in-flight (overlap) or last batch */
     bool in_flight;
     float *logits;             /* [max_running + scfg.max_prompt_logits][vocab] */
-    int32_t *argmax;           /* [the same rows] (eng_batch.argmax) */
+    int32_t *tokens;           /* [the same rows] (eng_batch.tokens) */
     int32_t *sampled;          /* [max_running] */
     di_sample_result *results; /* [max_running] */
     bool *row_ok;              /* [max_running] */
@@ -228,13 +228,13 @@ void eng_map_del(eng_map *m, uint64_t id);
 void eng_req_free(eng_req *r);
 /* Moves the inbox into the scheduler and applies aborts (the step's first action). */
 di_status eng_drain_inbox(di_engine *e);
-/* Samples one row: fills e->sampled[row], e->results[row]. argmax >= 0: the device's argmax
- * of the row (only for rows eng_greedy_plain accepted), which is then the token. */
+/* Samples one row: fills e->sampled[row], e->results[row]. token >= 0: the token a device
+ * runner found for the row (only for rows eng_device_sample accepted). */
 void eng_sample_row(di_engine *e, const di_sched_seq *q, int32_t row, const float *logits,
-                    int32_t argmax, void *scratch);
-/* Whether seq q's sampled row is plain greedy (di_sampler_greedy_plain): its token is the
- * row's argmax, which a device runner may return instead of the row. */
-bool eng_greedy_plain(const di_engine *e, const di_sched_seq *q);
+                    int32_t token, void *scratch);
+/* Fills seq bs's greedy_plain, unfiltered and sample (the parameters of q's sampled row): whether
+ * a device runner may choose its token (di_sampler_greedy_plain, di_sampler_unfiltered). */
+void eng_device_sample(const di_engine *e, const di_sched_seq *q, di_batch_seq *bs);
 /* Prompt logprobs from a seq's logits rows ([q->n_logit_rows][vocab]), when it asked. */
 void eng_prompt_logprobs(di_engine *e, const di_sched_seq *q, const float *rows);
 /* After di_sched_postprocess: new tokens, stop strings, finished requests, children. */

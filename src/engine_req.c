@@ -490,24 +490,30 @@ static di_sample_input sample_input(const di_engine *e, const di_sched_seq *q, c
                              .position = position};
 }
 
-bool eng_greedy_plain(const di_engine *e, const di_sched_seq *q) {
+void eng_device_sample(const di_engine *e, const di_sched_seq *q, di_batch_seq *bs) {
+    bs->greedy_plain = bs->unfiltered = false;
     eng_sample *s = q->req_id < e->n_sid ? e->by_sid[q->req_id] : NULL;
-    if (!s || s->finished || q->n_logits != 1 || q->n_logit_rows != 1) return false;
+    if (!s || s->finished || q->n_logits != 1 || q->n_logit_rows != 1) return;
     di_token_counts h;
     di_sample_input in = sample_input(e, q, s, NULL, &h);
-    return di_sampler_greedy_plain(&s->req->sp, &in);
+    bs->greedy_plain = di_sampler_greedy_plain(&s->req->sp, &in);
+    bs->unfiltered = di_sampler_unfiltered(&s->req->sp, &in);
+    bs->sample = (di_sample_row){.temperature = s->req->sp.temperature,
+                                 .sample_index = in.sample_index,
+                                 .seed = in.seed,
+                                 .position = in.position};
 }
 
 void eng_sample_row(di_engine *e, const di_sched_seq *q, int32_t row, const float *logits,
-                    int32_t argmax, void *scratch) {
+                    int32_t token, void *scratch) {
     eng_sample *s = q->req_id < e->n_sid ? e->by_sid[q->req_id] : NULL;
     e->sampled[row] = 0;
     e->row_ok[row] = false;
     if (!s || s->finished) return; /* a row of a request that ended meanwhile */
-    if (argmax >= 0) { /* plain greedy: the sampler's result for the row, found on the device */
+    if (token >= 0) { /* the sampler's token for the row, found on the device (no logprobs) */
         memset(&e->results[row], 0, sizeof e->results[row]);
-        e->results[row].token = argmax;
-        e->sampled[row] = argmax;
+        e->results[row].token = token;
+        e->sampled[row] = token;
         e->row_ok[row] = true;
         return;
     }

@@ -380,14 +380,16 @@ typedef struct di_backend_ops {
     void (*mla_store)(void *ctx, const di_mla_store_params *p);
     /* out[t] = the first index of row t's maximum over x[t][0 .. V), for greedy decoding
      * without downloading the rows; -1 where the row holds a NaN or +inf or only -inf (the
-     * host sampler then sees the row and reports it). Optional: NULL on backends whose memory
-     * is the host's (the sampler reads the rows in place). */
+     * host sampler then sees the row and reports it). Optional; runners use it only on
+     * backends whose memory is not the host's (the CPU backend has it for tests that treat
+     * its memory as separate: tests/e2e/test_device_tokens.c). */
     void (*argmax_rows)(void *ctx, const float *x, int64_t n, int64_t V, int32_t *out);
     /* out[t] = the token the host sampler (src/sample) chooses from row t with rows[t]'s
      * temperature (greedy below DI_SAMPLING_GREEDY_EPS), seed, sample index and position,
      * and no other filter or processor (sample_full_row.h); -1 where the row holds a NaN or
-     * +inf or only -inf. rows and out in backend memory. Optional; not used by the runners
-     * yet (its GPU test is written, not yet run). */
+     * +inf or only -inf. rows and out in backend memory. Optional: the V2/V3 runner uses it
+     * for decode steps whose rows are all unfiltered (di_batch_seq); the CUDA backend offers
+     * it only with DI_CUDA_SAMPLE=1 until its GPU test has run. */
     void (*sample_rows)(void *ctx, const float *x, int64_t n, int64_t V, const di_sample_row *rows,
                         int32_t *out);
 } di_backend_ops;

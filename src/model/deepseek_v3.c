@@ -161,24 +161,25 @@ typedef struct ds_state {
     int64_t max_blocks;        /* block-table entries of the longest sequence */
     /* backend memory, one allocation (dev) */
     void *dev;
-    float *x;         /* [C][H] residual stream */
-    float *xn;        /* [C][H] normed input of a block */
-    float *qa;        /* [C][q_lora_rank] */
-    float *q;         /* [C][nh][dn + dr] */
-    float *kva;       /* [C][R + dr] kv_a_proj_with_mqa output */
-    float *q_lat;     /* [nh][C][R] absorbed queries */
-    float *o_lat;     /* [nh][C][R] attention output in latent space */
-    float *attn;      /* [C][nh * dv] o_proj input */
-    float *hbuf;      /* [C][H] block output before the residual add */
-    float *gate, *up; /* [C][max_inter] */
-    float *rlogits;   /* [C][E] router logits */
-    float *xe;        /* [C K][H] routed inputs, grouped by expert */
-    float *xg, *xu;   /* [C K][I] routed gate / up products, grouped by expert */
-    float *eo;        /* [C K][H] routed outputs, grouped by expert */
-    float *moe_out;   /* [C][H] */
-    float *logits;    /* [C][V] unless backend memory is host memory (then NULL) */
-    int32_t *argmax;  /* [C] each logits row's argmax (backends with argmax_rows) */
-    int32_t *in;      /* chunk inputs (in_words 4-byte words, layout in pack_inputs) */
+    float *x;             /* [C][H] residual stream */
+    float *xn;            /* [C][H] normed input of a block */
+    float *qa;            /* [C][q_lora_rank] */
+    float *q;             /* [C][nh][dn + dr] */
+    float *kva;           /* [C][R + dr] kv_a_proj_with_mqa output */
+    float *q_lat;         /* [nh][C][R] absorbed queries */
+    float *o_lat;         /* [nh][C][R] attention output in latent space */
+    float *attn;          /* [C][nh * dv] o_proj input */
+    float *hbuf;          /* [C][H] block output before the residual add */
+    float *gate, *up;     /* [C][max_inter] */
+    float *rlogits;       /* [C][E] router logits */
+    float *xe;            /* [C K][H] routed inputs, grouped by expert */
+    float *xg, *xu;       /* [C K][I] routed gate / up products, grouped by expert */
+    float *eo;            /* [C K][H] routed outputs, grouped by expert */
+    float *moe_out;       /* [C][H] */
+    float *logits;        /* [C][V] unless backend memory is host memory (then NULL) */
+    int32_t *tokens;      /* [C] each logits row's token (argmax_rows or sample_rows) */
+    di_sample_row *srows; /* [C] sample_rows' parameters (staged in srows_h) */
+    int32_t *in;          /* chunk inputs (in_words 4-byte words, layout in pack_inputs) */
     /* routing (moe_route's outputs): offsets [E + 1], active [E + 1], src / rows_of [C K],
      * weights [C K], router scratch [3 E] */
     int32_t *r_off, *r_active, *r_src, *r_rows;
@@ -187,7 +188,8 @@ typedef struct ds_state {
     void *host;
     int32_t *in_h; /* staging of `in` */
     int64_t in_words;
-    ds_seg *segs; /* [C] sequences in the chunk */
+    ds_seg *segs;           /* [C] sequences in the chunk */
+    di_sample_row *srows_h; /* [C] staging of srows */
     /* views into `in` for the current chunk (set by pack_inputs) */
     const int32_t *ids;
     const float *cos, *sin;     /* [n][dr / 2] */
@@ -286,6 +288,7 @@ static di_status state_create(const void *weights, int64_t rows, int64_t block_s
                              C * H * f,
                              mem->ops->host_memory ? 0 : C * V * f,
                              C * w4,
+                             C * sizeof(di_sample_row),
                              s->in_words * w4,
                              (E + 1) * w4,
                              (E + 1) * w4,
@@ -293,7 +296,7 @@ static di_status state_create(const void *weights, int64_t rows, int64_t block_s
                              C * K * w4,
                              C * K * f,
                              3 * E * f};
-    const size_t hsizes[] = {s->in_words * w4, C * sizeof(ds_seg)};
+    const size_t hsizes[] = {s->in_words * w4, C * sizeof(ds_seg), C * sizeof(di_sample_row)};
     const size_t dtotal = total_of(dsizes, DI_ARRAY_LEN(dsizes));
     const size_t htotal = total_of(hsizes, DI_ARRAY_LEN(hsizes));
     s->dev = mem->ops->buf_alloc(mem->ctx, dtotal);
@@ -326,7 +329,8 @@ static di_status state_create(const void *weights, int64_t rows, int64_t block_s
     s->eo = carve(&p, dsizes[k++]);
     s->moe_out = carve(&p, dsizes[k++]);
     s->logits = mem->ops->host_memory ? (k++, NULL) : carve(&p, dsizes[k++]);
-    s->argmax = carve(&p, dsizes[k++]);
+    s->tokens = carve(&p, dsizes[k++]);
+    s->srows = carve(&p, dsizes[k++]);
     s->in = carve(&p, dsizes[k++]);
     s->r_off = carve(&p, dsizes[k++]);
     s->r_active = carve(&p, dsizes[k++]);
@@ -338,6 +342,7 @@ static di_status state_create(const void *weights, int64_t rows, int64_t block_s
     k = 0;
     s->in_h = carve(&p, hsizes[k++]);
     s->segs = carve(&p, hsizes[k++]);
+    s->srows_h = carve(&p, hsizes[k++]);
     s->graphs = di_calloc((size_t)(C + 1), sizeof(void *));
     if (!s->graphs) {
         ds_state_free(s);
@@ -694,7 +699,7 @@ static bool forward_graph(const ds_model *m, ds_state *s, const di_backend *be, 
         int64_t k = forward_layers(m, s, be, n, nseg);
         be->ops->matmul(c, &m->lm_head, s->xn, k, s->logits);
         if (be->ops->argmax_rows)
-            be->ops->argmax_rows(c, s->logits, k, m->hp->vocab_size, s->argmax);
+            be->ops->argmax_rows(c, s->logits, k, m->hp->vocab_size, s->tokens);
         if (be->ops->graph_end(c, &s->graphs[n]) != DI_OK) {
             s->graphs_off = true; /* e.g. a backend op that cannot be captured */
             return false;
@@ -704,41 +709,53 @@ static bool forward_graph(const ds_model *m, ds_state *s, const di_backend *be, 
     return true;
 }
 
-/* The n logits rows of a decode step (in s->logits, their argmax in s->argmax) to the host:
- * when every row is greedy_plain and argmax is wanted, only the argmax (n ints instead of
- * n V floats, the step's largest transfer); all rows otherwise, or when a row's argmax is -1
- * (NaN, +inf: the host sampler then reports the row). */
+/* The n logits rows of a decode step (in s->logits; their argmax already in s->tokens where
+ * the backend has argmax_rows) to the host, or only their tokens: when every row is
+ * greedy_plain, the argmax; when every row is unfiltered and the backend draws (sample_rows),
+ * the draw with each row's parameters -- n ints instead of n V floats, the step's largest
+ * transfer. All rows otherwise, or when a row's token is -1 (NaN, +inf: the host sampler then
+ * reports the row). */
 static void fetch_decode(const ds_model *m, ds_state *s, const di_backend *be, int64_t n,
-                         float *logits, int32_t *argmax) {
+                         float *logits, int32_t *tokens) {
     const int64_t V = m->hp->vocab_size;
     void *c = be->ctx;
-    bool plain = argmax && be->ops->argmax_rows;
-    for (int64_t g = 0; plain && g < n; g++)
-        plain = s->segs[g].seq->greedy_plain;
-    if (plain && be->ops->download(c, argmax, s->argmax, (size_t)n * sizeof(int32_t)) == DI_OK) {
+    bool greedy = tokens && be->ops->argmax_rows, unf = tokens && be->ops->sample_rows;
+    for (int64_t g = 0; g < n; g++) {
+        greedy = greedy && s->segs[g].seq->greedy_plain;
+        unf = unf && s->segs[g].seq->unfiltered;
+    }
+    if (!greedy && unf) {
+        for (int64_t g = 0; g < n; g++)
+            s->srows_h[g] = s->segs[g].seq->sample;
+        if (be->ops->upload(c, s->srows, s->srows_h, (size_t)n * sizeof *s->srows) == DI_OK) {
+            be->ops->sample_rows(c, s->logits, n, V, s->srows, s->tokens);
+            greedy = true; /* s->tokens holds the rows' tokens now */
+        }
+    }
+    if (greedy && be->ops->download(c, tokens, s->tokens, (size_t)n * sizeof(int32_t)) == DI_OK) {
         bool all = true;
         for (int64_t g = 0; g < n; g++)
-            all &= argmax[g] >= 0;
+            all &= tokens[g] >= 0;
         if (all) return;
         for (int64_t g = 0; g < n; g++)
-            argmax[g] = -1;
+            tokens[g] = -1;
     }
     be->ops->download(c, logits, s->logits, (size_t)(n * V) * sizeof(float));
 }
 
 /* One chunk of n <= C rows holding s->segs[0 .. nseg). The logits rows of its sequences
  * (each one's last n_logits tokens) go to logits[0 ..) (host memory), in order, or for a
- * decode step possibly only their argmax to argmax[0 ..) (fetch_decode); returns their
+ * decode step possibly only their tokens to tokens[0 ..) (fetch_decode); returns their
  * count. */
 static int64_t forward_chunk(const ds_model *m, ds_state *s, const di_backend *be, int64_t n,
-                             int64_t nseg, float *logits, int32_t *argmax) {
+                             int64_t nseg, float *logits, int32_t *tokens) {
     const int64_t V = m->hp->vocab_size;
     void *c = be->ctx;
 
     s->decode = logits && is_decode(s, n, nseg);
     pack_inputs(m, s, be, n, nseg);
     if (s->decode && forward_graph(m, s, be, n, nseg)) {
-        fetch_decode(m, s, be, n, logits, argmax);
+        fetch_decode(m, s, be, n, logits, tokens);
         return n;
     }
     int64_t k = forward_layers(m, s, be, n, nseg);
@@ -747,9 +764,9 @@ static int64_t forward_chunk(const ds_model *m, ds_state *s, const di_backend *b
             be->ops->matmul(c, &m->lm_head, s->xn, k, logits);
         } else {
             be->ops->matmul(c, &m->lm_head, s->xn, k, s->logits);
-            if (s->decode && be->ops->argmax_rows) {
-                be->ops->argmax_rows(c, s->logits, k, V, s->argmax);
-                fetch_decode(m, s, be, n, logits, argmax);
+            if (s->decode && (be->ops->argmax_rows || be->ops->sample_rows)) {
+                if (be->ops->argmax_rows) be->ops->argmax_rows(c, s->logits, k, V, s->tokens);
+                fetch_decode(m, s, be, n, logits, tokens);
             } else {
                 be->ops->download(c, logits, s->logits, (size_t)(k * V) * sizeof(float));
             }
@@ -774,14 +791,14 @@ static void ds_forward_batch(const void *weights, void *state, const di_backend 
             nseg++, rows += take, off += take;
             if (rows == s->chunk) {
                 lrow += forward_chunk(m, s, be, rows, nseg, a->logits ? a->logits + lrow * V : NULL,
-                                      a->argmax ? a->argmax + lrow : NULL);
+                                      a->tokens ? a->tokens + lrow : NULL);
                 rows = nseg = 0;
             }
         }
     }
     if (rows > 0)
         forward_chunk(m, s, be, rows, nseg, a->logits ? a->logits + lrow * V : NULL,
-                      a->argmax ? a->argmax + lrow : NULL);
+                      a->tokens ? a->tokens + lrow : NULL);
 }
 
 static void ds_forward(const void *weights, void *state, const di_backend *be,

@@ -225,6 +225,14 @@ bool di_sampler_greedy_plain(const di_sampling_params *p, const di_sample_input 
     return is_greedy(p) && p->logprobs < 0 && !processing_needed(p, in) && ids_valid(p, in);
 }
 
+bool di_sampler_unfiltered(const di_sampling_params *p, const di_sample_input *in) {
+    if (!p || !in || in->vocab <= 0 || in->vocab > INT32_MAX) return false;
+    const bool no_filter =
+        (p->top_k <= 0 || p->top_k >= in->vocab) && p->top_p >= 1.0f && p->min_p <= 0.0f;
+    return (is_greedy(p) || no_filter) && p->logprobs < 0 && !processing_needed(p, in) &&
+           ids_valid(p, in);
+}
+
 di_status di_sampler_process(const di_sampling_params *p, const di_sample_input *in, float *row) {
     di_status st = check_input(p, in);
     if (st != DI_OK) return st;

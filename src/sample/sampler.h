@@ -77,6 +77,12 @@ di_status di_sampler_sample(const di_sampling_params *params, const di_sample_in
  * read. */
 bool di_sampler_greedy_plain(const di_sampling_params *params, const di_sample_input *in);
 
+/* Whether the token is either that (greedy plain) or the unfiltered draw of
+ * sample_full_row.h: temperature only (no top_k below the vocabulary, no top_p below 1, no
+ * min_p), no logit processor active, no logprobs wanted, the ids valid. A device may then
+ * draw it from its copy of the row with the same seed, sample index and position. */
+bool di_sampler_unfiltered(const di_sampling_params *params, const di_sample_input *in);
+
 /* Raw logprobs of a given token (prompt logprobs): out->logprob of `token` and the n_top
  * best entries, computed exactly as di_sampler_sample's step 1; out->token = token. The row
  * must hold no NaN or +inf (else DI_ERR_RANGE). n_top in [0, DI_SAMPLING_MAX_LOGPROBS]. */

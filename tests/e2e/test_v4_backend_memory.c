@@ -2,12 +2,11 @@
  * test_v4_backend_memory.c -- the DeepSeek-V4 runner on a backend whose memory is not host
  * memory, checked without a GPU.
  *
- * The "separate memory" backend here is the CPU backend with host_memory = false: buffers
- * come from its own allocator, upload / download are copies and weight_upload makes a copy of
- * every weight (data, scales and E8M0 bytes). The ops are the CPU ones, so the arithmetic is
- * the CPU path's, and the only difference is the data movement the runner does for a device
- * backend (deepseek_v4_attn.c): host mirrors for key lists, indexer scores, router logits,
- * visible counts, rope tables, pooling slots; row copies as ops. A missing upload leaves a
+ * The "separate memory" backend (sep_backend.h) is the CPU backend with host_memory = false.
+ * The ops are the CPU ones, so the arithmetic is the CPU path's, and the only difference is
+ * the data movement the runner does for a device backend (deepseek_v4_attn.c): host mirrors
+ * for key lists, indexer scores, router logits, visible counts, rope tables, pooling slots;
+ * row copies as ops. A missing upload leaves a
  * stale device buffer, a missing download a stale host mirror, so the logits must be
  * BITWISE those of the CPU model:
  *   - a context: 300 tokens in one call and in calls of 37;
@@ -23,91 +22,11 @@
 #include "api_internal.h"
 #include "core/core.h"
 #include "engine_util.h"
+#include "sep_backend.h"
 #include "test.h"
 
 #include <stdlib.h>
 #include <string.h>
-
-/* ---- the separate-memory backend ---------------------------------------------------------- */
-
-static di_backend_ops g_ops;
-static int64_t g_n_up, g_n_down, g_n_bufs;
-
-static void *sep_alloc(void *ctx, size_t bytes) {
-    (void)ctx;
-    void *p = di_aligned_alloc(bytes ? bytes : 64);
-    if (!p) {
-        di_error(DI_ERR_OUT_OF_MEMORY, "separate memory: cannot allocate %zu bytes", bytes);
-        return NULL;
-    }
-    memset(p, 0, bytes ? bytes : 64);
-    g_n_bufs++;
-    return p;
-}
-
-static void sep_free(void *ctx, void *p) {
-    (void)ctx;
-    if (p) g_n_bufs--;
-    di_aligned_free(p);
-}
-
-static di_status sep_upload(void *ctx, void *dst, const void *src, size_t bytes) {
-    (void)ctx;
-    memcpy(dst, src, bytes);
-    g_n_up++;
-    return DI_OK;
-}
-
-static di_status sep_download(void *ctx, void *dst, const void *src, size_t bytes) {
-    (void)ctx;
-    memcpy(dst, src, bytes);
-    g_n_down++;
-    return DI_OK;
-}
-
-static void *dup_bytes(const void *p, size_t n) {
-    void *q = di_aligned_alloc(n ? n : 64);
-    if (q && n) memcpy(q, p, n);
-    return q;
-}
-
-/* A copy of the view: its rows (data points at the view's first row), the FP8 scales up to
- * its last row (looked up through row_offset) and its E8M0 bytes. */
-static di_status sep_weight_upload(void *ctx, const di_weight *w, di_weight *out) {
-    (void)ctx;
-    *out = *w;
-    const size_t rows = (size_t)w->rows;
-    const size_t data = di_dtype_bytes(w->dtype, (w->rows - 1) * w->row_stride + w->cols);
-    out->data = dup_bytes(w->data, data);
-    if (w->scale) {
-        int64_t srows = (w->row_offset + w->rows + w->block_rows - 1) / w->block_rows;
-        out->scale = dup_bytes(w->scale, (size_t)(srows * w->scale_cols) * sizeof(float));
-    }
-    if (w->scale_e8m0) out->scale_e8m0 = dup_bytes(w->scale_e8m0, rows * (size_t)w->scale_cols);
-    return out->data ? DI_OK : di_error(DI_ERR_OUT_OF_MEMORY, "separate memory: weight");
-}
-
-static void sep_weight_free(void *ctx, di_weight *w) {
-    (void)ctx;
-    di_aligned_free((void *)w->data);
-    di_aligned_free((void *)w->scale);
-    di_aligned_free((void *)w->scale_e8m0);
-}
-
-/* The CPU backend over pool with the memory slots above. */
-static void sep_init(di_backend *be, di_pool *pool, int64_t max_ctx) {
-    CHECK(di_backend_cpu_init(be, pool, max_ctx) == DI_OK);
-    g_ops = *be->ops;
-    g_ops.name = "separate-memory";
-    g_ops.host_memory = false;
-    g_ops.buf_alloc = sep_alloc;
-    g_ops.buf_free = sep_free;
-    g_ops.upload = sep_upload;
-    g_ops.download = sep_download;
-    g_ops.weight_upload = sep_weight_upload;
-    g_ops.weight_free = sep_weight_free;
-    be->ops = &g_ops;
-}
 
 /* ---- checks --------------------------------------------------------------------------------- */
 
@@ -175,10 +94,7 @@ static void run_batch(const di_arch_vtable *arch, const void *w, const di_backen
 }
 
 static void check_model(const char *dir) {
-    di_model_params mp = di_model_default_params();
-    mp.n_threads = 2;
-    di_model *m = NULL;
-    CHECK_MSG(di_model_load(dir, &mp, &m) == DI_OK, "%s: %s", dir, di_last_error());
+    di_model *m = sep_model_load(dir);
     if (!m) return;
     const di_arch_vtable *arch = m->arch;
     const int64_t V = m->hp.vocab_size;
@@ -257,10 +173,7 @@ static bool engine_run(di_model *m, eu_req *reqs, int n) {
 /* The engine's runner with the model's weights (and so its states) in separate memory: the
  * same tokens and bitwise the same logprobs as the CPU model's engine. */
 static void check_engine(const char *dir) {
-    di_model_params mp = di_model_default_params();
-    mp.n_threads = 2;
-    di_model *m = NULL;
-    CHECK_MSG(di_model_load(dir, &mp, &m) == DI_OK, "%s: %s", dir, di_last_error());
+    di_model *m = sep_model_load(dir);
     if (!m) return;
     const int64_t V = m->hp.vocab_size;
     static int32_t prompts[N_REQ][96];

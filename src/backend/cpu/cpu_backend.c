@@ -13,7 +13,10 @@
 #include "backend/cpu/cpu_nn.h"
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/cpu_v4_ops.h"
+#include "sample/sample_full_row.h"
+#include "sample/sampler.h"
 
+#include <math.h>
 #include <string.h>
 
 typedef struct cpu_backend {
@@ -236,6 +239,43 @@ static void cpu_v4_swiglu(void *ctx, const float *gate, const float *up, int64_t
     di_cpu_v4_swiglu(((cpu_backend *)ctx)->pool, gate, up, n, limit, out);
 }
 
+/* The device-side token ops (backend.h: argmax_rows, sample_rows) on the host, for runners
+ * that treat this backend's memory as separate (tests): the sampler's scan, and the draw of
+ * sample_full_row.h. Rows of more than 1024 blocks (262144 ids) give -1: the caller then
+ * samples them from the rows. */
+#define CPU_DRAW_MAX_BLOCKS 1024
+
+static int32_t cpu_row_token(const float *x, int64_t V, const di_sample_row *r) {
+    bool bad;
+    int64_t first;
+    const float max = di_sample_kernels_active()->scan(x, V, &bad, &first);
+    if (bad || max == -INFINITY) return -1;
+    if (!r || r->temperature < DI_SAMPLING_GREEDY_EPS) return (int32_t)first;
+    const int64_t nb = (V + DI_SAMPLE_BLOCK - 1) / DI_SAMPLE_BLOCK;
+    if (nb > CPU_DRAW_MAX_BLOCKS) return -1;
+    double bsum[CPU_DRAW_MAX_BLOCKS], total = 0.0;
+    const float inv_t = 1.0f / r->temperature;
+    for (int64_t b = 0; b < nb; b++) {
+        const int64_t b0 = b * DI_SAMPLE_BLOCK;
+        bsum[b] = ds_block_sum(x, b0, DI_MIN(b0 + DI_SAMPLE_BLOCK, V), x[first], inv_t);
+        total += bsum[b];
+    }
+    const double u = ds_philox_uniform(r->seed, r->sample_index, r->position, 0);
+    return ds_draw_full_row(x, V, x[first], inv_t, bsum, total, u);
+}
+
+static void cpu_argmax_rows(void *ctx, const float *x, int64_t n, int64_t V, int32_t *out) {
+    (void)ctx;
+    for (int64_t t = 0; t < n; t++)
+        out[t] = cpu_row_token(x + t * V, V, NULL);
+}
+
+static void cpu_sample_rows(void *ctx, const float *x, int64_t n, int64_t V,
+                            const di_sample_row *rows, int32_t *out) {
+    (void)ctx;
+    for (int64_t t = 0; t < n; t++)
+        out[t] = cpu_row_token(x + t * V, V, &rows[t]);
+}
 
 static void cpu_free(void *ctx) {
     cpu_backend *be = ctx;
@@ -278,6 +318,8 @@ static const di_backend_ops g_cpu_ops = {
     .moe_route = cpu_moe_route,
     .matmul_experts = cpu_matmul_experts,
     .expert_table = cpu_expert_table,
+    .argmax_rows = cpu_argmax_rows,
+    .sample_rows = cpu_sample_rows,
 };
 
 di_status di_backend_cpu_init(di_backend *out, di_pool *pool, int64_t max_ctx) {

@@ -565,7 +565,7 @@ static di_backend_ops make_ops(void) {
     o.matmul_add = cuda_matmul_add;
     o.mla_store = cuda_mla_store;
     o.argmax_rows = cuda_argmax_rows;
-    o.sample_rows = cuda_sample_rows;
+    o.sample_rows = NULL; /* g_cuda_ops_sample below */
     o.expert_table = cuda_expert_table;
     /* DI_CUDA_GRAPHS=0: no graphs (the model then enqueues every op of every step). */
     const char *graphs = getenv("DI_CUDA_GRAPHS");
@@ -586,6 +586,20 @@ static di_backend_ops make_ops(void) {
 }
 
 static const di_backend_ops g_cuda_ops = make_ops();
+
+/* The same with sample_rows, which has not run on a GPU yet (its op test is written): only
+ * for backends created with DI_CUDA_SAMPLE=1. Without it, unfiltered rows come down to the
+ * host sampler as before. */
+static di_backend_ops make_ops_sample(void) {
+    di_backend_ops o = make_ops();
+    o.sample_rows = cuda_sample_rows;
+    return o;
+}
+static const di_backend_ops g_cuda_ops_sample = make_ops_sample();
+
+static bool is_cuda_ops(const di_backend_ops *ops) {
+    return ops == &g_cuda_ops || ops == &g_cuda_ops_sample;
+}
 
 static di_backend wrap(void *ctx) {
     di_backend b;
@@ -674,7 +688,8 @@ extern "C" di_status di_backend_cuda_init(di_backend *out, int device, int64_t m
         return di_error(DI_ERR_OUT_OF_MEMORY, "cuda backend: device %d: %s", device,
                         cudaGetErrorString(err));
     }
-    out->ops = &g_cuda_ops;
+    const char *sample = getenv("DI_CUDA_SAMPLE");
+    out->ops = sample && strcmp(sample, "1") == 0 ? &g_cuda_ops_sample : &g_cuda_ops;
     out->ctx = be;
     return DI_OK;
 }
@@ -698,7 +713,7 @@ extern "C" void *di_backend_cuda_stream(const di_backend *dbe) {
 }
 
 extern "C" void di_backend_cuda_set_batch_invariant(const di_backend *dbe, bool on) {
-    if (dbe && dbe->ops == &g_cuda_ops && dbe->ctx) ctx_of(dbe)->invariant = on;
+    if (dbe && is_cuda_ops(dbe->ops) && dbe->ctx) ctx_of(dbe)->invariant = on;
 }
 
 extern "C" void di_backend_cuda_set_attn_mode(const di_backend *dbe, di_cuda_attn_mode mode) {

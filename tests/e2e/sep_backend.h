@@ -1,0 +1,106 @@
+/*
+ * sep_backend.h -- a "separate memory" backend for tests without a GPU: the CPU backend with
+ * host_memory = false, whose buffers come from its own allocator, whose upload / download
+ * are copies (counted) and whose weight_upload copies every weight (data, scales, E8M0
+ * bytes). The ops are the CPU ones, so the arithmetic is the CPU path's; what differs is the
+ * data movement a runner does for a device backend, which these tests check.
+ */
+#ifndef DI_TEST_SEP_BACKEND_H
+#define DI_TEST_SEP_BACKEND_H
+
+#include "backend/backend.h"
+#include "core/core.h"
+#include "deepinfer.h"
+#include "test.h"
+
+#include <string.h>
+
+static di_backend_ops g_ops;
+static int64_t g_n_up, g_n_down, g_n_bufs;
+
+static void *sep_alloc(void *ctx, size_t bytes) {
+    (void)ctx;
+    void *p = di_aligned_alloc(bytes ? bytes : 64);
+    if (!p) {
+        di_error(DI_ERR_OUT_OF_MEMORY, "separate memory: cannot allocate %zu bytes", bytes);
+        return NULL;
+    }
+    memset(p, 0, bytes ? bytes : 64);
+    g_n_bufs++;
+    return p;
+}
+
+static void sep_free(void *ctx, void *p) {
+    (void)ctx;
+    if (p) g_n_bufs--;
+    di_aligned_free(p);
+}
+
+static di_status sep_upload(void *ctx, void *dst, const void *src, size_t bytes) {
+    (void)ctx;
+    memcpy(dst, src, bytes);
+    g_n_up++;
+    return DI_OK;
+}
+
+static di_status sep_download(void *ctx, void *dst, const void *src, size_t bytes) {
+    (void)ctx;
+    memcpy(dst, src, bytes);
+    g_n_down++;
+    return DI_OK;
+}
+
+static void *dup_bytes(const void *p, size_t n) {
+    void *q = di_aligned_alloc(n ? n : 64);
+    if (q && n) memcpy(q, p, n);
+    return q;
+}
+
+/* A copy of the view: its rows (data points at the view's first row), the FP8 scales up to
+ * its last row (looked up through row_offset) and its E8M0 bytes. */
+static di_status sep_weight_upload(void *ctx, const di_weight *w, di_weight *out) {
+    (void)ctx;
+    *out = *w;
+    const size_t rows = (size_t)w->rows;
+    const size_t data = di_dtype_bytes(w->dtype, (w->rows - 1) * w->row_stride + w->cols);
+    out->data = dup_bytes(w->data, data);
+    if (w->scale) {
+        int64_t srows = (w->row_offset + w->rows + w->block_rows - 1) / w->block_rows;
+        out->scale = dup_bytes(w->scale, (size_t)(srows * w->scale_cols) * sizeof(float));
+    }
+    if (w->scale_e8m0) out->scale_e8m0 = dup_bytes(w->scale_e8m0, rows * (size_t)w->scale_cols);
+    return out->data ? DI_OK : di_error(DI_ERR_OUT_OF_MEMORY, "separate memory: weight");
+}
+
+static void sep_weight_free(void *ctx, di_weight *w) {
+    (void)ctx;
+    di_aligned_free((void *)w->data);
+    di_aligned_free((void *)w->scale);
+    di_aligned_free((void *)w->scale_e8m0);
+}
+
+/* The CPU backend over pool with the memory slots above. */
+static void sep_init(di_backend *be, di_pool *pool, int64_t max_ctx) {
+    CHECK(di_backend_cpu_init(be, pool, max_ctx) == DI_OK);
+    g_ops = *be->ops;
+    g_ops.name = "separate-memory";
+    g_ops.host_memory = false;
+    g_ops.buf_alloc = sep_alloc;
+    g_ops.buf_free = sep_free;
+    g_ops.upload = sep_upload;
+    g_ops.download = sep_download;
+    g_ops.weight_upload = sep_weight_upload;
+    g_ops.weight_free = sep_weight_free;
+    be->ops = &g_ops;
+}
+
+/* The model in dir on the CPU with 2 threads (NULL, and a failed check, if it does not load). */
+static di_model *sep_model_load(const char *dir) {
+    di_model_params mp = di_model_default_params();
+    mp.n_threads = 2;
+    di_model *m = NULL;
+    CHECK_MSG(di_model_load(dir, &mp, &m) == DI_OK, "%s: %s", dir, di_last_error());
+    return m;
+}
+
+#endif /* DI_TEST_SEP_BACKEND_H */

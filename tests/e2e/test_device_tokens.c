@@ -1,0 +1,174 @@
+/*
+ * test_device_tokens.c -- the DeepSeek-V2/V3 runner's device-token path without a GPU.
+ *
+ * On a device the runner may return a decode step's tokens instead of its logits rows
+ * (deepseek_v3.c fetch_decode): the rows' argmax when every sequence is plain greedy
+ * (argmax_rows), the temperature-only draw when every sequence is unfiltered (sample_rows,
+ * sample_full_row.h). Here the runner runs on the separate-memory CPU backend
+ * (sep_backend.h), whose argmax_rows / sample_rows are the CPU backend's, next to the same
+ * runner on the plain CPU backend, over four sequences (paged, chunked prefill) and decode
+ * steps of every mix: all greedy, all temperature-only, greedy and temperature-only together,
+ * and a step with a top_p sequence (which must bring the rows back). Each step's tokens must be
+ * di_sampler_sample's tokens from the plain runner's logits, and where tokens came back the
+ * logits buffer must be untouched (no rows downloaded); where rows came back, bitwise the
+ * plain runner's.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "api_internal.h"
+#include "core/core.h"
+#include "sample/sample_vec.h"
+#include "sample/sampler.h"
+#include "sep_backend.h"
+#include "test.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define N_SEQ   4
+#define N_STEPS 6
+#define BS      16
+
+/* How sequence s samples at decode step k: 0 greedy, 1 temperature only, 2 top_p. */
+static int mode_of(int k, int s) {
+    static const int modes[N_STEPS][N_SEQ] = {{0, 0, 0, 0}, {1, 1, 1, 1}, {0, 1, 0, 1},
+                                              {1, 2, 0, 1}, {0, 0, 0, 0}, {1, 0, 1, 1}};
+    return modes[k][s];
+}
+
+static di_sampling_params params_of(int mode, int s) {
+    di_sampling_params p = di_sampling_default_params();
+    p.temperature = mode == 0 ? 0.0f : 0.6f + 0.3f * (float)s;
+    if (mode == 2) p.top_p = 0.8f;
+    return p;
+}
+
+static void check_model(const char *dir) {
+    di_model *m = sep_model_load(dir);
+    if (!m) return;
+    const di_arch_vtable *arch = m->arch;
+    const int64_t V = m->hp.vocab_size;
+    di_backend cpu, sep;
+    CHECK(di_backend_cpu_init(&cpu, m->pool, 512) == DI_OK);
+    sep_init(&sep, m->pool, 512);
+    void *ws = NULL;
+    CHECK_MSG(arch->load(&m->hp, m->st, dir, &sep, &ws) == DI_OK, "%s", di_last_error());
+    di_batch_config cfg = {.n_blocks = N_SEQ * 4,
+                           .block_size = BS,
+                           .n_slots = N_SEQ,
+                           .max_model_len = 4 * BS,
+                           .max_batch_tokens = 7}; /* prefill in chunks of 7 rows */
+    void *st_ref = NULL, *st_sep = NULL;
+    CHECK(arch->batch_state_create(m->weights, &cfg, &st_ref) == DI_OK);
+    if (ws) CHECK(arch->batch_state_create(ws, &cfg, &st_sep) == DI_OK);
+    float *ref = malloc((size_t)(N_SEQ * V) * sizeof(float));
+    float *got = malloc((size_t)(N_SEQ * V) * sizeof(float));
+    void *scratch = malloc(di_sampler_scratch_size(V));
+    if (!st_ref || !st_sep || !ref || !got || !scratch) goto done;
+
+    static const int64_t plen[N_SEQ] = {5, 9, 3, 12};
+    int32_t ids[N_SEQ][32], table[N_SEQ][4];
+    for (int s = 0; s < N_SEQ; s++) {
+        for (int64_t i = 0; i < plen[s]; i++)
+            ids[s][i] = (int32_t)((i * 7919 + 13 * s + 3) % (V - 2)) + 1;
+        for (int j = 0; j < 4; j++)
+            table[s][j] = s + N_SEQ * j;
+    }
+    di_batch_seq q[N_SEQ];
+    for (int s = 0; s < N_SEQ; s++)
+        q[s] = (di_batch_seq){.ids = ids[s],
+                              .n = plen[s],
+                              .block_table = table[s],
+                              .slot = s,
+                              .reset_state = true,
+                              .n_logits = 1};
+    arch->forward_batch(m->weights, st_ref, &cpu, &(di_batch_args){q, N_SEQ, ref, NULL});
+    arch->forward_batch(ws, st_sep, &sep, &(di_batch_args){q, N_SEQ, got, NULL});
+    CHECK(memcmp(ref, got, (size_t)(N_SEQ * V) * sizeof(float)) == 0);
+
+    /* The first decode step's inputs: the prefill's greedy tokens. */
+    int32_t next[N_SEQ];
+    for (int s = 0; s < N_SEQ; s++) {
+        bool bad;
+        int64_t first;
+        di_sample_kernels_active()->scan(ref + s * V, V, &bad, &first);
+        next[s] = (int32_t)first;
+    }
+    int n_token_steps = 0, n_row_steps = 0;
+    for (int k = 0; k < N_STEPS; k++) {
+        int32_t tokens[N_SEQ];
+        di_sampling_params sp[N_SEQ];
+        di_sample_input in[N_SEQ];
+        bool device = true; /* every row greedy or unfiltered: tokens come back */
+        for (int s = 0; s < N_SEQ; s++) {
+            const int64_t pos = plen[s] + k; /* the input's position; the token chosen is pos + 1 */
+            const int mode = mode_of(k, s);
+            ids[s][pos] = next[s];
+            sp[s] = params_of(mode, s);
+            in[s] = (di_sample_input){.vocab = V,
+                                      .eos_token_id = -1,
+                                      .seed = 500 + s,
+                                      .sample_index = s % 2,
+                                      .position = pos + 1};
+            q[s] = (di_batch_seq){.ids = &ids[s][pos],
+                                  .n = 1,
+                                  .pos0 = pos,
+                                  .block_table = table[s],
+                                  .slot = s,
+                                  .n_logits = 1,
+                                  .greedy_plain = di_sampler_greedy_plain(&sp[s], &in[s]),
+                                  .unfiltered = di_sampler_unfiltered(&sp[s], &in[s]),
+                                  .sample = {.temperature = sp[s].temperature,
+                                             .sample_index = in[s].sample_index,
+                                             .seed = in[s].seed,
+                                             .position = in[s].position}};
+            CHECK(q[s].greedy_plain == (mode == 0) && q[s].unfiltered == (mode < 2));
+            device &= mode < 2;
+            tokens[s] = -1;
+        }
+        arch->forward_batch(m->weights, st_ref, &cpu, &(di_batch_args){q, N_SEQ, ref, NULL});
+        for (int64_t i = 0; i < N_SEQ * V; i++)
+            got[i] = NAN;
+        arch->forward_batch(ws, st_sep, &sep, &(di_batch_args){q, N_SEQ, got, tokens});
+        for (int s = 0; s < N_SEQ; s++) { /* the host sampler on the plain runner's rows */
+            di_sample_result r;
+            in[s].logits = ref + s * V;
+            CHECK(di_sampler_sample(&sp[s], &in[s], scratch, &r) == DI_OK);
+            next[s] = r.token;
+        }
+        if (device) {
+            n_token_steps++;
+            for (int s = 0; s < N_SEQ; s++)
+                CHECK_MSG(tokens[s] == next[s], "%s step %d seq %d: token %d, the sampler's %d",
+                          dir, k, s, tokens[s], next[s]);
+            CHECK_MSG(isnan(got[0]) && isnan(got[N_SEQ * V - 1]),
+                      "%s step %d: logits rows were downloaded with the tokens", dir, k);
+        } else {
+            n_row_steps++;
+            for (int s = 0; s < N_SEQ; s++)
+                CHECK(tokens[s] == -1);
+            CHECK_MSG(memcmp(ref, got, (size_t)(N_SEQ * V) * sizeof(float)) == 0,
+                      "%s step %d: the rows differ from the plain runner's", dir, k);
+        }
+    }
+    printf("  %-14s %d decode steps returned tokens, %d returned rows\n", strrchr(dir, '/') + 1,
+           n_token_steps, n_row_steps);
+done:
+    if (st_ref) arch->batch_state_free(st_ref);
+    if (st_sep) arch->batch_state_free(st_sep);
+    if (ws) arch->free(ws);
+    free(ref), free(got), free(scratch);
+    di_backend_free(&sep);
+    di_backend_free(&cpu);
+    di_model_free(m);
+}
+
+TEST(v3_device_tokens) {
+    check_model(DI_SOURCE_DIR "/tests/data/v3_fp8");
+    check_model(DI_SOURCE_DIR "/tests/data/v2_lite");
+}
+
+int main(void) {
+    RUN(v3_device_tokens);
+    return test_summary();
+}
