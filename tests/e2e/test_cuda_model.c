@@ -12,6 +12,8 @@
  *   - batch invariance (V3 FP8 and V4): one request's logprobs (chosen and top-5, from the
  *     logits) are bitwise the same alone and inside a batch of several other requests on the
  *     GPU;
+ *   - device sampling (V3 FP8): seeded temperature-only requests (and a top_p one) give the
+ *     same tokens with the draw on the device (DI_CUDA_SAMPLE=1) as with the host sampler;
  *   - errors: a bad device name.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -110,15 +112,19 @@ static bool run_engine(di_model *m, eu_req *reqs, int n) {
     return eu_run_fresh(m, &ep, reqs, n);
 }
 
-static void mixed_requests(const di_model_info *info, int32_t (*prompts)[96], eu_req *reqs,
-                           eu_result *res) {
+/* Greedy requests, or with `sampled` most at temperature 0.5-1.4 (seeded) and one with top_p
+ * (whose steps bring their rows to the host sampler). */
+static void sampled_mixed_requests(const di_model_info *info, int32_t (*prompts)[96], eu_req *reqs,
+                                   eu_result *res, bool sampled) {
     g_rng = 4321;
     for (int i = 0; i < N_MIXED; i++) {
         int64_t np = 1 + rnd(i % 3 == 0 ? 90 : 20);
         for (int64_t k = 0; k < np; k++)
             prompts[i][k] = 2 + rnd((int32_t)info->vocab_size - 2);
         di_sampling_params sp = di_sampling_default_params();
-        sp.temperature = 0.0f;
+        sp.temperature = sampled && i % 4 != 0 ? 0.5f + 0.1f * (float)i : 0.0f;
+        sp.top_p = sampled && i == 5 ? 0.9f : 1.0f;
+        sp.seed = 100 + i;
         sp.max_tokens = 2 + rnd(14);
         sp.ignore_eos = true;
         reqs[i] = (eu_req){.prompt = prompts[i],
@@ -128,6 +134,11 @@ static void mixed_requests(const di_model_info *info, int32_t (*prompts)[96], eu
                            .abort_at = -1,
                            .res = &res[i]};
     }
+}
+
+static void mixed_requests(const di_model_info *info, int32_t (*prompts)[96], eu_req *reqs,
+                           eu_result *res) {
+    sampled_mixed_requests(info, prompts, reqs, res, false);
 }
 
 static void engine_matches_cpu(const char *name) {
@@ -167,6 +178,46 @@ TEST(engine_cuda_matches_cpu) {
     if (!g_have_gpu) SKIP("no CUDA device");
     for (size_t i = 0; i < DI_ARRAY_LEN(g_engine_cases); i++)
         engine_matches_cpu(g_engine_cases[i]);
+}
+
+/* Sampled requests through the CUDA engine with the draw on the device (DI_CUDA_SAMPLE=1:
+ * sample_rows) and without (rows downloaded to the host sampler): the same logits on the
+ * same device, so the same tokens, bitwise. */
+static void engine_device_sampling(const char *name) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/%s", DATA_DIR, name);
+    di_model *mg = load_on(dir, "cuda");
+    CHECK(mg);
+    if (!mg) return;
+    di_model_info info;
+    di_model_get_info(mg, &info);
+    static int32_t prompts[N_MIXED][96];
+    static eu_req rd[N_MIXED], rh[N_MIXED];
+    static eu_result resd[N_MIXED], resh[N_MIXED];
+    memset(resd, 0, sizeof resd);
+    memset(resh, 0, sizeof resh);
+    sampled_mixed_requests(&info, prompts, rd, resd, true);
+    sampled_mixed_requests(&info, prompts, rh, resh, true);
+    setenv("DI_CUDA_SAMPLE", "1", 1); /* read when the engine makes its backend */
+    CHECK(run_engine(mg, rd, N_MIXED));
+    unsetenv("DI_CUDA_SAMPLE");
+    CHECK(run_engine(mg, rh, N_MIXED));
+    int same = 0;
+    for (int i = 0; i < N_MIXED; i++) {
+        bool eq = resd[i].n == rd[i].sp.max_tokens && resd[i].n == resh[i].n &&
+                  memcmp(resd[i].tokens, resh[i].tokens, (size_t)resd[i].n * sizeof(int32_t)) == 0;
+        CHECK_MSG(eq, "%s req %d: tokens drawn on the device differ from the host sampler's", name,
+                  i);
+        same += eq;
+    }
+    printf("  engine %-16s %d/%d sampled requests: device draw == host sampler\n", name, same,
+           N_MIXED);
+    di_model_free(mg);
+}
+
+TEST(engine_cuda_device_sampling) {
+    if (!g_have_gpu) SKIP("no CUDA device");
+    engine_device_sampling("v3_fp8");
 }
 
 static void engine_batch_invariance(const char *name) {
@@ -254,5 +305,6 @@ int main(void) {
     RUN(goldens_cuda);
     RUN(engine_cuda_matches_cpu);
     RUN(engine_cuda_batch_invariance);
+    RUN(engine_cuda_device_sampling);
     return test_summary();
 }
