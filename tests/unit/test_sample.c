@@ -330,6 +330,39 @@ TEST(greedy_plain) {
     CHECK(di_sampler_greedy_plain(&p, &in));
 }
 
+/* di_sampler_unfiltered: greedy or temperature only (top_k off or at least the vocabulary,
+ * top_p 1, no min_p), no processor, no logprobs; greedy plain is exactly unfiltered at a
+ * greedy temperature. */
+TEST(unfiltered) {
+    static float x[3000];
+    const int32_t ids[2] = {0, 5}, cnt[2] = {0, 1};
+    di_token_counts h = {ids, cnt, 2, 1};
+    di_sample_input in = input(x, 3000);
+    in.history = &h;
+    di_sampling_params t = di_sampling_default_params();
+    t.temperature = 0.7f;
+    struct {
+        di_sampling_params p;
+        bool want;
+    } cases[9];
+    for (int i = 0; i < 9; i++)
+        cases[i].p = t, cases[i].want = true;
+    cases[1].p.temperature = 0.0f;
+    cases[2].p.top_k = 3000;
+    cases[3].p.top_k = 50, cases[3].want = false;
+    cases[4].p.top_p = 0.9f, cases[4].want = false;
+    cases[5].p.min_p = 0.05f, cases[5].want = false;
+    cases[6].p.logprobs = 2, cases[6].want = false;
+    cases[7].p.frequency_penalty = 0.3f, cases[7].want = false;
+    cases[8].p.temperature = 0.0f, cases[8].p.top_p = 0.5f; /* greedy ignores the filters */
+    for (int i = 0; i < 9; i++) {
+        const bool u = di_sampler_unfiltered(&cases[i].p, &in);
+        CHECK_MSG(u == cases[i].want, "case %d", i);
+        CHECK(di_sampler_greedy_plain(&cases[i].p, &in) ==
+              (u && cases[i].p.temperature < DI_SAMPLING_GREEDY_EPS));
+    }
+}
+
 /* sample_full_row.h (the draw a GPU runs without the row leaving it) against the sampler:
  * the same token for temperature-only sampling over rows of every tail shape (ids past the
  * last full block, blocks of -inf), temperatures, seeds and positions; its exponential and
@@ -694,6 +727,7 @@ int main(void) {
     RUN(greedy_ties_lowest_id);
     RUN(greedy_uses_processed_row);
     RUN(greedy_plain);
+    RUN(unfiltered);
     RUN(full_row_draw_matches);
     RUN(top_k_one_is_greedy);
     RUN(very_low_temperature_is_greedy);
