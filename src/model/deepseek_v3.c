@@ -711,26 +711,40 @@ static bool forward_graph(const ds_model *m, ds_state *s, const di_backend *be, 
 
 /* The n logits rows of a decode step (in s->logits; their argmax already in s->tokens where
  * the backend has argmax_rows) to the host, or only their tokens: when every row is
- * greedy_plain, the argmax; when every row is unfiltered and the backend draws (sample_rows),
- * the draw with each row's parameters -- n ints instead of n V floats, the step's largest
- * transfer. All rows otherwise, or when a row's token is -1 (NaN, +inf: the host sampler then
- * reports the row). */
+ * greedy_plain, the argmax; when every row is unfiltered and the backend draws (sample_rows;
+ * the parameters staged by stage_draw), the draw -- n ints instead of n V floats, the step's
+ * largest transfer. All rows otherwise, or when a row's token is -1 (NaN, +inf: the host sampler
+ * then reports the row). */
+/* Do the decode step's n rows all qualify for the argmax (every row greedy_plain)? */
+static bool all_greedy(const ds_state *s, const di_backend *be, int64_t n, const int32_t *tokens) {
+    bool greedy = tokens && be->ops->argmax_rows;
+    for (int64_t g = 0; greedy && g < n; g++)
+        greedy = s->segs[g].seq->greedy_plain;
+    return greedy;
+}
+
+/* Before a decode step's forward: when its rows will be drawn on the device (every row
+ * unfiltered, not every row greedy, the backend draws), their parameters go up now, with
+ * the inputs, so that the draw after the forward waits for nothing. Returns whether they
+ * did. */
+static bool stage_draw(ds_state *s, const di_backend *be, int64_t n, const int32_t *tokens) {
+    bool unf = tokens && be->ops->sample_rows && !all_greedy(s, be, n, tokens);
+    for (int64_t g = 0; unf && g < n; g++)
+        unf = s->segs[g].seq->unfiltered;
+    if (!unf) return false;
+    for (int64_t g = 0; g < n; g++)
+        s->srows_h[g] = s->segs[g].seq->sample;
+    return be->ops->upload(be->ctx, s->srows, s->srows_h, (size_t)n * sizeof *s->srows) == DI_OK;
+}
+
 static void fetch_decode(const ds_model *m, ds_state *s, const di_backend *be, int64_t n,
-                         float *logits, int32_t *tokens) {
+                         float *logits, int32_t *tokens, bool staged) {
     const int64_t V = m->hp->vocab_size;
     void *c = be->ctx;
-    bool greedy = tokens && be->ops->argmax_rows, unf = tokens && be->ops->sample_rows;
-    for (int64_t g = 0; g < n; g++) {
-        greedy = greedy && s->segs[g].seq->greedy_plain;
-        unf = unf && s->segs[g].seq->unfiltered;
-    }
-    if (!greedy && unf) {
-        for (int64_t g = 0; g < n; g++)
-            s->srows_h[g] = s->segs[g].seq->sample;
-        if (be->ops->upload(c, s->srows, s->srows_h, (size_t)n * sizeof *s->srows) == DI_OK) {
-            be->ops->sample_rows(c, s->logits, n, V, s->srows, s->tokens);
-            greedy = true; /* s->tokens holds the rows' tokens now */
-        }
+    bool greedy = all_greedy(s, be, n, tokens);
+    if (!greedy && staged) {
+        be->ops->sample_rows(c, s->logits, n, V, s->srows, s->tokens);
+        greedy = true; /* s->tokens holds the rows' tokens now */
     }
     if (greedy && be->ops->download(c, tokens, s->tokens, (size_t)n * sizeof(int32_t)) == DI_OK) {
         bool all = true;
@@ -754,8 +768,9 @@ static int64_t forward_chunk(const ds_model *m, ds_state *s, const di_backend *b
 
     s->decode = logits && is_decode(s, n, nseg);
     pack_inputs(m, s, be, n, nseg);
+    const bool staged = s->decode && !be->ops->host_memory && stage_draw(s, be, n, tokens);
     if (s->decode && forward_graph(m, s, be, n, nseg)) {
-        fetch_decode(m, s, be, n, logits, tokens);
+        fetch_decode(m, s, be, n, logits, tokens, staged);
         return n;
     }
     int64_t k = forward_layers(m, s, be, n, nseg);
@@ -766,7 +781,7 @@ static int64_t forward_chunk(const ds_model *m, ds_state *s, const di_backend *b
             be->ops->matmul(c, &m->lm_head, s->xn, k, s->logits);
             if (s->decode && (be->ops->argmax_rows || be->ops->sample_rows)) {
                 if (be->ops->argmax_rows) be->ops->argmax_rows(c, s->logits, k, V, s->tokens);
-                fetch_decode(m, s, be, n, logits, tokens);
+                fetch_decode(m, s, be, n, logits, tokens, staged);
             } else {
                 be->ops->download(c, logits, s->logits, (size_t)(k * V) * sizeof(float));
             }

@@ -18,6 +18,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include "backend/backend.h"
+#include "backend/cuda/cuda_backend.h"
 #include "engine_util.h"
 #include "golden_util.h"
 
@@ -198,9 +199,11 @@ static void engine_device_sampling(const char *name) {
     memset(resh, 0, sizeof resh);
     sampled_mixed_requests(&info, prompts, rd, resd, true);
     sampled_mixed_requests(&info, prompts, rh, resh, true);
+    const int64_t launches = di_backend_cuda_sample_launches();
     setenv("DI_CUDA_SAMPLE", "1", 1); /* read when the engine makes its backend */
     CHECK(run_engine(mg, rd, N_MIXED));
     unsetenv("DI_CUDA_SAMPLE");
+    CHECK_MSG(di_backend_cuda_sample_launches() > launches, "%s: no draw ran on the device", name);
     CHECK(run_engine(mg, rh, N_MIXED));
     int same = 0;
     for (int i = 0; i < N_MIXED; i++) {

@@ -52,7 +52,7 @@ static void check_model(const char *dir) {
     CHECK(di_backend_cpu_init(&cpu, m->pool, 512) == DI_OK);
     sep_init(&sep, m->pool, 512);
     void *ws = NULL;
-    CHECK_MSG(arch->load(&m->hp, m->st, dir, &sep, &ws) == DI_OK, "%s", di_last_error());
+    CHECK_MSG(arch->load(&m->hp, m->st, dir, &sep, &ws) == DI_OK && ws, "%s", di_last_error());
     di_batch_config cfg = {.n_blocks = N_SEQ * 4,
                            .block_size = BS,
                            .n_slots = N_SEQ,
@@ -151,6 +151,7 @@ static void check_model(const char *dir) {
                       "%s step %d: the rows differ from the plain runner's", dir, k);
         }
     }
+    CHECK(n_token_steps == N_STEPS - 1 && n_row_steps == 1); /* modes: one top_p step */
     printf("  %-14s %d decode steps returned tokens, %d returned rows\n", strrchr(dir, '/') + 1,
            n_token_steps, n_row_steps);
 done:

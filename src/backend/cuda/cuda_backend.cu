@@ -712,6 +712,10 @@ extern "C" void *di_backend_cuda_stream(const di_backend *dbe) {
     return (void *)ctx_of(dbe)->stream;
 }
 
+extern "C" int64_t di_backend_cuda_sample_launches(void) {
+    return di_cuda_sample_launches;
+}
+
 extern "C" void di_backend_cuda_set_batch_invariant(const di_backend *dbe, bool on) {
     if (dbe && is_cuda_ops(dbe->ops) && dbe->ctx) ctx_of(dbe)->invariant = on;
 }

@@ -70,6 +70,10 @@ void di_backend_cuda_set_attn_mode(const di_backend *be, di_cuda_attn_mode mode)
  * faster, and the tensor cores above. No-op on other backends. */
 void di_backend_cuda_set_batch_invariant(const di_backend *be, bool on);
 
+/* How many sample_rows draws this process has launched (0 without CUDA): lets a test see
+ * that the device path ran. */
+int64_t di_backend_cuda_sample_launches(void);
+
 /* Device-to-device copy bandwidth in bytes/s (bytes read + bytes written per second) over a
  * buffer of `bytes`: the roofline the benchmarks compare with. Returns 0 on failure. */
 double di_cuda_measure_copy_bandwidth(const di_backend *be, size_t bytes);

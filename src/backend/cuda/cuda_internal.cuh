@@ -183,7 +183,9 @@ cudaError_t di_cuda_launch_moe_combine(const float *rows, const int32_t *rows_of
  * for a row with a NaN, +inf or only -inf. */
 cudaError_t di_cuda_launch_argmax(const float *x, int64_t n, int64_t V, int32_t *out,
                                   cudaStream_t stream);
-/* Seeded sampling, temperature only (backend.h's sample_rows; cuda_sample.cu). */
+/* Seeded sampling, temperature only (backend.h's sample_rows; cuda_sample.cu), and the count
+ * of its launches (di_backend_cuda_sample_launches). */
+extern int64_t di_cuda_sample_launches;
 cudaError_t di_cuda_launch_sample_rows(const float *x, int64_t n, int64_t V,
                                        const di_sample_row *rows, int32_t *out,
                                        cudaStream_t stream);

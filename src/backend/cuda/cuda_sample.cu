@@ -18,7 +18,9 @@
 #include <math.h>
 
 #define SR_THREADS 256
-#define SR_GREEDY  1e-5f /* sampler.h's DI_SAMPLING_GREEDY_EPS: below it, greedy */
+
+int64_t di_cuda_sample_launches; /* cuda_backend.h: draws launched (for tests) */
+#define SR_GREEDY 1e-5f          /* sampler.h's DI_SAMPLING_GREEDY_EPS: below it, greedy */
 
 /* Is (v, i) ahead of (bv, bi): larger, or equal with a lower index (bi < 0: none yet). */
 static __device__ __forceinline__ bool sr_ahead(float v, int64_t i, float bv, int64_t bi) {
@@ -86,8 +88,9 @@ cudaError_t di_cuda_launch_sample_rows(const float *x, int64_t n, int64_t V,
     if (n <= 0 || V <= 0) return cudaSuccess;
     const size_t smem = (size_t)((V + DI_SAMPLE_BLOCK - 1) / DI_SAMPLE_BLOCK) * sizeof(double);
     /* 48 KiB of shared memory without opting in, less the kernel's own ~100 bytes:
-     * vocabularies up to about 1.5 M ids */
-    if (smem > 48 * 1024 - 256) return cudaErrorInvalidValue;
+     * vocabularies up to about 1.5 M ids; larger ones give -1 (the host sampler's rows) */
+    if (smem > 48 * 1024 - 256) return cudaMemsetAsync(out, 0xff, (size_t)n * sizeof *out, stream);
+    di_cuda_sample_launches++;
     return di_cuda_launch(sample_rows_kernel, (unsigned)n, SR_THREADS, smem, stream, x, V, rows,
                           out);
 }
