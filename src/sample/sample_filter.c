@@ -22,6 +22,7 @@
  */
 #include "core/core.h"
 #include "sample/sample_filter.h"
+#include "sample/sample_full_row.h"
 #include "sample/sample_vec.h"
 #include "sample/sampler.h"
 
@@ -431,42 +432,9 @@ static int32_t draw_list(const di_sample_dist *d, double target) {
     return last; /* only when rounding left target at or above the final sum */
 }
 
-/* The last kept token of block b, or -1. */
-static int32_t last_kept(const di_sample_dist *d, int64_t b) {
-    const int64_t b0 = b * DI_SAMPLE_BLOCK, end = DI_MIN(b0 + DI_SAMPLE_BLOCK, d->n);
-    float wb[DI_SAMPLE_BLOCK];
-    block_weights(d, b0, end, wb);
-    for (int64_t i = end - 1; i >= b0; i--)
-        if (wb[i - b0] > 0.0f) return (int32_t)i;
-    return -1;
-}
-
-/* The full-row draw: whole blocks first, then the ids of one block (see the header). */
-static int32_t draw_blocks(const di_sample_dist *d, double target) {
-    const int64_t nb = (d->n + DI_SAMPLE_BLOCK - 1) / DI_SAMPLE_BLOCK;
-    double acc = 0.0;
-    int64_t b = 0, last_b = -1;
-    for (; b < nb; b++) {
-        double next = acc + d->block_sum[b];
-        if (next > target) break;
-        if (d->block_sum[b] > 0.0) last_b = b;
-        acc = next;
-    }
-    if (b == nb) /* only when rounding left target at or above the final sum */
-        return last_b < 0 ? -1 : last_kept(d, last_b);
-    const int64_t b0 = b * DI_SAMPLE_BLOCK, end = DI_MIN(b0 + DI_SAMPLE_BLOCK, d->n);
-    float wb[DI_SAMPLE_BLOCK];
-    block_weights(d, b0, end, wb);
-    for (int64_t i = b0; i < end; i++) {
-        float w = wb[i - b0];
-        if (!(w > 0.0f)) continue;
-        acc += w;
-        if (acc > target) return (int32_t)i;
-    }
-    return last_kept(d, b);
-}
-
 int32_t di_sample_draw(const di_sample_dist *d, double u) {
     const double target = u * d->total;
-    return d->ids ? draw_list(d, target) : draw_blocks(d, target);
+    if (d->ids) return draw_list(d, target);
+    /* whole blocks first, then the ids of one block (sample_full_row.h, shared with devices) */
+    return ds_draw_full_row(d->x, d->n, d->max, d->inv_t, d->cutoff, d->block_sum, target);
 }

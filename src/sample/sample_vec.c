@@ -1,6 +1,7 @@
 /*
- * sample_vec.c -- the portable scalar kernels of the sampler, the exponential they share with
- * the AVX2 kernels, and the dispatch (see sample_vec.h).
+ * sample_vec.c -- the portable scalar kernels of the sampler, the exponential (its arithmetic
+ * is sample_full_row.h's ds_exp_core, which the vector kernels repeat lane by lane), and the
+ * dispatch (see sample_vec.h).
  *
  * Invariant: every floating-point operation here is written so that it is rounded exactly
  * once, in the order written, because sample_vec_avx2.c performs the same operations lane by
@@ -10,6 +11,7 @@
  */
 #include "sample/sample_vec.h"
 #include "core/core.h"
+#include "sample/sample_full_row.h"
 #include "sample/sample_vec_exp.h"
 
 #include <float.h>
@@ -26,51 +28,8 @@
 /* The exponential                                                                            */
 /* ---------------------------------------------------------------------------------------- */
 
-static float bits_to_float(uint32_t b) {
-    float f;
-    memcpy(&f, &b, sizeof f);
-    return f;
-}
-
-static uint32_t float_to_bits(float f) {
-    uint32_t b;
-    memcpy(&b, &f, sizeof b);
-    return b;
-}
-
-/* di_sample_exp without the range check (any value outside the range is discarded by the
- * callers), branch-free so that the compiler can vectorise the loops calling it. */
-static inline float exp_core(float y) {
-    float k = y * EXP_LOG2E;
-    k = k + EXP_MAGIC; /* n = round(y / ln2) lands in the low mantissa bits */
-    uint32_t n = float_to_bits(k) - float_to_bits(EXP_MAGIC); /* two's complement, >= -125 */
-    float fn = k - EXP_MAGIC;
-    float t = fn * EXP_LN2_HI; /* exact: 9 x 8 significant bits */
-    float r = y - t;
-    t = fn * EXP_LN2_LO;
-    r = r - t;
-    float z = r * r;
-    float p = EXP_P0;
-    p = p * r;
-    p = p + EXP_P1;
-    p = p * r;
-    p = p + EXP_P2;
-    p = p * r;
-    p = p + EXP_P3;
-    p = p * r;
-    p = p + EXP_P4;
-    p = p * r;
-    p = p + EXP_P5;
-    p = p * z;
-    p = p + r;
-    p = p + 1.0f;
-    /* p * 2^n by adding n to the exponent field: p is in [0.7, 1.5] and n in [-125, 0], so
-     * the result is a normal float and the addition exact. */
-    return bits_to_float(float_to_bits(p) + (n << 23));
-}
-
 float di_sample_exp(float y) {
-    return y >= DI_SAMPLE_EXP_MIN ? exp_core(y) : 0.0f; /* NaN and -inf give 0 */
+    return y >= DI_SAMPLE_EXP_MIN ? ds_exp_core(y) : 0.0f; /* NaN and -inf give 0 */
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -133,9 +92,9 @@ static double weights_scalar(const float *x, int64_t n, float max, float inv_t, 
             for (int l = 0; l < 8; l++) {
                 float d = x[i + l] - max;
                 d = d * inv_t;
-                float v = exp_core(d);
+                float v = ds_exp_core(d);
                 uint32_t keep = 0u - (uint32_t)((x[i + l] >= cutoff) & (d >= DI_SAMPLE_EXP_MIN));
-                e[l] = bits_to_float(float_to_bits(v) & keep); /* v or +0, without a branch */
+                e[l] = ds_bits_float(ds_float_bits(v) & keep); /* v or +0, without a branch */
             }
             if (w) memcpy(w + i, e, sizeof e);
             for (int l = 0; l < 8; l++)

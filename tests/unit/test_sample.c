@@ -407,7 +407,8 @@ TEST(full_row_draw_matches) {
                 const int64_t nb = (n + DI_SAMPLE_BLOCK - 1) / DI_SAMPLE_BLOCK;
                 for (int64_t b = 0; b < nb; b++) {
                     const int64_t b0 = b * DI_SAMPLE_BLOCK;
-                    bsum[b] = ds_block_sum(x, b0, DI_MIN(b0 + DI_SAMPLE_BLOCK, n), max, inv_t);
+                    bsum[b] =
+                        ds_block_sum(x, b0, DI_MIN(b0 + DI_SAMPLE_BLOCK, n), max, inv_t, -FLT_MAX);
                     total += bsum[b];
                 }
                 for (int64_t pos = 0; pos < 12; pos++) {
@@ -415,7 +416,8 @@ TEST(full_row_draw_matches) {
                     in.seed = 77 + rep;
                     in.sample_index = (int32_t)(pos % 2);
                     const double u = ds_philox_uniform(in.seed, in.sample_index, pos, 0);
-                    const int32_t got = ds_draw_full_row(x, n, max, inv_t, bsum, total, u);
+                    const int32_t got =
+                        ds_draw_full_row(x, n, max, inv_t, -FLT_MAX, bsum, u * total);
                     CHECK_MSG(got == sample(&p, in, pos),
                               "vocab %lld rep %d T %g pos %lld: %d vs the sampler's %d",
                               (long long)n, rep, (double)p.temperature, (long long)pos, got,

@@ -257,11 +257,11 @@ static int32_t cpu_row_token(const float *x, int64_t V, const di_sample_row *r) 
     const float inv_t = 1.0f / r->temperature;
     for (int64_t b = 0; b < nb; b++) {
         const int64_t b0 = b * DI_SAMPLE_BLOCK;
-        bsum[b] = ds_block_sum(x, b0, DI_MIN(b0 + DI_SAMPLE_BLOCK, V), x[first], inv_t);
+        bsum[b] = ds_block_sum(x, b0, DI_MIN(b0 + DI_SAMPLE_BLOCK, V), x[first], inv_t, -FLT_MAX);
         total += bsum[b];
     }
     const double u = ds_philox_uniform(r->seed, r->sample_index, r->position, 0);
-    return ds_draw_full_row(x, V, x[first], inv_t, bsum, total, u);
+    return ds_draw_full_row(x, V, x[first], inv_t, -FLT_MAX, bsum, u * total);
 }
 
 static void cpu_argmax_rows(void *ctx, const float *x, int64_t n, int64_t V, int32_t *out) {

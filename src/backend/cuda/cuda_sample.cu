@@ -71,7 +71,7 @@ __global__ void __launch_bounds__(SR_THREADS)
     const int64_t nb = (V + DI_SAMPLE_BLOCK - 1) / DI_SAMPLE_BLOCK;
     for (int64_t b = tid; b < nb; b += SR_THREADS) {
         const int64_t b0 = b * DI_SAMPLE_BLOCK;
-        bsum[b] = ds_block_sum(row, b0, min(b0 + DI_SAMPLE_BLOCK, V), bv, inv_t);
+        bsum[b] = ds_block_sum(row, b0, min(b0 + DI_SAMPLE_BLOCK, V), bv, inv_t, -FLT_MAX);
     }
     __syncthreads();
     if (tid != 0) return;
@@ -79,7 +79,7 @@ __global__ void __launch_bounds__(SR_THREADS)
     for (int64_t b = 0; b < nb; b++)
         total = __dadd_rn(total, bsum[b]);
     const double u = ds_philox_uniform(r.seed, r.sample_index, r.position, 0);
-    out[blockIdx.x] = ds_draw_full_row(row, V, bv, inv_t, bsum, total, u);
+    out[blockIdx.x] = ds_draw_full_row(row, V, bv, inv_t, -FLT_MAX, bsum, __dmul_rn(u, total));
 }
 
 cudaError_t di_cuda_launch_sample_rows(const float *x, int64_t n, int64_t V,
