@@ -168,7 +168,7 @@ void eng_build(di_engine *e, const di_sched_batch *sb, eng_batch *b) {
                                     .slot = q->slot,
                                     .reset_state = q->reset_state,
                                     .n_logits = q->n_logit_rows};
-        eng_device_sample(e, q, &b->seqs[i]);
+        if (b->tokens) eng_device_sample(e, q, &b->seqs[i]); /* a runner may use them */
         b->lrow[i] = q->n_logit_rows > 0 ? (int32_t)b->n_lrows : -1;
         b->n_lrows += q->n_logit_rows;
         b->n_tokens += q->n_tokens;
@@ -493,8 +493,9 @@ di_status di_engine_create(di_model *model, const di_engine_params *params, di_e
         if (!st) {
             int64_t rows = p.max_running + e->scfg.max_prompt_logits;
             e->logits = di_malloc((size_t)(rows * e->vocab) * sizeof(float));
-            e->tokens = di_malloc((size_t)rows * sizeof(int32_t));
-            if (!e->logits || !e->tokens)
+            /* tokens from the runner only where the rows live in device memory */
+            if (!e->be.ops->host_memory) e->tokens = di_malloc((size_t)rows * sizeof(int32_t));
+            if (!e->logits || (!e->be.ops->host_memory && !e->tokens))
                 st = di_error(DI_ERR_OUT_OF_MEMORY, "engine: out of memory for logits");
             e->batches[0].logits = e->batches[1].logits = e->logits;
             e->batches[0].tokens = e->batches[1].tokens = e->tokens;

@@ -491,14 +491,12 @@ static di_sample_input sample_input(const di_engine *e, const di_sched_seq *q, c
 }
 
 void eng_device_sample(const di_engine *e, const di_sched_seq *q, di_batch_seq *bs) {
-    bs->greedy_plain = bs->unfiltered = false;
+    bs->unfiltered = false;
     eng_sample *s = q->req_id < e->n_sid ? e->by_sid[q->req_id] : NULL;
     if (!s || s->finished || q->n_logits != 1 || q->n_logit_rows != 1) return;
     di_token_counts h;
     di_sample_input in = sample_input(e, q, s, NULL, &h);
-    /* greedy plain = unfiltered at temperature 0 (one pass over the history's ids) */
     bs->unfiltered = di_sampler_unfiltered(&s->req->sp, &in);
-    bs->greedy_plain = bs->unfiltered && s->req->sp.temperature < DI_SAMPLING_GREEDY_EPS;
     bs->sample = (di_sample_row){.temperature = s->req->sp.temperature,
                                  .sample_index = in.sample_index,
                                  .seed = in.seed,

@@ -39,6 +39,7 @@
  * (chunk = min(max_tokens, DS_MAX_CHUNK)) rows, and longer inputs run in chunks.
  */
 #include "model/deepseek_v3.h"
+#include "sample/sampler.h"
 #include "kv/mla_cache.h"
 
 #include <math.h>
@@ -711,15 +712,16 @@ static bool forward_graph(const ds_model *m, ds_state *s, const di_backend *be, 
 
 /* The n logits rows of a decode step (in s->logits; their argmax already in s->tokens where
  * the backend has argmax_rows) to the host, or only their tokens: when every row is
- * greedy_plain, the argmax; when every row is unfiltered and the backend draws (sample_rows;
- * the parameters staged by stage_draw), the draw -- n ints instead of n V floats, the step's
- * largest transfer. All rows otherwise, or when a row's token is -1 (NaN, +inf: the host sampler
- * then reports the row). */
-/* Do the decode step's n rows all qualify for the argmax (every row greedy_plain)? */
+ * unfiltered and greedy, the argmax; when every row is unfiltered and the backend draws
+ * (sample_rows; the parameters staged by stage_draw), the draw -- n ints instead of n V floats, the
+ * step's largest transfer. All rows otherwise, or when a row's token is -1 (NaN, +inf: the host
+ * sampler then reports the row). */
+/* Do the decode step's n rows all qualify for the argmax (unfiltered and greedy)? */
 static bool all_greedy(const ds_state *s, const di_backend *be, int64_t n, const int32_t *tokens) {
     bool greedy = tokens && be->ops->argmax_rows;
     for (int64_t g = 0; greedy && g < n; g++)
-        greedy = s->segs[g].seq->greedy_plain;
+        greedy = s->segs[g].seq->unfiltered &&
+                 s->segs[g].seq->sample.temperature < DI_SAMPLING_GREEDY_EPS;
     return greedy;
 }
 

@@ -220,11 +220,6 @@ static di_status prepare(const di_sampling_params *p, const di_sample_input *in,
     return DI_OK;
 }
 
-bool di_sampler_greedy_plain(const di_sampling_params *p, const di_sample_input *in) {
-    if (!p || !in || in->vocab <= 0 || in->vocab > INT32_MAX) return false;
-    return is_greedy(p) && p->logprobs < 0 && !processing_needed(p, in) && ids_valid(p, in);
-}
-
 bool di_sampler_unfiltered(const di_sampling_params *p, const di_sample_input *in) {
     if (!p || !in || in->vocab <= 0 || in->vocab > INT32_MAX) return false;
     const bool no_filter =

@@ -70,17 +70,12 @@ size_t di_sampler_scratch_size(int64_t vocab);
 di_status di_sampler_sample(const di_sampling_params *params, const di_sample_input *in,
                             void *scratch, di_sample_result *out);
 
-/* Whether di_sampler_sample's token for this input is simply the first index of the row's
- * maximum (greedy, no logit processor active, no logprobs wanted, the ids valid), so that a
- * device may compute it without the row leaving the device. It then also must check the
- * row for NaN and +inf (and a row of -inf only), which are errors here. in->logits is not
- * read. */
-bool di_sampler_greedy_plain(const di_sampling_params *params, const di_sample_input *in);
-
-/* Whether the token is either that (greedy plain) or the unfiltered draw of
- * sample_full_row.h: temperature only (no top_k below the vocabulary, no top_p below 1, no
- * min_p), no logit processor active, no logprobs wanted, the ids valid. A device may then
- * draw it from its copy of the row with the same seed, sample index and position. */
+/* Whether di_sampler_sample's token for this input is one a device can find from its own
+ * copy of the row: greedy (the first index of the row's maximum) or the unfiltered draw of
+ * sample_full_row.h -- temperature only (no top_k below the vocabulary, no top_p below 1, no
+ * min_p) -- with no logit processor active, no logprobs wanted and the ids valid. The device
+ * then also checks the row for NaN and +inf (and a row of -inf only), which are errors
+ * here. in->logits is not read. */
 bool di_sampler_unfiltered(const di_sampling_params *params, const di_sample_input *in);
 
 /* Raw logprobs of a given token (prompt logprobs): out->logprob of `token` and the n_top

@@ -290,9 +290,13 @@ TEST(greedy_uses_processed_row) {
     CHECK_EQ_INT(sample(&p, in, 0), 1);
 }
 
-/* di_sampler_greedy_plain: true exactly when the token is the raw row's first argmax
- * (a device may then compute it), false whenever a processor, logprobs or the temperature
- * could change it or an id check would fail. */
+/* Plain greedy -- di_sampler_unfiltered at a greedy temperature: true exactly when the token
+ * is the raw row's first argmax (a device may then compute it), false whenever a processor,
+ * logprobs or the temperature could change it or an id check would fail. */
+static bool greedy_plain(const di_sampling_params *p, const di_sample_input *in) {
+    return p->temperature < DI_SAMPLING_GREEDY_EPS && di_sampler_unfiltered(p, in);
+}
+
 TEST(greedy_plain) {
     static float x[MAX_VOCAB];
     const int32_t ids[2] = {0, 5}, cnt[2] = {0, 1}, bad_stop[1] = {3000}, stop[1] = {7};
@@ -305,7 +309,7 @@ TEST(greedy_plain) {
     for (int rep = 0; rep < 20; rep++) { /* plain: the sampler's token is the first argmax */
         random_row(x, 3000, 4.0);
         if (rep % 4 == 0) x[11] = x[2000] = 9.0f;
-        CHECK(di_sampler_greedy_plain(&g, &in));
+        CHECK(greedy_plain(&g, &in));
         int32_t first = 0;
         for (int32_t i = 1; i < 3000; i++)
             first = x[i] > x[first] ? i : first;
@@ -313,26 +317,25 @@ TEST(greedy_plain) {
     }
     di_sampling_params p = g;
     p.stop_token_ids = stop, p.n_stop_token_ids = 1; /* valid stop ids: still plain */
-    CHECK(di_sampler_greedy_plain(&p, &in));
+    CHECK(greedy_plain(&p, &in));
     p.stop_token_ids = bad_stop; /* the sampler would fail: not plain */
-    CHECK(!di_sampler_greedy_plain(&p, &in));
+    CHECK(!greedy_plain(&p, &in));
     p = g, p.temperature = 0.7f;
-    CHECK(!di_sampler_greedy_plain(&p, &in));
+    CHECK(!greedy_plain(&p, &in));
     p = g, p.logprobs = 0;
-    CHECK(!di_sampler_greedy_plain(&p, &in));
+    CHECK(!greedy_plain(&p, &in));
     p = g, p.logit_bias = bias, p.n_logit_bias = 1;
-    CHECK(!di_sampler_greedy_plain(&p, &in));
+    CHECK(!greedy_plain(&p, &in));
     p = g, p.presence_penalty = 0.5f;
-    CHECK(!di_sampler_greedy_plain(&p, &in));
+    CHECK(!greedy_plain(&p, &in));
     p = g, p.min_tokens = 2; /* one output so far: EOS and stops still banned */
-    CHECK(!di_sampler_greedy_plain(&p, &in));
+    CHECK(!greedy_plain(&p, &in));
     p.min_tokens = 1; /* reached */
-    CHECK(di_sampler_greedy_plain(&p, &in));
+    CHECK(greedy_plain(&p, &in));
 }
 
 /* di_sampler_unfiltered: greedy or temperature only (top_k off or at least the vocabulary,
- * top_p 1, no min_p), no processor, no logprobs; greedy plain is exactly unfiltered at a
- * greedy temperature. */
+ * top_p 1, no min_p), no processor, no logprobs. */
 TEST(unfiltered) {
     static float x[3000];
     const int32_t ids[2] = {0, 5}, cnt[2] = {0, 1};
@@ -358,8 +361,6 @@ TEST(unfiltered) {
     for (int i = 0; i < 9; i++) {
         const bool u = di_sampler_unfiltered(&cases[i].p, &in);
         CHECK_MSG(u == cases[i].want, "case %d", i);
-        CHECK(di_sampler_greedy_plain(&cases[i].p, &in) ==
-              (u && cases[i].p.temperature < DI_SAMPLING_GREEDY_EPS));
     }
 }
 
