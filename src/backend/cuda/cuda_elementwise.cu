@@ -307,62 +307,17 @@ cudaError_t di_cuda_launch_moe_combine(const float *rows, const int32_t *rows_of
                           out);
 }
 
-/* Greedy decoding on the device (backend.h's argmax_rows): one block per row. Thread i scans
- * columns i, i + AM_THREADS, ... keeping the largest value and its first index, then the
- * block keeps the larger value, the lower index on ties -- the first index of the maximum,
- * as the host sampler's scan. A NaN or +inf anywhere, or a row of -inf only, gives -1. */
+/* Greedy decoding on the device (backend.h's argmax_rows): one block per row, the first index
+ * of its maximum (di_cuda_block_row_max), -1 for a NaN or +inf anywhere or a row of -inf
+ * only. */
 #define AM_THREADS 1024
-
-/* Is (v, i) ahead of (bv, bi): larger, or equal with a lower index (bi < 0: none yet). */
-static __device__ __forceinline__ bool am_ahead(float v, int64_t i, float bv, int64_t bi) {
-    return bi < 0 || v > bv || (v == bv && i < bi);
-}
 
 __global__ void __launch_bounds__(AM_THREADS)
     argmax_kernel(const float *x, int64_t V, int32_t *out) {
     pdl_wait(); /* programmatic dependent launch: cuda_internal.cuh */
     pdl_trigger();
-    __shared__ float sv[AM_THREADS / 32];
-    __shared__ int64_t si[AM_THREADS / 32];
-    __shared__ int sbad;
-    const float *row = x + (int64_t)blockIdx.x * V;
-    float bv = -INFINITY;
-    int64_t bi = -1;
-    bool bad = false;
-    if (threadIdx.x == 0) sbad = 0;
-    auto see = [&](float v, int64_t i) {
-        bad |= !(v <= FLT_MAX) && v != -INFINITY; /* NaN or +inf */
-        if (v != -INFINITY && am_ahead(v, i, bv, bi)) bv = v, bi = i;
-    };
-    int64_t tail = 0;
-    if (((uintptr_t)row & 15u) == 0) { /* 16-byte loads, several in flight per thread */
-        const float4 *r4 = reinterpret_cast<const float4 *>(row);
-        const int64_t n4 = V / 4;
-#pragma unroll 4
-        for (int64_t i = threadIdx.x; i < n4; i += AM_THREADS) {
-            const float4 q = r4[i];
-            see(q.x, 4 * i), see(q.y, 4 * i + 1), see(q.z, 4 * i + 2), see(q.w, 4 * i + 3);
-        }
-        tail = 4 * n4;
-    }
-#pragma unroll 4
-    for (int64_t i = tail + threadIdx.x; i < V; i += AM_THREADS)
-        see(row[i], i);
-    for (int off = 16; off >= 1; off >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
-        const int64_t oi = __shfl_xor_sync(0xffffffffu, bi, off);
-        if (oi >= 0 && am_ahead(ov, oi, bv, bi)) bv = ov, bi = oi;
-    }
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    __syncthreads(); /* sbad = 0 is seen before any thread sets it */
-    if (bad) sbad = 1;
-    if (lane == 0) sv[warp] = bv, si[warp] = bi;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int w = 1; w < AM_THREADS / 32; w++)
-            if (si[w] >= 0 && am_ahead(sv[w], si[w], bv, bi)) bv = sv[w], bi = si[w];
-        out[blockIdx.x] = sbad || bi < 0 ? -1 : (int32_t)bi;
-    }
+    const di_cuda_row_max r = di_cuda_block_row_max<AM_THREADS>(x + (int64_t)blockIdx.x * V, V);
+    if (threadIdx.x == 0) out[blockIdx.x] = r.bad || r.first < 0 ? -1 : (int32_t)r.first;
 }
 
 cudaError_t di_cuda_launch_argmax(const float *x, int64_t n, int64_t V, int32_t *out,

@@ -18,6 +18,8 @@ extern "C" {
 #include "backend/cuda/cuda_backend.h"
 
 #include <cuda_runtime.h>
+#include <float.h>
+#include <math.h>
 #include <stdint.h>
 
 #include <utility>
@@ -179,6 +181,67 @@ cudaError_t di_cuda_launch_mla_store(const di_mla_store_params *p, cudaStream_t 
 cudaError_t di_cuda_launch_moe_combine(const float *rows, const int32_t *rows_of, const float *w,
                                        int64_t n, int64_t K, int64_t dim, float *out,
                                        cudaStream_t stream);
+/* A row's maximum and its first index, as the host sampler's scan finds them, by a block of
+ * THREADS threads (every thread gets the result): thread i scans columns i, i + THREADS, ...
+ * (16 bytes at a time where the row allows), keeping the largest value and its lowest index;
+ * then warps, then the block keep the larger value, the lower index on ties. first is -1 for
+ * a row of -inf only; bad is set by a NaN or +inf anywhere. Shared by argmax_rows and
+ * sample_rows. */
+struct di_cuda_row_max {
+    float max;
+    int64_t first;
+    bool bad;
+};
+
+/* Is (v, i) ahead of (bv, bi): larger, or equal with a lower index (bi < 0: none yet). */
+static __device__ __forceinline__ bool row_max_ahead(float v, int64_t i, float bv, int64_t bi) {
+    return bi < 0 || v > bv || (v == bv && i < bi);
+}
+
+template <int THREADS>
+static __device__ __forceinline__ di_cuda_row_max di_cuda_block_row_max(const float *row,
+                                                                        int64_t V) {
+    __shared__ float sv[THREADS / 32];
+    __shared__ int64_t si[THREADS / 32];
+    __shared__ int sbad;
+    float bv = -INFINITY;
+    int64_t bi = -1;
+    bool bad = false;
+    if (threadIdx.x == 0) sbad = 0;
+    auto see = [&](float v, int64_t i) {
+        bad |= !(v <= FLT_MAX) && v != -INFINITY; /* NaN or +inf */
+        if (v != -INFINITY && row_max_ahead(v, i, bv, bi)) bv = v, bi = i;
+    };
+    int64_t tail = 0;
+    if (((uintptr_t)row & 15u) == 0) { /* 16-byte loads, several in flight per thread */
+        const float4 *r4 = reinterpret_cast<const float4 *>(row);
+        const int64_t n4 = V / 4;
+#pragma unroll 4
+        for (int64_t i = threadIdx.x; i < n4; i += THREADS) {
+            const float4 q = r4[i];
+            see(q.x, 4 * i), see(q.y, 4 * i + 1), see(q.z, 4 * i + 2), see(q.w, 4 * i + 3);
+        }
+        tail = 4 * n4;
+    }
+#pragma unroll 4
+    for (int64_t i = tail + threadIdx.x; i < V; i += THREADS)
+        see(row[i], i);
+    for (int off = 16; off >= 1; off >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
+        const int64_t oi = __shfl_xor_sync(0xffffffffu, bi, off);
+        if (oi >= 0 && row_max_ahead(ov, oi, bv, bi)) bv = ov, bi = oi;
+    }
+    __syncthreads(); /* sbad = 0 is seen before any thread sets it */
+    if (bad) sbad = 1;
+    if ((threadIdx.x & 31) == 0) sv[threadIdx.x >> 5] = bv, si[threadIdx.x >> 5] = bi;
+    __syncthreads();
+    di_cuda_row_max r = {sv[0], si[0], sbad != 0};
+    for (int w = 1; w < THREADS / 32; w++)
+        if (si[w] >= 0 && row_max_ahead(sv[w], si[w], r.max, r.first))
+            r.max = sv[w], r.first = si[w];
+    return r;
+}
+
 /* Greedy decoding (backend.h's argmax_rows): out[t] = first index of row t's maximum, or -1
  * for a row with a NaN, +inf or only -inf. */
 cudaError_t di_cuda_launch_argmax(const float *x, int64_t n, int64_t V, int32_t *out,

@@ -4,15 +4,16 @@
  * min_p, logit processor or logprobs), bit for bit, and the greedy token for temperature 0.
  *
  * One block per row. The block finds the row's maximum and its first index (and whether a
- * NaN or +inf is present), then its threads compute the weights' block sums (one block of
- * DI_SAMPLE_BLOCK ids per thread at a time, in the host's lane order), and thread 0 adds them
- * in order, draws u from Philox and walks the blocks (sample_full_row.h: the host's
- * arithmetic, each operation rounded once). A row the host sampler would reject (NaN, +inf,
- * every logit -inf) gives -1, so that the caller hands that row to the host sampler, which
- * reports it.
+ * NaN or +inf is present: di_cuda_block_row_max, as argmax_rows), then its threads compute the
+ * weights' block sums (one block of DI_SAMPLE_BLOCK ids per thread at a time, in the host's lane
+ * order), and thread 0 adds them in order, draws u from Philox and walks the blocks
+ * (sample_full_row.h: the host's arithmetic, each operation rounded once). A row the host sampler
+ * would reject (NaN, +inf, every logit -inf) gives -1, so that the caller hands that row to the
+ * host sampler, which reports it.
  */
 #include "backend/cuda/cuda_internal.cuh"
 #include "sample/sample_full_row.h"
+#include "sample/sampler.h"
 
 #include <float.h>
 #include <math.h>
@@ -22,49 +23,20 @@
 int64_t di_cuda_sample_launches; /* cuda_backend.h: draws launched (for tests) */
 #define SR_GREEDY 1e-5f          /* sampler.h's DI_SAMPLING_GREEDY_EPS: below it, greedy */
 
-/* Is (v, i) ahead of (bv, bi): larger, or equal with a lower index (bi < 0: none yet). */
-static __device__ __forceinline__ bool sr_ahead(float v, int64_t i, float bv, int64_t bi) {
-    return bi < 0 || v > bv || (v == bv && i < bi);
-}
-
 __global__ void __launch_bounds__(SR_THREADS)
     sample_rows_kernel(const float *x, int64_t V, const di_sample_row *rows, int32_t *out) {
     pdl_wait(); /* programmatic dependent launch: cuda_internal.cuh */
     pdl_trigger();
     extern __shared__ double bsum[]; /* [ceil(V / DI_SAMPLE_BLOCK)] */
-    __shared__ float sv[SR_THREADS / 32];
-    __shared__ int64_t si[SR_THREADS / 32];
-    __shared__ int sbad;
     const float *row = x + (int64_t)blockIdx.x * V;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-
-    /* The maximum, its first index, and NaN / +inf anywhere. */
-    float bv = -INFINITY;
-    int64_t bi = -1;
-    bool bad = false;
-    if (tid == 0) sbad = 0;
-    for (int64_t i = tid; i < V; i += SR_THREADS) {
-        const float v = row[i];
-        bad |= !(v <= FLT_MAX) && v != -INFINITY;
-        if (v != -INFINITY && sr_ahead(v, i, bv, bi)) bv = v, bi = i;
-    }
-    for (int off = 16; off >= 1; off >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
-        const int64_t oi = __shfl_xor_sync(0xffffffffu, bi, off);
-        if (oi >= 0 && sr_ahead(ov, oi, bv, bi)) bv = ov, bi = oi;
-    }
-    __syncthreads(); /* sbad = 0 is seen before any thread sets it */
-    if (bad) sbad = 1;
-    if (lane == 0) sv[warp] = bv, si[warp] = bi;
-    __syncthreads();
-    bv = sv[0], bi = si[0];
-    for (int w = 1; w < SR_THREADS / 32; w++)
-        if (si[w] >= 0 && sr_ahead(sv[w], si[w], bv, bi)) bv = sv[w], bi = si[w];
+    const int tid = threadIdx.x;
+    const di_cuda_row_max m = di_cuda_block_row_max<SR_THREADS>(row, V);
     const di_sample_row r = rows[blockIdx.x];
-    if (sbad || bi < 0 || r.temperature < SR_GREEDY) { /* block-uniform */
-        if (tid == 0) out[blockIdx.x] = sbad || bi < 0 ? -1 : (int32_t)bi;
+    if (m.bad || m.first < 0 || r.temperature < DI_SAMPLING_GREEDY_EPS) { /* block-uniform */
+        if (tid == 0) out[blockIdx.x] = m.bad || m.first < 0 ? -1 : (int32_t)m.first;
         return;
     }
+    const float bv = m.max;
 
     /* The weights' block sums, then the draw (thread 0). */
     const float inv_t = __fdiv_rn(1.0f, r.temperature);
