@@ -142,6 +142,20 @@ static void mixed_requests(const di_model_info *info, int32_t (*prompts)[96], eu
     sampled_mixed_requests(info, prompts, reqs, res, false);
 }
 
+/* Requests a (results ra) and b (rb) gave the same full-length tokens, request by request;
+ * returns how many, each difference a failed check saying `what`. */
+static int same_tokens(const char *name, const eu_req *a, const eu_result *ra, const eu_result *rb,
+                       const char *what) {
+    int same = 0;
+    for (int i = 0; i < N_MIXED; i++) {
+        bool eq = ra[i].n == a[i].sp.max_tokens && ra[i].n == rb[i].n &&
+                  memcmp(ra[i].tokens, rb[i].tokens, (size_t)ra[i].n * sizeof(int32_t)) == 0;
+        CHECK_MSG(eq, "%s req %d: %s", name, i, what);
+        same += eq;
+    }
+    return same;
+}
+
 static void engine_matches_cpu(const char *name) {
     char dir[512];
     snprintf(dir, sizeof dir, "%s/%s", DATA_DIR, name);
@@ -160,14 +174,8 @@ static void engine_matches_cpu(const char *name) {
         mixed_requests(&info, prompts, rc, resc);
         CHECK(run_engine(mg, rg, N_MIXED));
         CHECK(run_engine(mc, rc, N_MIXED));
-        int same = 0;
-        for (int i = 0; i < N_MIXED; i++) {
-            bool eq =
-                resg[i].n == rg[i].sp.max_tokens && resg[i].n == resc[i].n &&
-                memcmp(resg[i].tokens, resc[i].tokens, (size_t)resg[i].n * sizeof(int32_t)) == 0;
-            CHECK_MSG(eq, "%s req %d: CUDA engine tokens differ from the CPU engine's", name, i);
-            same += eq;
-        }
+        const int same =
+            same_tokens(name, rg, resg, resc, "CUDA engine tokens differ from the CPU engine's");
         printf("  engine %-16s %d/%d requests give the CPU engine's greedy tokens\n", name, same,
                N_MIXED);
     }
@@ -205,14 +213,8 @@ static void engine_device_sampling(const char *name) {
     unsetenv("DI_CUDA_SAMPLE");
     CHECK_MSG(di_backend_cuda_sample_launches() > launches, "%s: no draw ran on the device", name);
     CHECK(run_engine(mg, rh, N_MIXED));
-    int same = 0;
-    for (int i = 0; i < N_MIXED; i++) {
-        bool eq = resd[i].n == rd[i].sp.max_tokens && resd[i].n == resh[i].n &&
-                  memcmp(resd[i].tokens, resh[i].tokens, (size_t)resd[i].n * sizeof(int32_t)) == 0;
-        CHECK_MSG(eq, "%s req %d: tokens drawn on the device differ from the host sampler's", name,
-                  i);
-        same += eq;
-    }
+    const int same = same_tokens(name, rd, resd, resh,
+                                 "tokens drawn on the device differ from the host sampler's");
     printf("  engine %-16s %d/%d sampled requests: device draw == host sampler\n", name, same,
            N_MIXED);
     di_model_free(mg);
