@@ -2,10 +2,10 @@
  * bench_cuda_matmul.c -- throughput of the CUDA backend's GEMV (not a test; never run by
  * ctest). Run by tools/gpu_check.sh on a GPU machine.
  *
- *   bench_cuda_matmul [device [dtype [max_n]]]   (dtype: BF16, F8_E4M3 or F4 -- only
- *                                               that dtype, no attention; `copy`: only
- *                                               the copy bandwidth; max_n: largest
- *                                               batch timed)
+ *   bench_cuda_matmul [device [dtype [max_n [name [min_n]]]]]
+ *       dtype: BF16, F8_E4M3 or F4 -- only that dtype, no attention; `copy`: only the copy
+ *       bandwidth; max_n / min_n: largest / smallest batch timed; name: only the shapes whose
+ *       name contains it (e.g. "q_proj", to profile one product with Nsight Compute)
  *
  * Prints the device's measured copy bandwidth (bytes read + written per second, the
  * roofline), then for DeepSeek-V3 weight shapes in BF16 and block-scaled FP8, and V4-Flash
@@ -79,7 +79,8 @@ typedef struct {
     int64_t rows, cols;
 } shape;
 
-static void bench_shape(const di_backend *be, const shape *s, double copy_bw, int64_t max_n) {
+static void bench_shape(const di_backend *be, const shape *s, double copy_bw, int64_t min_n,
+                        int64_t max_n) {
     di_weight hw = make_host(s->dt, s->rows, s->cols);
     const size_t wbytes =
         di_dtype_bytes(s->dt, s->rows * s->cols) +
@@ -104,6 +105,7 @@ static void bench_shape(const di_backend *be, const shape *s, double copy_bw, in
     float *y = di_cuda_malloc(be, sizeof(float) * (size_t)(nmax * s->rows));
     for (size_t k = 0; k < DI_ARRAY_LEN(ns) && ncopies > 0 && ns[k] <= max_n; k++) {
         const int64_t n = ns[k];
+        if (n < min_n) continue;
         for (int i = 0; i < ncopies; i++) /* warm-up */
             mm(be->ctx, &dw[i], x, n, y);
         di_backend_cuda_sync(be);
@@ -201,9 +203,12 @@ int main(int argc, char **argv) {
     };
     const char *only = argc > 2 ? argv[2] : NULL;
     const int64_t max_n = argc > 3 ? atoll(argv[3]) : 64;
+    const char *name = argc > 4 ? argv[4] : NULL;
+    const int64_t min_n = argc > 5 ? atoll(argv[5]) : 1;
     for (size_t i = 0; i < DI_ARRAY_LEN(shapes); i++)
-        if (!only || strcmp(only, di_dtype_name(shapes[i].dt)) == 0)
-            bench_shape(&be, &shapes[i], copy_bw, max_n);
+        if ((!only || strcmp(only, di_dtype_name(shapes[i].dt)) == 0) &&
+            (!name || strstr(shapes[i].name, name)))
+            bench_shape(&be, &shapes[i], copy_bw, min_n, max_n);
     static const int64_t Ls[] = {1024, 4096, 16384};
     for (size_t i = 0; i < DI_ARRAY_LEN(Ls) && !only; i++)
         bench_attention(&be, 128, Ls[i]);

@@ -389,7 +389,7 @@ typedef struct di_backend_ops {
      * and no other filter or processor (sample_full_row.h); -1 where the row holds a NaN or
      * +inf or only -inf. rows and out in backend memory. Optional: the V2/V3 runner uses it
      * for decode steps whose rows are all unfiltered (di_batch_seq); the CUDA backend offers
-     * it only with DI_CUDA_SAMPLE=1 until its GPU test has run. */
+     * it unless created with DI_CUDA_SAMPLE=0. */
     void (*sample_rows)(void *ctx, const float *x, int64_t n, int64_t V, const di_sample_row *rows,
                         int32_t *out);
 } di_backend_ops;

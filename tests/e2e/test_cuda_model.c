@@ -13,7 +13,8 @@
  *     logits) are bitwise the same alone and inside a batch of several other requests on the
  *     GPU;
  *   - device sampling (V3 FP8): seeded temperature-only requests (and a top_p one) give the
- *     same tokens with the draw on the device (DI_CUDA_SAMPLE=1) as with the host sampler;
+ *     same tokens with the draw on the device (default) as with the host sampler
+ * (DI_CUDA_SAMPLE=0);
  *   - errors: a bad device name.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -189,9 +190,9 @@ TEST(engine_cuda_matches_cpu) {
         engine_matches_cpu(g_engine_cases[i]);
 }
 
-/* Sampled requests through the CUDA engine with the draw on the device (DI_CUDA_SAMPLE=1:
- * sample_rows) and without (rows downloaded to the host sampler): the same logits on the
- * same device, so the same tokens, bitwise. */
+/* Sampled requests through the CUDA engine with the draw on the device (the default:
+ * sample_rows) and without (DI_CUDA_SAMPLE=0: rows downloaded to the host sampler): the same
+ * logits on the same device, so the same tokens, bitwise. */
 static void engine_device_sampling(const char *name) {
     char dir[512];
     snprintf(dir, sizeof dir, "%s/%s", DATA_DIR, name);
@@ -208,11 +209,14 @@ static void engine_device_sampling(const char *name) {
     sampled_mixed_requests(&info, prompts, rd, resd, true);
     sampled_mixed_requests(&info, prompts, rh, resh, true);
     const int64_t launches = di_backend_cuda_sample_launches();
-    setenv("DI_CUDA_SAMPLE", "1", 1); /* read when the engine makes its backend */
     CHECK(run_engine(mg, rd, N_MIXED));
-    unsetenv("DI_CUDA_SAMPLE");
     CHECK_MSG(di_backend_cuda_sample_launches() > launches, "%s: no draw ran on the device", name);
+    const int64_t after = di_backend_cuda_sample_launches();
+    setenv("DI_CUDA_SAMPLE", "0", 1); /* read when the engine makes its backend */
     CHECK(run_engine(mg, rh, N_MIXED));
+    unsetenv("DI_CUDA_SAMPLE");
+    CHECK_MSG(di_backend_cuda_sample_launches() == after, "%s: DI_CUDA_SAMPLE=0 drew on the device",
+              name);
     const int same = same_tokens(name, rd, resd, resh,
                                  "tokens drawn on the device differ from the host sampler's");
     printf("  engine %-16s %d/%d sampled requests: device draw == host sampler\n", name, same,

@@ -1199,7 +1199,6 @@ int main(void) {
     /* Every BF16 weight on the tensor cores, however few its rows (the default sends
      * weights of < 1024 rows to the SIMT GEMV): the odd small shapes below test that path. */
     setenv("DI_CUDA_TC_MIN_ROWS", "1", 1);
-    setenv("DI_CUDA_SAMPLE", "1", 1); /* sample_rows (opt-in until its test has run on a GPU) */
     di_status st = di_backend_cuda_init(&g_be, 0, 8192);
     g_have_gpu = st == DI_OK;
     if (!g_have_gpu)

@@ -587,9 +587,9 @@ static di_backend_ops make_ops(void) {
 
 static const di_backend_ops g_cuda_ops = make_ops();
 
-/* The same with sample_rows, which has not run on a GPU yet (its op test is written): only
- * for backends created with DI_CUDA_SAMPLE=1. Without it, unfiltered rows come down to the
- * host sampler as before. */
+/* The same with sample_rows (the device draw of unfiltered rows): the default; a backend
+ * created with DI_CUDA_SAMPLE=0 leaves it out, and such rows come down to the host sampler
+ * (the same tokens: test_cuda_model compares the two). */
 static di_backend_ops make_ops_sample(void) {
     di_backend_ops o = make_ops();
     o.sample_rows = cuda_sample_rows;
@@ -689,7 +689,7 @@ extern "C" di_status di_backend_cuda_init(di_backend *out, int device, int64_t m
                         cudaGetErrorString(err));
     }
     const char *sample = getenv("DI_CUDA_SAMPLE");
-    out->ops = sample && strcmp(sample, "1") == 0 ? &g_cuda_ops_sample : &g_cuda_ops;
+    out->ops = sample && strcmp(sample, "0") == 0 ? &g_cuda_ops : &g_cuda_ops_sample;
     out->ctx = be;
     return DI_OK;
 }
