@@ -198,6 +198,8 @@ int main(int argc, char **argv) {
         {"v2-lite expert gate 1408x2048", DI_DTYPE_BF16, 1408, 2048},
         {"v2-lite expert down 2048x1408", DI_DTYPE_BF16, 2048, 1408},
         {"v2-lite q_proj 3072x2048", DI_DTYPE_BF16, 3072, 2048},
+        {"v2-lite o_proj 2048x2048", DI_DTYPE_BF16, 2048, 2048},
+        {"v2-lite shared up 2816x2048", DI_DTYPE_BF16, 2816, 2048},
         {"v4 expert up 2048x4096", DI_DTYPE_F4_E2M1, 2048, 4096},
         {"v4 expert down 4096x2048", DI_DTYPE_F4_E2M1, 4096, 2048},
     };

@@ -269,8 +269,10 @@ TEST(matmul_add) {
         for (int it = 0; it < 6; it++)
             check_add(g_dtypes[d], rnd_int(1, 200), rnd_int(1, 2100),
                       ns[rnd_u32() % DI_ARRAY_LEN(ns)], it);
-    check_add(DI_DTYPE_BF16, 2048, 2048, 1, 0); /* V2-Lite's o_proj, decode */
-    check_add(DI_DTYPE_BF16, 2048, 1408, 1, 0); /* its expert down */
+    check_add(DI_DTYPE_BF16, 2048, 2048, 1, 0);  /* V2-Lite's o_proj, decode */
+    check_add(DI_DTYPE_BF16, 2048, 1408, 1, 0);  /* its expert down */
+    check_add(DI_DTYPE_BF16, 2048, 2048, 64, 0); /* o_proj at 64 sequences (wide kernel) */
+    check_add(DI_DTYPE_BF16, 2048, 2816, 33, 0); /* shared experts' down, a partial group */
     check_add(DI_DTYPE_F8_E4M3, 7168, 2048, 3, 0);
 }
 
@@ -289,6 +291,8 @@ TEST(matmul_glu) {
                       ns_k[rnd_u32() % DI_ARRAY_LEN(ns_k)], it);
     check_glu(DI_DTYPE_BF16, 2816, 2048, 1, 0); /* V2-Lite's shared experts, decode */
     check_glu(DI_DTYPE_BF16, 2816, 2048, 8, 0);
+    check_glu(DI_DTYPE_BF16, 2816, 2048, 64, 0);   /* the same at 64 sequences (wide kernel) */
+    check_glu(DI_DTYPE_BF16, 301, 1000, 40, 0);    /* odd rows, a partial chunk, wide */
     check_glu(DI_DTYPE_F8_E4M3, 2048, 7168, 1, 0); /* V3's shared expert */
     check_glu(DI_DTYPE_F8_E4M3, 2048, 7168, 5, 0);
 }
@@ -987,11 +991,11 @@ static di_backend backend_with(const char *var, const char *value) {
     return b;
 }
 
-/* BF16 products on the tensor cores (cuda_tc_gemv.cu, the default): the reference's accuracy
- * and the same bits for a token alone and in batches of any size, over the kernel's cases:
- * 1-16 warps per row tile, partial row tiles and chunks (K % 32 == 8), every token group
- * count, activations split in-kernel (up to 8 tokens, or without scratch) and beforehand;
- * with 2 bf16 parts per activation (DI_CUDA_TC_TERMS=2) a looser bound. */
+/* BF16 products on the tensor cores (cuda_tc_gemv.cu, the default, and from 9 tokens
+ * cuda_tc_wide.cu): the reference's accuracy and the same bits for a token alone (the GEMV)
+ * and in batches of any size (the wide kernel), over the kernels' cases: 1-8 K runs,
+ * partial row tiles, row blocks and chunks (K % 32 == 8), every token group count; with 2
+ * bf16 parts per activation (DI_CUDA_TC_TERMS=2) a looser bound. */
 static void check_tc(di_backend *be, int64_t rows, int64_t cols, double tol) {
     static const int64_t ns[] = {1, 3, 8, 9, 17, 40, 64, 100};
     test_weight t = make_weight(DI_DTYPE_BF16, rows, cols, 0, 0, 0);
@@ -1040,7 +1044,8 @@ static void check_tc(di_backend *be, int64_t rows, int64_t cols, double tol) {
 TEST(matmul_tc) {
     if (!g_have_gpu) SKIP("no CUDA device");
     static const int64_t shapes[][2] = {{37, 2056},  {1408, 2048}, {2048, 1408}, {576, 2048},
-                                        {4096, 512}, {300, 520},   {16, 8},      {5000, 2048}};
+                                        {4096, 512}, {300, 520},   {16, 8},      {5000, 2048},
+                                        {700, 200},  {1000, 256}}; /* 1 and 2 K runs */
     for (size_t si = 0; si < DI_ARRAY_LEN(shapes); si++)
         check_tc(&g_be, shapes[si][0], shapes[si][1], 1e-5);
     di_backend b2 = backend_with("DI_CUDA_TC_TERMS", "2");

@@ -28,13 +28,14 @@ typedef struct cuda_backend {
     int n_sms;
     int64_t max_ctx; /* the longest context a call may attend over (init's max_ctx) */
     di_cuda_attn_mode attn_mode;
-    int fp8_bits;            /* FP8 conversion: 1 bit placement, 0 conversion instructions */
-    int64_t ksplit_min;      /* GEMV rows of at least this many 16-byte vectors split K */
-    int fp8_pipe;            /* FP8 GEMV software pipeline on (1) or off (0) */
-    int64_t short_vec;       /* one-token GEMV: rows of <= this many vectors, 4 per group */
-    int max_tb;              /* GEMV: largest token group (DI_CUDA_MAX_TB, default 8) */
-    int tc, tc_terms;        /* BF16 products on the tensor cores (DI_CUDA_TC, _TERMS) */
-    int64_t tc_min_rows;     /* DI_CUDA_TC_MIN_ROWS: smaller weights take the SIMT GEMV */
+    int fp8_bits;          /* FP8 conversion: 1 bit placement, 0 conversion instructions */
+    int64_t ksplit_min;    /* GEMV rows of at least this many 16-byte vectors split K */
+    int fp8_pipe;          /* FP8 GEMV software pipeline on (1) or off (0) */
+    int64_t short_vec;     /* one-token GEMV: rows of <= this many vectors, 4 per group */
+    int max_tb;            /* GEMV: largest token group (DI_CUDA_MAX_TB, default 8) */
+    int tc, tc_terms;      /* BF16 products on the tensor cores (DI_CUDA_TC, _TERMS) */
+    int64_t tc_min_rows;   /* DI_CUDA_TC_MIN_ROWS: smaller weights take the SIMT GEMV */
+    int64_t tc_wide_min_n; /* DI_CUDA_TC_WIDE_MIN_N: plain products of >= n tokens, wide */
     bool invariant;          /* batch-invariant (default): one matmul path for every n */
     cudaError_t first_error; /* first failed launch since the last sync */
     bool capturing;          /* between graph_begin and graph_end, capture started */
@@ -76,6 +77,7 @@ static di_cuda_mm_params mm_params(const di_weight *w, const cuda_backend *be) {
     p.tc = be->tc;
     p.tc_terms = be->tc_terms;
     p.tc_min_rows = be->tc_min_rows;
+    p.tc_wide_min_n = be->tc_wide_min_n;
     /* Batch-invariant: the tensor cores for every n. Otherwise the SIMT GEMV where it is
      * faster (up to 8 tokens: bandwidth-bound, fewer rows per load) and the tensor cores
      * above. */
@@ -672,6 +674,10 @@ extern "C" di_status di_backend_cuda_init(di_backend *out, int device, int64_t m
      * tiles to fill the device, they were faster there at 1 and at 64 tokens (H200). */
     env = getenv("DI_CUDA_TC_MIN_ROWS");
     be->tc_min_rows = env ? atoll(env) : 1024;
+    /* Plain products of at least this many tokens take the wide tensor-core kernel (the
+     * same sums as the GEMV: cuda_tc_wide.cu); 0: never. */
+    env = getenv("DI_CUDA_TC_WIDE_MIN_N");
+    be->tc_wide_min_n = env ? atoll(env) : 9;
     be->invariant = true;
     const int64_t chunks = (max_ctx + DI_CUDA_ATTN_CHUNK - 1) / DI_CUDA_ATTN_CHUNK;
     int64_t floats = DI_CUDA_ATTN_SPLIT_TOKENS * 128 * chunks * (DI_CUDA_ATTN_MAX_R + 2);
@@ -683,7 +689,8 @@ extern "C" di_status di_backend_cuda_init(di_backend *out, int device, int64_t m
         (err = cudaStreamCreateWithFlags(&be->stream, cudaStreamNonBlocking)) != cudaSuccess ||
         (err = cudaMalloc((void **)&be->attn_partial, (size_t)floats * sizeof(float))) !=
             cudaSuccess ||
-        (err = di_cuda_attn_setup()) != cudaSuccess || (err = di_cuda_v4_setup()) != cudaSuccess) {
+        (err = di_cuda_attn_setup()) != cudaSuccess || (err = di_cuda_v4_setup()) != cudaSuccess ||
+        (err = di_cuda_tc_wide_setup()) != cudaSuccess) {
         cuda_free_ctx(be);
         return di_error(DI_ERR_OUT_OF_MEMORY, "cuda backend: device %d: %s", device,
                         cudaGetErrorString(err));

@@ -51,24 +51,42 @@ static __device__ __forceinline__ void pdl_trigger(void) {
 #endif
 }
 
-/* kernel<<<grid, block, smem, stream>>>(args...), with the programmatic-serialization
- * attribute when di_cuda_pdl is on. */
+/* kernel<<<grid, block, smem, stream>>>(args...) in thread-block clusters of `cluster`
+ * blocks (1 x 1 x 1: no clusters), with the programmatic-serialization attribute when
+ * di_cuda_pdl is on. */
 template <typename... KArgs, typename... Args>
-static cudaError_t di_cuda_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
-                                  cudaStream_t stream, Args &&...args) {
-    cudaLaunchAttribute attr;
-    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr.val.programmaticStreamSerializationAllowed = 1;
+static cudaError_t di_cuda_launch_cluster(void (*kernel)(KArgs...), dim3 grid, dim3 block,
+                                          size_t smem, cudaStream_t stream, dim3 cluster,
+                                          Args &&...args) {
+    cudaLaunchAttribute attrs[2];
+    unsigned n = 0;
+    if (di_cuda_pdl) {
+        attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attrs[n++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (cluster.x * cluster.y * cluster.z > 1) {
+        attrs[n].id = cudaLaunchAttributeClusterDimension;
+        attrs[n].val.clusterDim.x = cluster.x;
+        attrs[n].val.clusterDim.y = cluster.y;
+        attrs[n++].val.clusterDim.z = cluster.z;
+    }
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = stream;
-    cfg.attrs = &attr;
-    cfg.numAttrs = di_cuda_pdl ? 1 : 0;
+    cfg.attrs = attrs;
+    cfg.numAttrs = n;
     const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
     (void)cudaGetLastError(); /* returned here: not left behind for a later launcher to see */
     return err;
+}
+
+template <typename... KArgs, typename... Args>
+static cudaError_t di_cuda_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                                  cudaStream_t stream, Args &&...args) {
+    return di_cuda_launch_cluster(kernel, grid, block, smem, stream, dim3(1, 1, 1),
+                                  std::forward<Args>(args)...);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -135,6 +153,9 @@ typedef struct di_cuda_mm_params {
     int tc, tc_terms;
     int64_t tc_min_n;
     int64_t tc_min_rows; /* fewer rows: the SIMT GEMV (di_cuda_tc_fits) */
+    /* The wide tensor-core product (cuda_tc_wide.cu) for plain products of at least
+     * tc_wide_min_n tokens (0: never). */
+    int64_t tc_wide_min_n;
 } di_cuda_mm_params;
 
 /* One expert's device weight pointers (a table of them per projection: expert_table). */
@@ -149,6 +170,12 @@ cudaError_t di_cuda_launch_matmul(const di_cuda_mm_params *p);
  * W x, one head or grouped, K and the row stride multiples of 8, 16-byte aligned data)? */
 bool di_cuda_tc_fits(const di_cuda_mm_params *p);
 cudaError_t di_cuda_launch_matmul_tc(const di_cuda_mm_params *p);
+
+/* The wide tensor-core product (cuda_tc_wide.cu), which di_cuda_launch_matmul_tc picks for
+ * plain products of n >= p->tc_wide_min_n tokens: the same bits as the GEMV. */
+bool di_cuda_tc_wide_fits(const di_cuda_mm_params *p);
+cudaError_t di_cuda_tc_wide_setup(void); /* once per process: the kernels' shared memory */
+cudaError_t di_cuda_launch_matmul_tc_wide(const di_cuda_mm_params *p);
 
 /* silu(g) * u, rounded as silu_mul_kernel rounds it (the fused and the separate SwiGLU agree). */
 static __device__ __forceinline__ float silu_times(float g, float u) {

@@ -34,67 +34,9 @@
  * With batch invariance off (di_backend_cuda_set_batch_invariant) the backend sends products
  * of up to 8 tokens to the SIMT GEMV instead, which streams one token's weights faster.
  */
-#include "backend/cuda/cuda_internal.cuh"
+#include "backend/cuda/cuda_tc.cuh"
 
-#include <cuda_bf16.h>
-
-#define TC_CHUNK      32   /* K elements per chunk: two m16n8k16 steps */
-#define TC_MAX_KS     8    /* warps sharing a row's K range */
-#define TC_TARGET     1024 /* warps of 16 rows a product should spread over (chooses ks) */
-#define TC_MIN_CHUNKS 4    /* fewest chunks per warp */
-#define TC_THREADS    (32 * TC_MAX_KS)
-
-/* d += A B for one m16n8k16 step (bf16 inputs, fp32 accumulation). */
-static __device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1,
-                                                uint32_t a2, uint32_t a3, uint32_t b0,
-                                                uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
-        "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-/* The bf16 pair (a, b) rounded to nearest, a in the low half; a and b become what is left
- * (exact: x - bf16(x) is a float). */
-static __device__ __forceinline__ uint32_t split_pair(float &a, float &b) {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-    a = __fsub_rn(a, __low2float(h));
-    b = __fsub_rn(b, __high2float(h));
-    return *reinterpret_cast<const uint32_t *>(&h);
-}
-
-/* x(t)[k .. k + 8) as floats (zeros unless ok). */
-static __device__ __forceinline__ void load_x8(const di_cuda_mm_params &p, int64_t t, int64_t k,
-                                               bool ok, bool xvec, float (&xv)[8]) {
-    if (!ok) {
-#pragma unroll
-        for (int e = 0; e < 8; e++)
-            xv[e] = 0.0f;
-        return;
-    }
-    const float *xp = p.x + t * p.x_tstride + k;
-    if (xvec) {
-        const float4 q0 = __ldg(reinterpret_cast<const float4 *>(xp));
-        const float4 q1 = __ldg(reinterpret_cast<const float4 *>(xp) + 1);
-        xv[0] = q0.x, xv[1] = q0.y, xv[2] = q0.z, xv[3] = q0.w;
-        xv[4] = q1.x, xv[5] = q1.y, xv[6] = q1.z, xv[7] = q1.w;
-    } else {
-#pragma unroll
-        for (int e = 0; e < 8; e++)
-            xv[e] = __ldg(xp + e);
-    }
-}
-
-/* Warps per row: the smallest power of two that spreads the product's 16-row tiles over
- * TC_TARGET warps, keeping TC_MIN_CHUNKS chunks per warp. From rows and K only, so the
- * plain, GLU and grouped products of one weight, at any n, share their K order. */
-static int tc_ks(int64_t rows, int64_t cols) {
-    const int64_t tiles = (rows + 15) / 16, chunks = (cols + TC_CHUNK - 1) / TC_CHUNK;
-    int ks = 1;
-    while (ks < TC_MAX_KS && tiles * ks < TC_TARGET && chunks / (2 * ks) >= TC_MIN_CHUNKS)
-        ks *= 2;
-    return ks;
-}
+#define TC_THREADS (32 * TC_MAX_KS)
 
 /* Block: max(4, ks) warps, ks per row tile (warp = tile * ks + kw). A warp's row tile is MT
  * m-tiles of 16 rows (GLU: MT = 2, the gate's and the up projection's same 16 rows); grid y:
@@ -197,9 +139,7 @@ __global__ void __launch_bounds__(TC_THREADS)
                         const uint32_t b3 = split_pair(xv[6], xv[7]);
 #pragma unroll
                         for (int mt = 0; mt < MT; mt++) {
-                            const uint4 &w = a[u][mt][0], &v = a[u][mt][1];
-                            mma_bf16(acc[mt][j], w.x, v.x, w.y, v.y, b0, b1);
-                            mma_bf16(acc[mt][j], w.z, v.z, w.w, v.w, b2, b3);
+                            mma_chunk(acc[mt][j], a[u][mt][0], a[u][mt][1], b0, b1, b2, b3);
                         }
                     }
                 }
@@ -287,6 +227,7 @@ static cudaError_t launch_tc(const di_cuda_mm_params *p, int ks, bool xvec) {
 }
 
 cudaError_t di_cuda_launch_matmul_tc(const di_cuda_mm_params *p) {
+    if (di_cuda_tc_wide_fits(p)) return di_cuda_launch_matmul_tc_wide(p);
     const bool glu = p->glu_data || p->glu_experts;
     const int ks = tc_ks(p->rows, p->cols);
     const bool xvec = ((uintptr_t)p->x & 15u) == 0 && p->x_tstride % 4 == 0;

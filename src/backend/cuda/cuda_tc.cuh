@@ -1,0 +1,96 @@
+/*
+ * cuda_tc.cuh -- what the two tensor-core products share: the tensor-core GEMV for a few
+ * tokens (cuda_tc_gemv.cu) and the wide product for many (cuda_tc_wide.cu) compute every sum
+ * in the same order, so that a token's result never depends on which of them ran. The K
+ * order (chunks of TC_CHUNK columns, dealt to `ks` K runs by tc_ks from the weight's shape),
+ * the activation split (split_pair) and the mma's operand layout live here, once.
+ */
+#ifndef DI_CUDA_TC_CUH
+#define DI_CUDA_TC_CUH
+
+#include "backend/cuda/cuda_internal.cuh"
+
+#include <cuda_bf16.h>
+
+#define TC_CHUNK      32   /* K elements per chunk: two m16n8k16 steps */
+#define TC_MAX_KS     8    /* K runs a row's chunks are dealt to */
+#define TC_TARGET     1024 /* warps of 16 rows a product should spread over (chooses ks) */
+#define TC_MIN_CHUNKS 4    /* fewest chunks per K run */
+
+/* d += A B for one m16n8k16 step (bf16 inputs, fp32 accumulation). */
+static __device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1,
+                                                uint32_t a2, uint32_t a3, uint32_t b0,
+                                                uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+        "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+/* One chunk's two mma steps for one m-tile: w holds this lane's 8 columns of row g, v of row
+ * g + 8, b the same 8 columns of its token as bf16 pairs (the k slots are a permutation of
+ * the chunk's columns, the same one for A and B, which changes no sum). */
+static __device__ __forceinline__ void mma_chunk(float (&d)[4], const uint4 &w, const uint4 &v,
+                                                 uint32_t b0, uint32_t b1, uint32_t b2,
+                                                 uint32_t b3) {
+    mma_bf16(d, w.x, v.x, w.y, v.y, b0, b1);
+    mma_bf16(d, w.z, v.z, w.w, v.w, b2, b3);
+}
+
+/* The bf16 pair (a, b) rounded to nearest, a in the low half; a and b become what is left
+ * (exact: x - bf16(x) is a float). Called `terms` times on the same values, it yields the
+ * parts hi, mid, lo of the activations. */
+static __device__ __forceinline__ uint32_t split_pair(float &a, float &b) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    a = __fsub_rn(a, __low2float(h));
+    b = __fsub_rn(b, __high2float(h));
+    return *reinterpret_cast<const uint32_t *>(&h);
+}
+
+/* x(t)[k .. k + 8) as floats (zeros unless ok). */
+static __device__ __forceinline__ void load_x8(const di_cuda_mm_params &p, int64_t t, int64_t k,
+                                               bool ok, bool xvec, float (&xv)[8]) {
+    if (!ok) {
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            xv[e] = 0.0f;
+        return;
+    }
+    const float *xp = p.x + t * p.x_tstride + k;
+    if (xvec) {
+        const float4 q0 = __ldg(reinterpret_cast<const float4 *>(xp));
+        const float4 q1 = __ldg(reinterpret_cast<const float4 *>(xp) + 1);
+        xv[0] = q0.x, xv[1] = q0.y, xv[2] = q0.z, xv[3] = q0.w;
+        xv[4] = q1.x, xv[5] = q1.y, xv[6] = q1.z, xv[7] = q1.w;
+    } else {
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            xv[e] = __ldg(xp + e);
+    }
+}
+
+/* K runs per row: the smallest power of two that spreads the product's 16-row tiles over
+ * TC_TARGET warps, keeping TC_MIN_CHUNKS chunks per run. From rows and K only, so the plain,
+ * GLU and grouped products of one weight, at any n and in either kernel, share their K
+ * order. Run kw takes chunks [C kw / ks, C (kw + 1) / ks). */
+static inline int tc_ks(int64_t rows, int64_t cols) {
+    const int64_t tiles = (rows + 15) / 16, chunks = (cols + TC_CHUNK - 1) / TC_CHUNK;
+    int ks = 1;
+    while (ks < TC_MAX_KS && tiles * ks < TC_TARGET && chunks / (2 * ks) >= TC_MIN_CHUNKS)
+        ks *= 2;
+    return ks;
+}
+
+/* The K runs' partial sums added as the GEMV's shared-memory tree adds them: run kw takes
+ * run kw + s for s = ks / 2, ..., 1, and v[0] is the sum. */
+static __device__ __forceinline__ float tc_tree_sum(float (&v)[TC_MAX_KS], int ks) {
+#pragma unroll
+    for (int s = TC_MAX_KS / 2; s >= 1; s /= 2) /* s = ks / 2, ..., 1 (ks a power of two) */
+        if (2 * s <= ks)
+#pragma unroll
+            for (int k = 0; k < s; k++)
+                v[k] = v[k] + v[k + s];
+    return v[0];
+}
+
+#endif

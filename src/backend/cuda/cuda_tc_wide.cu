@@ -1,0 +1,226 @@
+/*
+ * cuda_tc_wide.cu -- y = W x on the tensor cores for many tokens: plain BF16 products (one
+ * head, not grouped) of at least DI_CUDA_TC_WIDE_MIN_N tokens (default 9), bitwise the sums
+ * of the tensor-core GEMV (cuda_tc_gemv.cu) in a work shape that shares the activations.
+ *
+ * Why: in the GEMV a block's warps take different K runs of the same rows, so every warp
+ * loads and splits its own copy of the activations into bf16 parts. At 64 tokens that made
+ * a product bound by instruction issue at a quarter occupancy (Nsight Compute on the H200:
+ * q_proj 3072 x 2048, 31.5 us for 12.6 MB, about 200 instructions per 12 mma). Here a block is
+ * one K run of 8 warps x 32 rows (GLU: 16 gate + 16 up rows per warp) for 32 tokens: the
+ * block's threads split each slab of activations once into shared memory, already in the
+ * mma's B layout, and every warp reads its fragments from there (one 16-byte load per term
+ * and token group serves two m-tiles).
+ *
+ * The same bits as the GEMV, by construction: the same K runs (tc_ks, from the weight's
+ * shape), each warp walking its run's chunks in order with the same mma sequence per
+ * accumulator (chunk by chunk; per chunk, for each term, the chunk's two mma steps), the same
+ * split of x, and the ks partial sums added by the same tree (tc_tree_sum). The ks K runs of
+ * a tile are one thread-block cluster (sm_90): each block leaves its partial sums in its
+ * shared memory, and after a cluster barrier block q adds the q-th share of the tile's
+ * elements from all ks blocks' shared memory, in run order, and applies the epilogue (GLU,
+ * accumulate). No scratch, no atomics. With one K run a block stores directly.
+ * test_cuda_ops checks the equality bitwise against the GEMV's one-token results.
+ */
+#include "backend/cuda/cuda_tc.cuh"
+
+#include <cooperative_groups.h>
+
+namespace cg = cooperative_groups;
+
+#define TW_WARPS   8 /* warps per block, 32 rows each (GLU: 16 output rows) */
+#define TW_THREADS (32 * TW_WARPS)
+#define TW_TOKENS  32 /* tokens per block: TW_NG groups of 8 */
+#define TW_NG      (TW_TOKENS / 8)
+#define TW_SLAB    8 /* chunks of activations staged in shared memory at a time */
+#define TW_TERMS   3 /* most bf16 parts per activation */
+#define TW_SMEM    (TW_NG * TW_SLAB * TW_TERMS * 32 * (int)sizeof(uint4)) /* 48 KiB */
+#define TW_PSTRIDE (2 * TW_WARPS * 16 + 1) /* floats per token of the partial-sum tile */
+static_assert(TW_TOKENS * TW_PSTRIDE * sizeof(float) <= (size_t)TW_SMEM,
+              "the partial sums reuse the fragments' shared memory");
+
+/* Block (token chunk x, K run y = the rank in its cluster of ks, row block z). acc[mt][j][i]:
+ * m-tile mt (GLU: 0 the gate, 1 the up projection, same rows), token group j; i = 0, 1: row
+ * g, tokens 2 tig, 2 tig + 1; i = 2, 3: row g + 8. */
+template <bool GLU>
+__global__ void __launch_bounds__(TW_THREADS, 2)
+    tw_kernel(const di_cuda_mm_params p, int ks, int terms, bool xvec) {
+    extern __shared__ uint4 sb[]; /* [group j][slab chunk][term][lane]: B fragments */
+    constexpr int RO = GLU ? 16 : 32, RB = TW_WARPS * RO; /* output rows per warp, block */
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, tig = lane & 3;
+    const int kw = (int)blockIdx.y;
+    const int64_t rb0 = (int64_t)blockIdx.z * RB, r0 = rb0 + (int64_t)warp * RO;
+    const bool live = r0 < p.rows;
+    const int64_t t0 = (int64_t)blockIdx.x * TW_TOKENS, t_end = p.n_tokens;
+    const int nt = (int)min((int64_t)TW_TOKENS, t_end - t0);
+    const int64_t K = p.cols, C = (K + TC_CHUNK - 1) / TC_CHUNK;
+    const int64_t c_begin = C * kw / ks, c_end = C * (kw + 1) / ks;
+
+    /* This lane's rows g and g + 8 of each m-tile (past the end: the last row, never stored) */
+    const char *wrow[2][2];
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int64_t r = min(r0 + (GLU ? 0 : 16 * mt) + g + 8 * h, p.rows - 1);
+            const void *base = GLU && mt == 1 ? p.glu_data : p.data;
+            wrow[mt][h] = static_cast<const char *>(base) + r * p.row_stride * 2;
+        }
+    const int64_t kl = 8 * tig;
+    auto load_a = [&](uint4(&dst)[2][2], int64_t c) {
+        const int64_t k = c * TC_CHUNK + kl;
+        const bool ok = live && c < c_end && k < K; /* K % 8 == 0: whole vectors */
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+                dst[mt][h] = ok ? __ldcs(reinterpret_cast<const uint4 *>(wrow[mt][h] + 2 * k))
+                                : make_uint4(0, 0, 0, 0);
+    };
+
+    uint4 a[2][2];
+    load_a(a, c_begin); /* weights on their way; now wait for x (PDL) */
+    pdl_wait();
+    pdl_trigger();
+
+    float acc[2][TW_NG][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int j = 0; j < TW_NG; j++)
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                acc[mt][j][i] = 0.0f;
+
+    for (int64_t s0 = c_begin; s0 < c_end; s0 += TW_SLAB) {
+        const int sl = (int)min((int64_t)TW_SLAB, c_end - s0);
+        __syncthreads(); /* every warp is done with the previous slab's fragments */
+        /* Stage: unit (j, cc, ln) is lane ln's B fragment of token group j, slab chunk cc. */
+        for (int u = threadIdx.x; u < TW_NG * TW_SLAB * 32; u += TW_THREADS) {
+            const int ln = u & 31, cc = (u >> 5) % TW_SLAB, j = u / (32 * TW_SLAB);
+            if (cc >= sl || 8 * j >= nt) continue;
+            const int64_t t = t0 + 8 * j + (ln >> 2), k = (s0 + cc) * TC_CHUNK + 8 * (ln & 3);
+            float xv[8];
+            load_x8(p, t, k, t < t_end && k < K, xvec, xv);
+            uint4 *dst = sb + (j * TW_SLAB + cc) * TW_TERMS * 32 + ln;
+            for (int s = 0; s < terms; s++) {
+                uint4 b;
+                b.x = split_pair(xv[0], xv[1]);
+                b.y = split_pair(xv[2], xv[3]);
+                b.z = split_pair(xv[4], xv[5]);
+                b.w = split_pair(xv[6], xv[7]);
+                dst[s * 32] = b;
+            }
+        }
+        __syncthreads();
+        for (int cc = 0; cc < sl; cc++) {
+            uint4 nx[2][2];
+            load_a(nx, s0 + cc + 1); /* the next chunk (maybe the next slab's first) */
+#pragma unroll
+            for (int j = 0; j < TW_NG; j++) {
+                if (8 * j >= nt) break;
+                const uint4 *src = sb + (j * TW_SLAB + cc) * TW_TERMS * 32 + lane;
+                for (int s = 0; s < terms; s++) {
+                    const uint4 b = src[s * 32];
+#pragma unroll
+                    for (int mt = 0; mt < 2; mt++)
+                        mma_chunk(acc[mt][j], a[mt][0], a[mt][1], b.x, b.y, b.z, b.w);
+                }
+            }
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+                a[mt][0] = nx[mt][0], a[mt][1] = nx[mt][1];
+        }
+    }
+
+    if (ks == 1) { /* the whole sum: store (as the GEMV stores) */
+        if (!live) return;
+#pragma unroll
+        for (int j = 0; j < TW_NG; j++) {
+            if (8 * j >= nt) break;
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int64_t t = t0 + 8 * j + 2 * tig + (i & 1);
+                if (t >= t_end) continue;
+#pragma unroll
+                for (int mt = 0; mt < (GLU ? 1 : 2); mt++) {
+                    const int64_t r = r0 + 16 * mt + g + 8 * (i >> 1);
+                    if (r >= p.rows) continue;
+                    const float val = GLU ? silu_times(acc[0][j][i], acc[1][j][i]) : acc[mt][j][i];
+                    store_y(p.y + t * p.y_tstride + r, val, p.accumulate);
+                }
+            }
+        }
+        return;
+    }
+
+    /* Partial sums: this block's tile into its own shared memory (the B fragments are no
+     * longer needed), [token][row] with an odd stride; GLU: the up rows after the gate's. */
+    cg::cluster_group cluster = cg::this_cluster();
+    float *part = reinterpret_cast<float *>(sb);
+    __syncthreads(); /* every warp is done reading the fragments */
+#pragma unroll
+    for (int j = 0; j < TW_NG; j++)
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++) {
+                const int row = warp * RO + (GLU ? 0 : 16 * mt) + g + 8 * (i >> 1);
+                part[(8 * j + 2 * tig + (i & 1)) * TW_PSTRIDE + (GLU && mt ? RB : 0) + row] =
+                    acc[mt][j][i];
+            }
+    cluster.sync(); /* every K run's partial sums are in place */
+    /* Block q takes elements e = q * TW_THREADS + thread, q + ks, ... of the tile's RB x nt
+     * outputs (row fastest) and adds run 0 .. ks - 1's values in the GEMV's tree order. */
+    const float *runs[TC_MAX_KS];
+#pragma unroll
+    for (int k = 0; k < TC_MAX_KS; k++)
+        runs[k] = cluster.map_shared_rank(part, k < ks ? k : 0);
+    for (int e = kw * TW_THREADS + threadIdx.x; e < RB * nt; e += ks * TW_THREADS) {
+        const int rl = e % RB, tl = e / RB;
+        const int64_t r = rb0 + rl, t = t0 + tl;
+        if (r >= p.rows) continue;
+        float v[TC_MAX_KS];
+#pragma unroll
+        for (int k = 0; k < TC_MAX_KS; k++)
+            v[k] = k < ks ? runs[k][tl * TW_PSTRIDE + rl] : 0.0f;
+        float val = tc_tree_sum(v, ks);
+        if constexpr (GLU) {
+#pragma unroll
+            for (int k = 0; k < TC_MAX_KS; k++)
+                v[k] = k < ks ? runs[k][tl * TW_PSTRIDE + RB + rl] : 0.0f;
+            val = silu_times(val, tc_tree_sum(v, ks));
+        }
+        store_y(p.y + t * p.y_tstride + r, val, p.accumulate);
+    }
+    cluster.sync(); /* no block leaves while another still reads its shared memory */
+}
+
+cudaError_t di_cuda_tc_wide_setup(void) {
+    cudaError_t err = cudaFuncSetAttribute(tw_kernel<false>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, TW_SMEM);
+    if (err == cudaSuccess)
+        err = cudaFuncSetAttribute(tw_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   TW_SMEM);
+    return err;
+}
+
+/* Called after di_cuda_tc_fits (BF16, W x, 16-byte aligned rows of whole vectors). */
+bool di_cuda_tc_wide_fits(const di_cuda_mm_params *p) {
+    return p->tc_wide_min_n > 0 && p->n_tokens >= p->tc_wide_min_n && !p->experts &&
+           !p->glu_experts && p->n_heads == 1 && p->tc_terms <= TW_TERMS &&
+           (p->rows + TW_WARPS * 16 - 1) / (TW_WARPS * 16) <= 65535;
+}
+
+cudaError_t di_cuda_launch_matmul_tc_wide(const di_cuda_mm_params *p) {
+    const int ks = tc_ks(p->rows, p->cols);
+    const bool xvec = ((uintptr_t)p->x & 15u) == 0 && p->x_tstride % 4 == 0;
+    const int64_t rb = TW_WARPS * (p->glu_data ? 16 : 32);
+    const dim3 grid((unsigned)((p->n_tokens + TW_TOKENS - 1) / TW_TOKENS), (unsigned)ks,
+                    (unsigned)((p->rows + rb - 1) / rb));
+    void (*k)(const di_cuda_mm_params, int, int, bool) =
+        p->glu_data ? tw_kernel<true> : tw_kernel<false>;
+    return di_cuda_launch_cluster(k, grid, dim3(TW_THREADS), (size_t)TW_SMEM, p->stream,
+                                  dim3(1, (unsigned)ks, 1), *p, ks, p->tc_terms, xvec);
+}
