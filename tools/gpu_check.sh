@@ -166,7 +166,8 @@ fi
 # The CUDA tests again under each non-default knob, the FP8 GEMV timed under each, and one
 # Nsight Compute profile of the FP8 decode GEMV (appended to cuda_ops.log / bench.log; ncu.txt).
 if [ -n "${VARIANTS:-}" ]; then
-    for v in DI_CUDA_FP8_CONVERT=cvt DI_CUDA_KSPLIT_MIN=1000000 DI_CUDA_FP8_PIPE=0; do
+    for v in DI_CUDA_FP8_CONVERT=cvt DI_CUDA_KSPLIT_MIN=1000000 DI_CUDA_FP8_PIPE=0 DI_CUDA_TC_RT=1 \
+        DI_CUDA_TC_WIDE_MIN_N=0; do
         echo "==== $v" >>"$out/cuda_ops.log"
         (cd "$repo" && env $v "$build/test_cuda_ops") >>"$out/cuda_ops.log" 2>&1
         say "test_cuda_ops with $v: rc=$? $(tail -1 "$out/cuda_ops.log")"
