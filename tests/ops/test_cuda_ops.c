@@ -1046,8 +1046,11 @@ TEST(matmul_tc) {
     static const int64_t shapes[][2] = {{37, 2056},  {1408, 2048}, {2048, 1408}, {576, 2048},
                                         {4096, 512}, {300, 520},   {16, 8},      {5000, 2048},
                                         {700, 200},  {1000, 256}}; /* 1 and 2 K runs */
+    const int64_t wide = di_backend_cuda_wide_launches();
     for (size_t si = 0; si < DI_ARRAY_LEN(shapes); si++)
         check_tc(&g_be, shapes[si][0], shapes[si][1], 1e-5);
+    /* batches of 9+ tokens took the wide kernel (the device runs its clusters) */
+    CHECK_MSG(di_backend_cuda_wide_launches() > wide, "no wide product ran");
     di_backend b2 = backend_with("DI_CUDA_TC_TERMS", "2");
     if (!b2.ctx) return;
     check_tc(&b2, 1408, 2048, 5e-5);

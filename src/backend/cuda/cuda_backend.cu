@@ -689,16 +689,18 @@ extern "C" di_status di_backend_cuda_init(di_backend *out, int device, int64_t m
         floats = DI_CUDA_ATTN_SCRATCH_MAX / (int64_t)sizeof(float);
     be->attn_partial_floats = floats;
 
+    bool wide_ok = false;
     if ((err = cudaSetDevice(device)) != cudaSuccess ||
         (err = cudaStreamCreateWithFlags(&be->stream, cudaStreamNonBlocking)) != cudaSuccess ||
         (err = cudaMalloc((void **)&be->attn_partial, (size_t)floats * sizeof(float))) !=
             cudaSuccess ||
         (err = di_cuda_attn_setup()) != cudaSuccess || (err = di_cuda_v4_setup()) != cudaSuccess ||
-        (err = di_cuda_tc_wide_setup()) != cudaSuccess) {
+        (err = di_cuda_tc_wide_setup(&wide_ok)) != cudaSuccess) {
         cuda_free_ctx(be);
         return di_error(DI_ERR_OUT_OF_MEMORY, "cuda backend: device %d: %s", device,
                         cudaGetErrorString(err));
     }
+    if (!wide_ok) be->tc_wide_min_n = 0; /* no clusters here: the GEMV for every n */
     const char *sample = getenv("DI_CUDA_SAMPLE");
     out->ops = sample && strcmp(sample, "0") == 0 ? &g_cuda_ops : &g_cuda_ops_sample;
     out->ctx = be;
@@ -725,6 +727,10 @@ extern "C" void *di_backend_cuda_stream(const di_backend *dbe) {
 
 extern "C" int64_t di_backend_cuda_sample_launches(void) {
     return di_cuda_sample_launches;
+}
+
+extern "C" int64_t di_backend_cuda_wide_launches(void) {
+    return di_cuda_wide_launches;
 }
 
 extern "C" void di_backend_cuda_set_batch_invariant(const di_backend *dbe, bool on) {

@@ -177,7 +177,10 @@ cudaError_t di_cuda_launch_matmul_tc(const di_cuda_mm_params *p);
 /* The wide tensor-core product (cuda_tc_wide.cu), which di_cuda_launch_matmul_tc picks for
  * plain products of n >= p->tc_wide_min_n tokens: the same bits as the GEMV. */
 bool di_cuda_tc_wide_fits(const di_cuda_mm_params *p);
-cudaError_t di_cuda_tc_wide_setup(void); /* once per process: the kernels' shared memory */
+/* Once per backend: the kernels' shared memory; *usable: whether the device can run their
+ * clusters (if not, the backend leaves the wide product off). */
+cudaError_t di_cuda_tc_wide_setup(bool *usable);
+extern int64_t di_cuda_wide_launches; /* di_backend_cuda_wide_launches */
 cudaError_t di_cuda_launch_matmul_tc_wide(const di_cuda_mm_params *p);
 
 /* silu(g) * u, rounded as silu_mul_kernel rounds it (the fused and the separate SwiGLU agree). */

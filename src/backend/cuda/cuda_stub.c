@@ -61,6 +61,10 @@ int64_t di_backend_cuda_sample_launches(void) {
     return 0;
 }
 
+int64_t di_backend_cuda_wide_launches(void) {
+    return 0;
+}
+
 void di_backend_cuda_set_batch_invariant(const di_backend *be, bool on) {
     (void)be, (void)on;
 }

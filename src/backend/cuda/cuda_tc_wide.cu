@@ -197,12 +197,35 @@ __global__ void __launch_bounds__(TW_THREADS, 2)
     cluster.sync(); /* no block leaves while another still reads its shared memory */
 }
 
-cudaError_t di_cuda_tc_wide_setup(void) {
+int64_t di_cuda_wide_launches; /* cuda_backend.h: wide products launched (for tests) */
+
+/* Can clusters of the most K runs of these blocks run on this device at all? A query error
+ * counts as no (the backend then keeps the GEMV, whose sums are the same). */
+static bool cluster_fits(void (*k)(const di_cuda_mm_params, int, int, bool)) {
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = 1;
+    attr.val.clusterDim.y = TC_MAX_KS;
+    attr.val.clusterDim.z = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(1, TC_MAX_KS, 1);
+    cfg.blockDim = dim3(TW_THREADS);
+    cfg.dynamicSmemBytes = TW_SMEM;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    int clusters = 0;
+    const cudaError_t err = cudaOccupancyMaxActiveClusters(&clusters, k, &cfg);
+    (void)cudaGetLastError();
+    return err == cudaSuccess && clusters > 0;
+}
+
+cudaError_t di_cuda_tc_wide_setup(bool *usable) {
     cudaError_t err = cudaFuncSetAttribute(tw_kernel<false>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize, TW_SMEM);
     if (err == cudaSuccess)
         err = cudaFuncSetAttribute(tw_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    TW_SMEM);
+    *usable = err == cudaSuccess && cluster_fits(tw_kernel<false>) && cluster_fits(tw_kernel<true>);
     return err;
 }
 
@@ -221,6 +244,7 @@ cudaError_t di_cuda_launch_matmul_tc_wide(const di_cuda_mm_params *p) {
                     (unsigned)((p->rows + rb - 1) / rb));
     void (*k)(const di_cuda_mm_params, int, int, bool) =
         p->glu_data ? tw_kernel<true> : tw_kernel<false>;
+    di_cuda_wide_launches++;
     return di_cuda_launch_cluster(k, grid, dim3(TW_THREADS), (size_t)TW_SMEM, p->stream,
                                   dim3(1, (unsigned)ks, 1), *p, ks, p->tc_terms, xvec);
 }
