@@ -13,8 +13,8 @@
  *     logits) are bitwise the same alone and inside a batch of several other requests on the
  *     GPU;
  *   - device sampling (V3 FP8): seeded temperature-only requests (and a top_p one) give the
- *     same tokens with the draw on the device (default) as with the host sampler
- * (DI_CUDA_SAMPLE=0);
+ *     same tokens with the draw on the device (the default) as with the host sampler
+ *     (DI_CUDA_SAMPLE=0);
  *   - errors: a bad device name.
  */
 #define _POSIX_C_SOURCE 200809L

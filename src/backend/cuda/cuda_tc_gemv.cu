@@ -235,9 +235,9 @@ bool di_cuda_tc_fits(const di_cuda_mm_params *p) {
 /* One launch of tc_kernel<MT, NG, U, PIPE, grouped or not, GLU, RT>. */
 template <int MT, int NG, int U, bool PIPE, bool GLU, int RT = 1>
 static cudaError_t launch_tc(const di_cuda_mm_params *p, int ks, bool xvec) {
-    void (*k)(const di_cuda_mm_params, int, int, bool) =
-        p->experts ? tc_kernel<MT, NG, U, PIPE, true, GLU, RT>
-                   : tc_kernel<MT, NG, U, PIPE, false, GLU, RT>;
+    void (*k)(const di_cuda_mm_params, int, int, bool) = tc_kernel<MT, NG, U, PIPE, true, GLU, RT>;
+    if constexpr (RT == 1) /* several row tiles per warp: grouped products only */
+        if (!p->experts) k = tc_kernel<MT, NG, U, PIPE, false, GLU, RT>;
     const int64_t ro = GLU ? 16 : 16 * MT, tiles = (p->rows + ro - 1) / ro;
     const int warps = ks > 4 ? ks : 4, per_block = warps / ks * RT; /* row tiles */
     const int64_t tokens_per_block = 8 * NG;

@@ -35,7 +35,9 @@ namespace cg = cooperative_groups;
 #define TW_SLAB    8 /* chunks of activations staged in shared memory at a time */
 #define TW_TERMS   3 /* most bf16 parts per activation */
 #define TW_SMEM    (TW_NG * TW_SLAB * TW_TERMS * 32 * (int)sizeof(uint4)) /* 48 KiB */
-#define TW_PSTRIDE (2 * TW_WARPS * 16 + 1) /* floats per token of the partial-sum tile */
+/* Floats per token of the partial-sum tile: 256 rows and 4 more, so that a warp's stores
+ * (row g, token 2 tig) fall in 32 different banks. */
+#define TW_PSTRIDE (2 * TW_WARPS * 16 + 4)
 static_assert(TW_TOKENS * TW_PSTRIDE * sizeof(float) <= (size_t)TW_SMEM,
               "the partial sums reuse the fragments' shared memory");
 
@@ -156,7 +158,7 @@ __global__ void __launch_bounds__(TW_THREADS, 2)
     }
 
     /* Partial sums: this block's tile into its own shared memory (the B fragments are no
-     * longer needed), [token][row] with an odd stride; GLU: the up rows after the gate's. */
+     * longer needed), [token][row]; GLU: the up rows after the gate's. */
     cg::cluster_group cluster = cg::this_cluster();
     float *part = reinterpret_cast<float *>(sb);
     __syncthreads(); /* every warp is done reading the fragments */
