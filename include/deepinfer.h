@@ -211,7 +211,8 @@ typedef struct di_engine_params {
                                    max_batch_tokens) */
     int32_t max_running;        /* most sequences in one step (default 64) */
     int64_t kv_memory_bytes;    /* paged KV pool size; 0: enough for max_running sequences of
-                                   max_model_len tokens, capped at 1 GiB (default 0) */
+                                   max_model_len tokens, capped at 1 GiB on the CPU and at
+                                   half the device's free memory on a GPU (default 0) */
     int32_t block_size;         /* tokens per KV block (default 16; DeepSeek-V4 rounds it up
                                    to a multiple of its largest compression ratio) */
     int64_t max_model_len;      /* prompt + output limit per sequence; <= 0: the model's

@@ -82,6 +82,10 @@ di_status di_model_backend_init(const di_model *m, di_pool *pool, int64_t max_ct
     return di_backend_cpu_init(out, pool, max_ctx);
 }
 
+int64_t di_model_device_free(const di_model *m) {
+    return m->cuda_device >= 0 ? di_cuda_device_free_bytes(m->cuda_device) : -1;
+}
+
 di_status di_model_load(const char *dir, const di_model_params *params, di_model **out) {
     if (!dir || !out) return di_error(DI_ERR_INVALID_ARG, "di_model_load: NULL argument");
     *out = NULL;

@@ -28,4 +28,8 @@ struct di_model {
  * or a CUDA backend (its own stream) on the model's device. max_ctx: the longest sequence. */
 di_status di_model_backend_init(const di_model *m, di_pool *pool, int64_t max_ctx, di_backend *out);
 
+/* Free bytes of the model's device now (after its weights), or -1 on the CPU or when the
+ * device cannot say. */
+int64_t di_model_device_free(const di_model *m);
+
 #endif /* DI_API_INTERNAL_H */

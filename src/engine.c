@@ -30,12 +30,21 @@
 
 #define ENG_DEFAULT_LEN      4096
 #define ENG_DEFAULT_KV_LIMIT ((int64_t)1 << 30)
+/* On a GPU the default pool may take up to this share of the device's free memory (after
+ * the weights): the rest is left to the runner's activations, graphs and other programs. */
+#define ENG_DEVICE_KV_SHARE 0.5
 /* Logits rows per step for prompt logprobs (beyond one per sequence): the logits buffer
  * grows by this many rows of the vocabulary; longer prompts take several steps. */
 #define ENG_PROMPT_LOGITS_ROWS 64
 /* Most threads that sample one batch's rows (each holds a sampler scratch:
  * di_sampler_scratch_size, 28 bytes per vocabulary entry). */
 #define ENG_SAMPLE_THREADS 16
+
+int64_t eng_default_kv_bytes(int64_t need, int64_t one_seq, int64_t device_free) {
+    const int64_t cap = device_free >= 0 ? (int64_t)((double)device_free * ENG_DEVICE_KV_SHARE)
+                                         : ENG_DEFAULT_KV_LIMIT;
+    return DI_MAX(DI_MIN(need, cap), one_seq);
+}
 
 di_engine_params di_engine_default_params(void) {
     di_engine_params p = {.n_threads = 0,
@@ -437,11 +446,11 @@ di_status di_engine_create(di_model *model, const di_engine_params *params, di_e
     di_model_get_info(model, &info);
     int64_t per_block = DI_MAX(info.kv_bytes_per_token, 1) * p.block_size;
     int64_t min_blocks = (e->max_model_len + p.block_size - 1) / p.block_size;
-    int64_t bytes =
-        p.kv_memory_bytes > 0
-            ? p.kv_memory_bytes
-            : DI_MAX(DI_MIN((int64_t)p.max_running * min_blocks * per_block, ENG_DEFAULT_KV_LIMIT),
-                     min_blocks * per_block);
+    int64_t bytes = p.kv_memory_bytes > 0
+                        ? p.kv_memory_bytes
+                        : eng_default_kv_bytes((int64_t)p.max_running * min_blocks * per_block,
+                                               min_blocks * per_block,
+                                               p.disaggregate ? -1 : di_model_device_free(model));
     int64_t n_blocks = bytes / per_block;
     if (!st && n_blocks < min_blocks)
         st = di_error(DI_ERR_INVALID_ARG,

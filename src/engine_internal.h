@@ -210,6 +210,10 @@ void eng_build(di_engine *e, const di_sched_batch *sb, eng_batch *b);
 void eng_sample_batch(di_engine *e, const eng_batch *b);
 void eng_release_finished(di_engine *e, bool all);
 di_status eng_alloc_batch(eng_batch *b, int32_t max_running, int64_t max_tokens, int64_t bps);
+/* The KV pool's bytes when kv_memory_bytes is 0: need (max_running sequences of
+ * max_model_len tokens), capped at 1 GiB in host memory or, on a device with device_free
+ * >= 0 bytes free, at half of that; never less than one_seq (one such sequence). */
+int64_t eng_default_kv_bytes(int64_t need, int64_t one_seq, int64_t device_free);
 void eng_free_batch(eng_batch *b);
 
 /* engine_disagg.c: the two workers */

@@ -18,6 +18,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include "engine_util.h"
+#include "engine_internal.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -99,6 +100,18 @@ static void check_mixed_len(const char *model_name, di_engine_params ep, int n_r
 static void check_mixed(const char *model_name, di_engine_params ep, int n_reqs,
                         bool expect_preempt) {
     check_mixed_len(model_name, ep, n_reqs, expect_preempt, 0);
+}
+
+/* The default KV pool: what max_running sequences need, capped at 1 GiB on the host and at
+ * half the device's free memory on a GPU, never below one sequence. */
+TEST(default_kv_budget) {
+    const int64_t G = (int64_t)1 << 30, one = 100 << 20;
+    CHECK(eng_default_kv_bytes(10 * G, one, -1) == G);           /* host: 1 GiB */
+    CHECK(eng_default_kv_bytes(G / 2, one, -1) == G / 2);        /* host: what is needed */
+    CHECK(eng_default_kv_bytes(10 * G, one, 100 * G) == 10 * G); /* device: what is needed */
+    CHECK(eng_default_kv_bytes(10 * G, one, 8 * G) == 4 * G);    /* device: half its free */
+    CHECK(eng_default_kv_bytes(10 * G, one, 0) == one);          /* never below one sequence */
+    CHECK(eng_default_kv_bytes(10 * G, 2 * G, -1) == 2 * G);
 }
 
 TEST(mixed_batches) {
@@ -607,6 +620,7 @@ TEST(add_from_thread) {
 }
 
 int main(void) {
+    RUN(default_kv_budget);
     RUN(mixed_batches);
     RUN(preemption);
     RUN(prefix_reuse);

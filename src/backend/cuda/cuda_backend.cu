@@ -733,6 +733,15 @@ extern "C" int64_t di_backend_cuda_wide_launches(void) {
     return di_cuda_wide_launches;
 }
 
+extern "C" int64_t di_cuda_device_free_bytes(int device) {
+    size_t free_b = 0, total_b = 0;
+    if (cudaSetDevice(device) != cudaSuccess || cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return -1;
+    }
+    return (int64_t)free_b;
+}
+
 extern "C" void di_backend_cuda_set_batch_invariant(const di_backend *dbe, bool on) {
     if (dbe && is_cuda_ops(dbe->ops) && dbe->ctx) ctx_of(dbe)->invariant = on;
 }

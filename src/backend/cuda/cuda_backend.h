@@ -55,6 +55,10 @@ di_status di_cuda_download(const di_backend *be, void *dst_host, const void *src
  * since the last sync (and clears it). */
 di_status di_backend_cuda_sync(const di_backend *be);
 
+/* Free bytes of device memory now (cudaMemGetInfo on that device), or -1 if it cannot say
+ * (no CUDA build, no such device). Makes the device current on the calling thread. */
+int64_t di_cuda_device_free_bytes(int device);
+
 /* The backend's cudaStream_t, as an opaque pointer (for interop: CUDA graphs, NCCL). */
 void *di_backend_cuda_stream(const di_backend *be);
 

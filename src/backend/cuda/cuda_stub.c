@@ -65,6 +65,11 @@ int64_t di_backend_cuda_wide_launches(void) {
     return 0;
 }
 
+int64_t di_cuda_device_free_bytes(int device) {
+    (void)device;
+    return -1;
+}
+
 void di_backend_cuda_set_batch_invariant(const di_backend *be, bool on) {
     (void)be, (void)on;
 }
