@@ -231,8 +231,8 @@ static void check_glu(di_dtype dt, int64_t rows, int64_t cols, int64_t n, int bl
         free(y1);
         y1 = host_floats(dy, rows);
         CHECK_MSG(memcmp(y1, ref + t * rows, (size_t)rows * 4) == 0,
-                  "%s glu rows=%lld cols=%lld n=%lld: token %lld alone differs",
-                  di_dtype_name(dt), (long long)rows, (long long)cols, (long long)n, (long long)t);
+                  "%s glu rows=%lld cols=%lld n=%lld: token %lld alone differs", di_dtype_name(dt),
+                  (long long)rows, (long long)cols, (long long)n, (long long)t);
     }
     CHECK(di_backend_cuda_sync(&g_be) == DI_OK);
     di_cuda_weight_free(&g_be, &dg), di_cuda_weight_free(&g_be, &du);
@@ -925,9 +925,24 @@ static void free_experts(expert_set *x) {
     free(x->tw), free(x->dw);
 }
 
+/* A CUDA backend with one environment variable set during its creation. */
+static di_backend backend_with(const char *var, const char *value) {
+    di_backend b;
+    memset(&b, 0, sizeof b);
+    setenv(var, value, 1);
+    di_status st = di_backend_cuda_init(&b, 0, 8192);
+    unsetenv(var);
+    CHECK_MSG(st == DI_OK, "%s", di_last_error());
+    return b;
+}
+
+/* The backend that runs check_experts' grouped products (the rest runs on g_be). */
+static di_backend *g_xbe = &g_be;
+
 /* matmul_experts: each expert's rows bitwise equal to matmul of the same rows (so to a row
  * alone: batch invariance), and within tolerance of the scalar reference. Experts of one
- * shape uploaded separately, routing by moe_route on the device. */
+ * shape uploaded separately, routing by moe_route on the device; the grouped products on
+ * g_xbe. */
 static void check_experts(di_dtype dt, int64_t E, int64_t K, int64_t n, int64_t rows,
                           int64_t cols) {
     const int64_t nk = n * K;
@@ -941,7 +956,8 @@ static void check_experts(di_dtype dt, int64_t E, int64_t K, int64_t n, int64_t 
     route_run(&g_be, &r, n, dlg, &db);
     float *x = rnd_vec(nk * cols, 1.0f), *dx = dev_floats(x, nk * cols);
     float *dy = dev_poison(nk * rows);
-    g_be.ops->matmul_experts(g_be.ctx, &ew, db.off, db.act, DI_MIN(E, nk), n, dx, dy);
+    g_xbe->ops->matmul_experts(g_xbe->ctx, &ew, db.off, db.act, DI_MIN(E, nk), n, dx, dy);
+    CHECK(di_backend_cuda_sync(g_xbe) == DI_OK);
     float *y = host_floats(dy, nk * rows);
     int32_t *off = host_ints(db.off, E + 1);
     float *ref = malloc((size_t)(nk * rows) * 4);
@@ -960,10 +976,13 @@ static void check_experts(di_dtype dt, int64_t E, int64_t K, int64_t n, int64_t 
               nerr(y, ref, nk * rows));
     /* matmul_experts_glu: bitwise silu_mul of the gate (the experts above) and an up set. */
     expert_set up = make_experts(dt, E, rows, cols);
-    g_be.ops->matmul_experts(g_be.ctx, &up.ew, db.off, db.act, DI_MIN(E, nk), n, dx, dy);
+    g_xbe->ops->matmul_experts(g_xbe->ctx, &up.ew, db.off, db.act, DI_MIN(E, nk), n, dx, dy);
+    CHECK(di_backend_cuda_sync(g_xbe) == DI_OK);
     float *yu = host_floats(dy, nk * rows), *gref = gpu_silu_mul(y, yu, nk * rows);
     float *dg = dev_poison(nk * rows);
-    g_be.ops->matmul_experts_glu(g_be.ctx, &ew, &up.ew, db.off, db.act, DI_MIN(E, nk), n, dx, dg);
+    g_xbe->ops->matmul_experts_glu(g_xbe->ctx, &ew, &up.ew, db.off, db.act, DI_MIN(E, nk), n, dx,
+                                   dg);
+    CHECK(di_backend_cuda_sync(g_xbe) == DI_OK);
     float *yg = host_floats(dg, nk * rows);
     CHECK_MSG(memcmp(yg, gref, (size_t)(nk * rows) * 4) == 0,
               "%s E=%lld K=%lld n=%lld %lldx%lld: experts glu differs from matmul_experts + "
@@ -992,18 +1011,20 @@ TEST(matmul_experts) {
      * tiles per block (2 K runs) with the last one past the end */
     check_experts(DI_DTYPE_BF16, 64, 6, 64, 1376, 2048);
     check_experts(DI_DTYPE_BF16, 16, 4, 40, 200, 256);
+    /* many tokens per expert (a prefill) on the wide kernel (DI_CUDA_TC_WIDE_GROUPED=1):
+     * 8 K runs, 2 (200 x 256), 1 (300 x 200); experts of 9 to about 100 tokens */
+    di_backend bw = backend_with("DI_CUDA_TC_WIDE_GROUPED", "1");
+    if (!bw.ctx) return;
+    const int64_t wide = di_backend_cuda_wide_launches();
+    g_xbe = &bw;
+    check_experts(DI_DTYPE_BF16, 8, 2, 100, 1408, 2048);
+    check_experts(DI_DTYPE_BF16, 16, 6, 64, 2048, 1408);
+    check_experts(DI_DTYPE_BF16, 6, 2, 40, 200, 256);
+    check_experts(DI_DTYPE_BF16, 4, 2, 33, 300, 200);
+    g_xbe = &g_be;
+    CHECK_MSG(di_backend_cuda_wide_launches() > wide, "no grouped wide product ran");
+    di_backend_free(&bw);
     check_experts(DI_DTYPE_F8_E4M3, 16, 8, 9, 256, 7168);
-}
-
-/* A CUDA backend with one environment variable set during its creation. */
-static di_backend backend_with(const char *var, const char *value) {
-    di_backend b;
-    memset(&b, 0, sizeof b);
-    setenv(var, value, 1);
-    di_status st = di_backend_cuda_init(&b, 0, 8192);
-    unsetenv(var);
-    CHECK_MSG(st == DI_OK, "%s", di_last_error());
-    return b;
 }
 
 /* BF16 products on the tensor cores (cuda_tc_gemv.cu, the default, and from 9 tokens
@@ -1027,8 +1048,8 @@ static void check_tc(di_backend *be, int64_t rows, int64_t cols, double tol) {
     /* (host_floats copies on g_be's stream: wait for be's own first) */
     CHECK(di_backend_cuda_sync(be) == DI_OK);
     float *alone = host_floats(dy, nmax * rows);
-    CHECK_MSG(nerr(alone, ref, nmax * rows) <= tol, "tc %lldx%lld n=1: error %.3g",
-              (long long)rows, (long long)cols, nerr(alone, ref, nmax * rows));
+    CHECK_MSG(nerr(alone, ref, nmax * rows) <= tol, "tc %lldx%lld n=1: error %.3g", (long long)rows,
+              (long long)cols, nerr(alone, ref, nmax * rows));
     for (size_t ni = 0; ni < DI_ARRAY_LEN(ns); ni++) {
         const int64_t n = ns[ni];
         be->ops->matmul(be->ctx, &dw, dx, n, dy);

@@ -37,6 +37,7 @@ typedef struct cuda_backend {
     int64_t tc_min_rows;   /* DI_CUDA_TC_MIN_ROWS: smaller weights take the SIMT GEMV */
     int64_t tc_wide_min_n; /* DI_CUDA_TC_WIDE_MIN_N: plain products of >= n tokens, wide */
     int tc_rt;             /* DI_CUDA_TC_RT: row tiles per warp, grouped tensor-core GEMV */
+    int tc_wide_grouped;   /* DI_CUDA_TC_WIDE_GROUPED=1: grouped products wide as well */
     bool invariant;          /* batch-invariant (default): one matmul path for every n */
     cudaError_t first_error; /* first failed launch since the last sync */
     bool capturing;          /* between graph_begin and graph_end, capture started */
@@ -80,6 +81,7 @@ static di_cuda_mm_params mm_params(const di_weight *w, const cuda_backend *be) {
     p.tc_min_rows = be->tc_min_rows;
     p.tc_wide_min_n = be->tc_wide_min_n;
     p.tc_rt = be->tc_rt;
+    p.tc_wide_grouped = be->tc_wide_grouped;
     /* Batch-invariant: the tensor cores for every n. Otherwise the SIMT GEMV where it is
      * faster (up to 8 tokens: bandwidth-bound, fewer rows per load) and the tensor cores
      * above. */
@@ -680,6 +682,10 @@ extern "C" di_status di_backend_cuda_init(di_backend *out, int device, int64_t m
      * same sums as the GEMV: cuda_tc_wide.cu); 0: never. */
     env = getenv("DI_CUDA_TC_WIDE_MIN_N");
     be->tc_wide_min_n = env ? atoll(env) : 9;
+    /* Grouped expert products of 9+ tokens per expert (prefill) on the wide kernel too:
+     * opt-in until its test has run on a GPU. */
+    env = getenv("DI_CUDA_TC_WIDE_GROUPED");
+    be->tc_wide_grouped = env && strcmp(env, "1") == 0;
     env = getenv("DI_CUDA_TC_RT"); /* 1 or 2 (default) */
     be->tc_rt = env && atoi(env) == 1 ? 1 : 2;
     be->invariant = true;

@@ -156,6 +156,7 @@ typedef struct di_cuda_mm_params {
     /* The wide tensor-core product (cuda_tc_wide.cu) for plain products of at least
      * tc_wide_min_n tokens (0: never). */
     int64_t tc_wide_min_n;
+    int tc_wide_grouped; /* grouped products too (DI_CUDA_TC_WIDE_GROUPED=1; not yet GPU-run) */
     /* Row tiles per warp of the grouped tensor-core GEMV for a few tokens per expert (1 or
      * 2): fewer, longer-lived blocks. Same values. */
     int tc_rt;

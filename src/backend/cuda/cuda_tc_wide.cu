@@ -1,7 +1,10 @@
 /*
  * cuda_tc_wide.cu -- y = W x on the tensor cores for many tokens: plain BF16 products (one
- * head, not grouped) of at least DI_CUDA_TC_WIDE_MIN_N tokens (default 9), bitwise the sums
- * of the tensor-core GEMV (cuda_tc_gemv.cu) in a work shape that shares the activations.
+ * head) of at least DI_CUDA_TC_WIDE_MIN_N tokens (default 9), bitwise the sums of the
+ * tensor-core GEMV (cuda_tc_gemv.cu) in a work shape that shares the activations; with
+ * DI_CUDA_TC_WIDE_GROUPED=1 also grouped expert products of that many tokens per expert on
+ * average (a prefill), each block walking its expert's token chunks (opt-in: written after
+ * the last GPU run, its op test not yet run on a GPU).
  *
  * Why: in the GEMV a block's warps take different K runs of the same rows, so every warp
  * loads and splits its own copy of the activations into bf16 parts. At 64 tokens that made
@@ -41,21 +44,34 @@ namespace cg = cooperative_groups;
 static_assert(TW_TOKENS * TW_PSTRIDE * sizeof(float) <= (size_t)TW_SMEM,
               "the partial sums reuse the fragments' shared memory");
 
-/* Block (token chunk x, K run y = the rank in its cluster of ks, row block z). acc[mt][j][i]:
- * m-tile mt (GLU: 0 the gate, 1 the up projection, same rows), token group j; i = 0, 1: row
- * g, tokens 2 tig, 2 tig + 1; i = 2, 3: row g + 8. */
-template <bool GLU>
+/* Block (token chunk x, K run y = the rank in its cluster of ks, row block z; grouped: z =
+ * active-expert slot x row blocks + row block, and the block walks its expert's token
+ * chunks). acc[mt][j][i]: m-tile mt (GLU: 0 the gate, 1 the up projection, same rows), token
+ * group j; i = 0, 1: row g, tokens 2 tig, 2 tig + 1; i = 2, 3: row g + 8. */
+template <bool GLU, bool G>
 __global__ void __launch_bounds__(TW_THREADS, 2)
-    tw_kernel(const di_cuda_mm_params p, int ks, int terms, bool xvec) {
+    tw_kernel(const di_cuda_mm_params p, int ks, int terms, bool xvec, int row_blocks) {
     extern __shared__ uint4 sb[]; /* [group j][slab chunk][term][lane]: B fragments */
     constexpr int RO = GLU ? 16 : 32, RB = TW_WARPS * RO; /* output rows per warp, block */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, tig = lane & 3;
     const int kw = (int)blockIdx.y;
-    const int64_t rb0 = (int64_t)blockIdx.z * RB, r0 = rb0 + (int64_t)warp * RO;
+    const int64_t rb0 = (int64_t)(blockIdx.z % row_blocks) * RB, r0 = rb0 + (int64_t)warp * RO;
     const bool live = r0 < p.rows;
-    const int64_t t0 = (int64_t)blockIdx.x * TW_TOKENS, t_end = p.n_tokens;
-    const int nt = (int)min((int64_t)TW_TOKENS, t_end - t0);
+    const void *wdata = p.data, *udata = p.glu_data;
+    int64_t t_first = 0, t_end = p.n_tokens;
+    if constexpr (G) {
+        pdl_wait(); /* the routing (active list, offsets) comes from earlier kernels */
+        pdl_trigger();
+        /* exits uniform over the cluster: its blocks share blockIdx.z */
+        const int slot = (int)(blockIdx.z / row_blocks);
+        if (slot >= p.g_active[0]) return;
+        const int e = p.g_active[1 + slot];
+        wdata = p.experts[e].data;
+        if constexpr (GLU) udata = p.glu_experts[e].data;
+        t_first = p.g_off[e];
+        t_end = p.g_off[e + 1];
+    }
     const int64_t K = p.cols, C = (K + TC_CHUNK - 1) / TC_CHUNK;
     const int64_t c_begin = C * kw / ks, c_end = C * (kw + 1) / ks;
 
@@ -66,7 +82,7 @@ __global__ void __launch_bounds__(TW_THREADS, 2)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             const int64_t r = min(r0 + (GLU ? 0 : 16 * mt) + g + 8 * h, p.rows - 1);
-            const void *base = GLU && mt == 1 ? p.glu_data : p.data;
+            const void *base = GLU && mt == 1 ? udata : wdata;
             wrow[mt][h] = static_cast<const char *>(base) + r * p.row_stride * 2;
         }
     const int64_t kl = 8 * tig;
@@ -80,130 +96,139 @@ __global__ void __launch_bounds__(TW_THREADS, 2)
                 dst[mt][h] = ok ? __ldcs(reinterpret_cast<const uint4 *>(wrow[mt][h] + 2 * k))
                                 : make_uint4(0, 0, 0, 0);
     };
+    cg::cluster_group cluster = cg::this_cluster();
+    float *part = reinterpret_cast<float *>(sb); /* the partial sums, after the K loop */
 
-    uint4 a[2][2];
-    load_a(a, c_begin); /* weights on their way; now wait for x (PDL) */
-    pdl_wait();
-    pdl_trigger();
+    /* One pass per token chunk: plain, the block's chunk; grouped, each of its expert's. */
+    for (int64_t t0 = t_first + (int64_t)blockIdx.x * TW_TOKENS; t0 < t_end;
+         t0 += (int64_t)gridDim.x * TW_TOKENS) {
+        const int nt = (int)min((int64_t)TW_TOKENS, t_end - t0);
+        uint4 a[2][2];
+        load_a(a, c_begin);
+        if constexpr (!G) { /* the weights are on their way; now wait for x (PDL) */
+            pdl_wait();     /* (a plain block makes one pass) */
+            pdl_trigger();
+        }
 
-    float acc[2][TW_NG][4];
+        float acc[2][TW_NG][4];
 #pragma unroll
-    for (int mt = 0; mt < 2; mt++)
+        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+            for (int j = 0; j < TW_NG; j++)
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    acc[mt][j][i] = 0.0f;
+
+        for (int64_t s0 = c_begin; s0 < c_end; s0 += TW_SLAB) {
+            const int sl = (int)min((int64_t)TW_SLAB, c_end - s0);
+            __syncthreads(); /* every warp is done with the previous slab's fragments */
+            /* Stage: unit (j, cc, ln) is lane ln's B fragment of token group j, chunk cc. */
+            for (int u = threadIdx.x; u < TW_NG * TW_SLAB * 32; u += TW_THREADS) {
+                const int ln = u & 31, cc = (u >> 5) % TW_SLAB, j = u / (32 * TW_SLAB);
+                if (cc >= sl || 8 * j >= nt) continue;
+                const int64_t t = t0 + 8 * j + (ln >> 2), k = (s0 + cc) * TC_CHUNK + 8 * (ln & 3);
+                float xv[8];
+                load_x8(p, t, k, t < t_end && k < K, xvec, xv);
+                uint4 *dst = sb + (j * TW_SLAB + cc) * TW_TERMS * 32 + ln;
+                for (int s = 0; s < terms; s++) {
+                    uint4 b;
+                    b.x = split_pair(xv[0], xv[1]);
+                    b.y = split_pair(xv[2], xv[3]);
+                    b.z = split_pair(xv[4], xv[5]);
+                    b.w = split_pair(xv[6], xv[7]);
+                    dst[s * 32] = b;
+                }
+            }
+            __syncthreads();
+            for (int cc = 0; cc < sl; cc++) {
+                uint4 nx[2][2];
+                load_a(nx, s0 + cc + 1); /* the next chunk (maybe the next slab's first) */
+#pragma unroll
+                for (int j = 0; j < TW_NG; j++) {
+                    if (8 * j >= nt) break;
+                    const uint4 *src = sb + (j * TW_SLAB + cc) * TW_TERMS * 32 + lane;
+                    for (int s = 0; s < terms; s++) {
+                        const uint4 b = src[s * 32];
+#pragma unroll
+                        for (int mt = 0; mt < 2; mt++)
+                            mma_chunk(acc[mt][j], a[mt][0], a[mt][1], b.x, b.y, b.z, b.w);
+                    }
+                }
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++)
+                    a[mt][0] = nx[mt][0], a[mt][1] = nx[mt][1];
+            }
+        }
+
+        if (ks == 1) {           /* the whole sum: store (as the GEMV stores) */
+            if (!live) continue; /* (the next pass's barriers come after this warp's stores) */
+#pragma unroll
+            for (int j = 0; j < TW_NG; j++) {
+                if (8 * j >= nt) break;
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const int64_t t = t0 + 8 * j + 2 * tig + (i & 1);
+                    if (t >= t_end) continue;
+#pragma unroll
+                    for (int mt = 0; mt < (GLU ? 1 : 2); mt++) {
+                        const int64_t r = r0 + 16 * mt + g + 8 * (i >> 1);
+                        if (r >= p.rows) continue;
+                        const float val =
+                            GLU ? silu_times(acc[0][j][i], acc[1][j][i]) : acc[mt][j][i];
+                        store_y(p.y + t * p.y_tstride + r, val, p.accumulate);
+                    }
+                }
+            }
+            continue;
+        }
+
+        /* Partial sums: this block's tile into its own shared memory (the B fragments are no
+         * longer needed), [token][row]; GLU: the up rows after the gate's. */
+        __syncthreads(); /* every warp is done reading the fragments */
 #pragma unroll
         for (int j = 0; j < TW_NG; j++)
 #pragma unroll
             for (int i = 0; i < 4; i++)
-                acc[mt][j][i] = 0.0f;
-
-    for (int64_t s0 = c_begin; s0 < c_end; s0 += TW_SLAB) {
-        const int sl = (int)min((int64_t)TW_SLAB, c_end - s0);
-        __syncthreads(); /* every warp is done with the previous slab's fragments */
-        /* Stage: unit (j, cc, ln) is lane ln's B fragment of token group j, slab chunk cc. */
-        for (int u = threadIdx.x; u < TW_NG * TW_SLAB * 32; u += TW_THREADS) {
-            const int ln = u & 31, cc = (u >> 5) % TW_SLAB, j = u / (32 * TW_SLAB);
-            if (cc >= sl || 8 * j >= nt) continue;
-            const int64_t t = t0 + 8 * j + (ln >> 2), k = (s0 + cc) * TC_CHUNK + 8 * (ln & 3);
-            float xv[8];
-            load_x8(p, t, k, t < t_end && k < K, xvec, xv);
-            uint4 *dst = sb + (j * TW_SLAB + cc) * TW_TERMS * 32 + ln;
-            for (int s = 0; s < terms; s++) {
-                uint4 b;
-                b.x = split_pair(xv[0], xv[1]);
-                b.y = split_pair(xv[2], xv[3]);
-                b.z = split_pair(xv[4], xv[5]);
-                b.w = split_pair(xv[6], xv[7]);
-                dst[s * 32] = b;
-            }
-        }
-        __syncthreads();
-        for (int cc = 0; cc < sl; cc++) {
-            uint4 nx[2][2];
-            load_a(nx, s0 + cc + 1); /* the next chunk (maybe the next slab's first) */
 #pragma unroll
-            for (int j = 0; j < TW_NG; j++) {
-                if (8 * j >= nt) break;
-                const uint4 *src = sb + (j * TW_SLAB + cc) * TW_TERMS * 32 + lane;
-                for (int s = 0; s < terms; s++) {
-                    const uint4 b = src[s * 32];
-#pragma unroll
-                    for (int mt = 0; mt < 2; mt++)
-                        mma_chunk(acc[mt][j], a[mt][0], a[mt][1], b.x, b.y, b.z, b.w);
+                for (int mt = 0; mt < 2; mt++) {
+                    const int row = warp * RO + (GLU ? 0 : 16 * mt) + g + 8 * (i >> 1);
+                    part[(8 * j + 2 * tig + (i & 1)) * TW_PSTRIDE + (GLU && mt ? RB : 0) + row] =
+                        acc[mt][j][i];
                 }
-            }
-#pragma unroll
-            for (int mt = 0; mt < 2; mt++)
-                a[mt][0] = nx[mt][0], a[mt][1] = nx[mt][1];
-        }
-    }
-
-    if (ks == 1) { /* the whole sum: store (as the GEMV stores) */
-        if (!live) return;
-#pragma unroll
-        for (int j = 0; j < TW_NG; j++) {
-            if (8 * j >= nt) break;
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int64_t t = t0 + 8 * j + 2 * tig + (i & 1);
-                if (t >= t_end) continue;
-#pragma unroll
-                for (int mt = 0; mt < (GLU ? 1 : 2); mt++) {
-                    const int64_t r = r0 + 16 * mt + g + 8 * (i >> 1);
-                    if (r >= p.rows) continue;
-                    const float val = GLU ? silu_times(acc[0][j][i], acc[1][j][i]) : acc[mt][j][i];
-                    store_y(p.y + t * p.y_tstride + r, val, p.accumulate);
-                }
-            }
-        }
-        return;
-    }
-
-    /* Partial sums: this block's tile into its own shared memory (the B fragments are no
-     * longer needed), [token][row]; GLU: the up rows after the gate's. */
-    cg::cluster_group cluster = cg::this_cluster();
-    float *part = reinterpret_cast<float *>(sb);
-    __syncthreads(); /* every warp is done reading the fragments */
-#pragma unroll
-    for (int j = 0; j < TW_NG; j++)
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-#pragma unroll
-            for (int mt = 0; mt < 2; mt++) {
-                const int row = warp * RO + (GLU ? 0 : 16 * mt) + g + 8 * (i >> 1);
-                part[(8 * j + 2 * tig + (i & 1)) * TW_PSTRIDE + (GLU && mt ? RB : 0) + row] =
-                    acc[mt][j][i];
-            }
-    cluster.sync(); /* every K run's partial sums are in place */
-    /* Block q takes elements e = q * TW_THREADS + thread, q + ks, ... of the tile's RB x nt
-     * outputs (row fastest) and adds run 0 .. ks - 1's values in the GEMV's tree order. */
-    const float *runs[TC_MAX_KS];
-#pragma unroll
-    for (int k = 0; k < TC_MAX_KS; k++)
-        runs[k] = cluster.map_shared_rank(part, k < ks ? k : 0);
-    for (int e = kw * TW_THREADS + threadIdx.x; e < RB * nt; e += ks * TW_THREADS) {
-        const int rl = e % RB, tl = e / RB;
-        const int64_t r = rb0 + rl, t = t0 + tl;
-        if (r >= p.rows) continue;
-        float v[TC_MAX_KS];
+        cluster.sync(); /* every K run's partial sums are in place */
+        const float *runs[TC_MAX_KS];
 #pragma unroll
         for (int k = 0; k < TC_MAX_KS; k++)
-            v[k] = k < ks ? runs[k][tl * TW_PSTRIDE + rl] : 0.0f;
-        float val = tc_tree_sum(v, ks);
-        if constexpr (GLU) {
+            runs[k] = cluster.map_shared_rank(part, k < ks ? k : 0);
+        /* Block q takes elements e = q * TW_THREADS + thread, stepping by ks * TW_THREADS, of
+         * the tile's RB x nt outputs (row fastest) and adds runs 0 .. ks - 1 in the GEMV's
+         * tree order. */
+        for (int e = kw * TW_THREADS + threadIdx.x; e < RB * nt; e += ks * TW_THREADS) {
+            const int rl = e % RB, tl = e / RB;
+            const int64_t r = rb0 + rl, t = t0 + tl;
+            if (r >= p.rows) continue;
+            float v[TC_MAX_KS];
 #pragma unroll
             for (int k = 0; k < TC_MAX_KS; k++)
-                v[k] = k < ks ? runs[k][tl * TW_PSTRIDE + RB + rl] : 0.0f;
-            val = silu_times(val, tc_tree_sum(v, ks));
+                v[k] = k < ks ? runs[k][tl * TW_PSTRIDE + rl] : 0.0f;
+            float val = tc_tree_sum(v, ks);
+            if constexpr (GLU) {
+#pragma unroll
+                for (int k = 0; k < TC_MAX_KS; k++)
+                    v[k] = k < ks ? runs[k][tl * TW_PSTRIDE + RB + rl] : 0.0f;
+                val = silu_times(val, tc_tree_sum(v, ks));
+            }
+            store_y(p.y + t * p.y_tstride + r, val, p.accumulate);
         }
-        store_y(p.y + t * p.y_tstride + r, val, p.accumulate);
+        cluster.sync(); /* no block reuses or leaves its shared memory while another reads it */
     }
-    cluster.sync(); /* no block leaves while another still reads its shared memory */
 }
 
 int64_t di_cuda_wide_launches; /* cuda_backend.h: wide products launched (for tests) */
 
 /* Can clusters of the most K runs of these blocks run on this device at all? A query error
  * counts as no (the backend then keeps the GEMV, whose sums are the same). */
-static bool cluster_fits(void (*k)(const di_cuda_mm_params, int, int, bool)) {
+static bool cluster_fits(void (*k)(const di_cuda_mm_params, int, int, bool, int)) {
     cudaLaunchAttribute attr;
     attr.id = cudaLaunchAttributeClusterDimension;
     attr.val.clusterDim.x = 1;
@@ -222,31 +247,47 @@ static bool cluster_fits(void (*k)(const di_cuda_mm_params, int, int, bool)) {
 }
 
 cudaError_t di_cuda_tc_wide_setup(bool *usable) {
-    cudaError_t err = cudaFuncSetAttribute(tw_kernel<false>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize, TW_SMEM);
-    if (err == cudaSuccess)
-        err = cudaFuncSetAttribute(tw_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   TW_SMEM);
-    *usable = err == cudaSuccess && cluster_fits(tw_kernel<false>) && cluster_fits(tw_kernel<true>);
+    void (*const kernels[])(const di_cuda_mm_params, int, int, bool,
+                            int) = {tw_kernel<false, false>, tw_kernel<true, false>,
+                                    tw_kernel<false, true>, tw_kernel<true, true>};
+    cudaError_t err = cudaSuccess;
+    *usable = true;
+    for (size_t i = 0; i < sizeof kernels / sizeof *kernels && err == cudaSuccess; i++) {
+        err =
+            cudaFuncSetAttribute(kernels[i], cudaFuncAttributeMaxDynamicSharedMemorySize, TW_SMEM);
+        *usable = *usable && err == cudaSuccess && cluster_fits(kernels[i]);
+    }
     return err;
 }
 
-/* Called after di_cuda_tc_fits (BF16, W x, 16-byte aligned rows of whole vectors). */
+static int64_t tw_block_rows(const di_cuda_mm_params *p) {
+    return TW_WARPS * (p->glu_data || p->glu_experts ? 16 : 32);
+}
+
+/* Called after di_cuda_tc_fits (BF16, W x, 16-byte aligned rows of whole vectors). Grouped
+ * products (n_heads active-expert slots) count the mean tokens per slot, and take the wide
+ * kernel only with p->tc_wide_grouped (DI_CUDA_TC_WIDE_GROUPED=1: not yet run on a GPU). */
 bool di_cuda_tc_wide_fits(const di_cuda_mm_params *p) {
-    return p->tc_wide_min_n > 0 && p->n_tokens >= p->tc_wide_min_n && !p->experts &&
-           !p->glu_experts && p->n_heads == 1 && p->tc_terms <= TW_TERMS &&
-           (p->rows + TW_WARPS * 16 - 1) / (TW_WARPS * 16) <= 65535;
+    const bool grouped = p->experts != NULL;
+    const int64_t slots = grouped ? DI_MAX(p->n_heads, 1) : 1;
+    const int64_t n = (p->n_tokens + slots - 1) / slots;
+    const int64_t row_blocks = (p->rows + tw_block_rows(p) - 1) / tw_block_rows(p);
+    return p->tc_wide_min_n > 0 && n >= p->tc_wide_min_n && (!grouped || p->tc_wide_grouped) &&
+           (grouped || p->n_heads == 1) && p->tc_terms <= TW_TERMS && row_blocks * slots <= 65535;
 }
 
 cudaError_t di_cuda_launch_matmul_tc_wide(const di_cuda_mm_params *p) {
+    const bool grouped = p->experts != NULL, glu = p->glu_data || p->glu_experts;
     const int ks = tc_ks(p->rows, p->cols);
     const bool xvec = ((uintptr_t)p->x & 15u) == 0 && p->x_tstride % 4 == 0;
-    const int64_t rb = TW_WARPS * (p->glu_data ? 16 : 32);
-    const dim3 grid((unsigned)((p->n_tokens + TW_TOKENS - 1) / TW_TOKENS), (unsigned)ks,
-                    (unsigned)((p->rows + rb - 1) / rb));
-    void (*k)(const di_cuda_mm_params, int, int, bool) =
-        p->glu_data ? tw_kernel<true> : tw_kernel<false>;
+    const int row_blocks = (int)((p->rows + tw_block_rows(p) - 1) / tw_block_rows(p));
+    /* plain: one block per token chunk; grouped: one per slot, walking its expert's chunks */
+    const dim3 grid(grouped ? 1u : (unsigned)((p->n_tokens + TW_TOKENS - 1) / TW_TOKENS),
+                    (unsigned)ks, (unsigned)(row_blocks * (grouped ? p->n_heads : 1)));
+    void (*k)(const di_cuda_mm_params, int, int, bool, int) =
+        grouped ? (glu ? tw_kernel<true, true> : tw_kernel<false, true>)
+                : (glu ? tw_kernel<true, false> : tw_kernel<false, false>);
     di_cuda_wide_launches++;
     return di_cuda_launch_cluster(k, grid, dim3(TW_THREADS), (size_t)TW_SMEM, p->stream,
-                                  dim3(1, (unsigned)ks, 1), *p, ks, p->tc_terms, xvec);
+                                  dim3(1, (unsigned)ks, 1), *p, ks, p->tc_terms, xvec, row_blocks);
 }
