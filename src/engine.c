@@ -452,6 +452,9 @@ di_status di_engine_create(di_model *model, const di_engine_params *params, di_e
                                                min_blocks * per_block,
                                                p.disaggregate ? -1 : di_model_device_free(model));
     int64_t n_blocks = bytes / per_block;
+    /* a default pool (on a large device, of a model with a small cache) stops at the most
+     * blocks the pool's 32-bit row indices address; an explicit size past it is refused */
+    if (p.kv_memory_bytes == 0) n_blocks = DI_MIN(n_blocks, INT32_MAX / p.block_size);
     if (!st && n_blocks < min_blocks)
         st = di_error(DI_ERR_INVALID_ARG,
                       "engine params: kv_memory_bytes = %lld holds %lld blocks of %d tokens; "

@@ -735,8 +735,8 @@ extern "C" int64_t di_backend_cuda_sample_launches(void) {
     return di_cuda_sample_launches;
 }
 
-extern "C" int64_t di_backend_cuda_wide_launches(void) {
-    return di_cuda_wide_launches;
+extern "C" int64_t di_backend_cuda_wide_launches(bool grouped) {
+    return di_cuda_wide_launches[grouped ? 1 : 0];
 }
 
 extern "C" int64_t di_cuda_device_free_bytes(int device) {

@@ -26,6 +26,7 @@
 
 #include "backend/backend.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -78,9 +79,9 @@ void di_backend_cuda_set_batch_invariant(const di_backend *be, bool on);
  * that the device path ran. */
 int64_t di_backend_cuda_sample_launches(void);
 
-/* How many wide tensor-core products (plain BF16 products of many tokens) this process has
- * launched (0 without CUDA): lets a test see that they ran. */
-int64_t di_backend_cuda_wide_launches(void);
+/* How many wide tensor-core products of many tokens this process has launched, grouped
+ * (expert) ones or plain ones (0 without CUDA): lets a test see that they ran. */
+int64_t di_backend_cuda_wide_launches(bool grouped);
 
 /* Device-to-device copy bandwidth in bytes/s (bytes read + bytes written per second) over a
  * buffer of `bytes`: the roofline the benchmarks compare with. Returns 0 on failure. */

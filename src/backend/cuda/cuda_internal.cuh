@@ -181,7 +181,7 @@ bool di_cuda_tc_wide_fits(const di_cuda_mm_params *p);
 /* Once per backend: the kernels' shared memory; *usable: whether the device can run their
  * clusters (if not, the backend leaves the wide product off). */
 cudaError_t di_cuda_tc_wide_setup(bool *usable);
-extern int64_t di_cuda_wide_launches; /* di_backend_cuda_wide_launches */
+extern int64_t di_cuda_wide_launches[2]; /* di_backend_cuda_wide_launches: plain, grouped */
 cudaError_t di_cuda_launch_matmul_tc_wide(const di_cuda_mm_params *p);
 
 /* silu(g) * u, rounded as silu_mul_kernel rounds it (the fused and the separate SwiGLU agree). */

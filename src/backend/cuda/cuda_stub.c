@@ -61,7 +61,8 @@ int64_t di_backend_cuda_sample_launches(void) {
     return 0;
 }
 
-int64_t di_backend_cuda_wide_launches(void) {
+int64_t di_backend_cuda_wide_launches(bool grouped) {
+    (void)grouped;
     return 0;
 }
 

@@ -224,7 +224,7 @@ __global__ void __launch_bounds__(TW_THREADS, 2)
     }
 }
 
-int64_t di_cuda_wide_launches; /* cuda_backend.h: wide products launched (for tests) */
+int64_t di_cuda_wide_launches[2]; /* cuda_backend.h: plain, grouped launches (for tests) */
 
 /* Can clusters of the most K runs of these blocks run on this device at all? A query error
  * counts as no (the backend then keeps the GEMV, whose sums are the same). */
@@ -287,7 +287,7 @@ cudaError_t di_cuda_launch_matmul_tc_wide(const di_cuda_mm_params *p) {
     void (*k)(const di_cuda_mm_params, int, int, bool, int) =
         grouped ? (glu ? tw_kernel<true, true> : tw_kernel<false, true>)
                 : (glu ? tw_kernel<true, false> : tw_kernel<false, false>);
-    di_cuda_wide_launches++;
+    di_cuda_wide_launches[grouped ? 1 : 0]++;
     return di_cuda_launch_cluster(k, grid, dim3(TW_THREADS), (size_t)TW_SMEM, p->stream,
                                   dim3(1, (unsigned)ks, 1), *p, ks, p->tc_terms, xvec, row_blocks);
 }
