@@ -28,16 +28,7 @@ typedef struct cuda_backend {
     int n_sms;
     int64_t max_ctx; /* the longest context a call may attend over (init's max_ctx) */
     di_cuda_attn_mode attn_mode;
-    int fp8_bits;          /* FP8 conversion: 1 bit placement, 0 conversion instructions */
-    int64_t ksplit_min;    /* GEMV rows of at least this many 16-byte vectors split K */
-    int fp8_pipe;          /* FP8 GEMV software pipeline on (1) or off (0) */
-    int64_t short_vec;     /* one-token GEMV: rows of <= this many vectors, 4 per group */
-    int max_tb;            /* GEMV: largest token group (DI_CUDA_MAX_TB, default 8) */
-    int tc, tc_terms;      /* BF16 products on the tensor cores (DI_CUDA_TC, _TERMS) */
-    int64_t tc_min_rows;   /* DI_CUDA_TC_MIN_ROWS: smaller weights take the SIMT GEMV */
-    int64_t tc_wide_min_n; /* DI_CUDA_TC_WIDE_MIN_N: plain products of >= n tokens, wide */
-    int tc_rt;             /* DI_CUDA_TC_RT: row tiles per warp, grouped tensor-core GEMV */
-    int tc_wide_grouped;   /* DI_CUDA_TC_WIDE_GROUPED=1: grouped products wide as well */
+    di_cuda_tuning tune;     /* the products' knobs, read from DI_CUDA_* at init */
     bool invariant;          /* batch-invariant (default): one matmul path for every n */
     cudaError_t first_error; /* first failed launch since the last sync */
     bool capturing;          /* between graph_begin and graph_end, capture started */
@@ -71,17 +62,7 @@ static di_cuda_mm_params mm_params(const di_weight *w, const cuda_backend *be) {
     p.block_cols = w->block_cols > 0 ? w->block_cols : 1;
     p.row_offset = w->row_offset;
     p.n_heads = 1;
-    p.fp8_bits = be->fp8_bits;
-    p.ksplit_min = be->ksplit_min;
-    p.fp8_pipe = be->fp8_pipe;
-    p.short_vec = be->short_vec;
-    p.max_tb = be->max_tb;
-    p.tc = be->tc;
-    p.tc_terms = be->tc_terms;
-    p.tc_min_rows = be->tc_min_rows;
-    p.tc_wide_min_n = be->tc_wide_min_n;
-    p.tc_rt = be->tc_rt;
-    p.tc_wide_grouped = be->tc_wide_grouped;
+    p.tune = be->tune;
     /* Batch-invariant: the tensor cores for every n. Otherwise the SIMT GEMV where it is
      * faster (up to 8 tokens: bandwidth-bound, fewer rows per load) and the tensor cores
      * above. */
@@ -659,35 +640,35 @@ extern "C" di_status di_backend_cuda_init(di_backend *out, int device, int64_t m
      * DI_CUDA_KSPLIT_MIN=<vectors>, DI_CUDA_FP8_PIPE=0|1. The defaults are what the
      * benchmarks chose. */
     const char *env = getenv("DI_CUDA_FP8_CONVERT");
-    be->fp8_bits = !(env && strcmp(env, "cvt") == 0);
+    be->tune.fp8_bits = !(env && strcmp(env, "cvt") == 0);
     env = getenv("DI_CUDA_KSPLIT_MIN");
-    be->ksplit_min = env && atoll(env) > 0 ? atoll(env) : 256;
+    be->tune.ksplit_min = env && atoll(env) > 0 ? atoll(env) : 256;
     env = getenv("DI_CUDA_FP8_PIPE");
-    be->fp8_pipe = !(env && strcmp(env, "0") == 0);
+    be->tune.fp8_pipe = !(env && strcmp(env, "0") == 0);
     env = getenv("DI_CUDA_SHORT_VEC"); /* 0: always 2 rows per group */
-    be->short_vec = env ? atoll(env) : 512;
+    be->tune.short_vec = env ? atoll(env) : 512;
     env = getenv("DI_CUDA_MAX_TB"); /* 1, 2, 4 or 8 */
-    be->max_tb = env && (atoi(env) == 1 || atoi(env) == 2 || atoi(env) == 4) ? atoi(env) : 8;
+    be->tune.max_tb = env && (atoi(env) == 1 || atoi(env) == 2 || atoi(env) == 4) ? atoi(env) : 8;
     /* DI_CUDA_TC=0: BF16 products on the SIMT GEMV instead of the tensor cores (both
      * batch-invariant; cuda_tc_gemv.cu); DI_CUDA_TC_TERMS=2|3: bf16 parts per activation. */
     env = getenv("DI_CUDA_TC");
-    be->tc = !(env && strcmp(env, "0") == 0);
+    be->tune.tc = !(env && strcmp(env, "0") == 0);
     env = getenv("DI_CUDA_TC_TERMS");
-    be->tc_terms = env && atoi(env) == 2 ? 2 : 3;
+    be->tune.tc_terms = env && atoi(env) == 2 ? 2 : 3;
     /* Weights of fewer rows (a router, kv_a) keep the SIMT GEMV at every n: too few row
      * tiles to fill the device, they were faster there at 1 and at 64 tokens (H200). */
     env = getenv("DI_CUDA_TC_MIN_ROWS");
-    be->tc_min_rows = env ? atoll(env) : 1024;
+    be->tune.tc_min_rows = env ? atoll(env) : 1024;
     /* Plain products of at least this many tokens take the wide tensor-core kernel (the
      * same sums as the GEMV: cuda_tc_wide.cu); 0: never. */
     env = getenv("DI_CUDA_TC_WIDE_MIN_N");
-    be->tc_wide_min_n = env ? atoll(env) : 9;
+    be->tune.tc_wide_min_n = env ? atoll(env) : 9;
     /* Grouped expert products of 9+ tokens per expert (prefill) on the wide kernel too:
      * opt-in until its test has run on a GPU. */
     env = getenv("DI_CUDA_TC_WIDE_GROUPED");
-    be->tc_wide_grouped = env && strcmp(env, "1") == 0;
+    be->tune.tc_wide_grouped = env && strcmp(env, "1") == 0;
     env = getenv("DI_CUDA_TC_RT"); /* 1 or 2 (default) */
-    be->tc_rt = env && atoi(env) == 1 ? 1 : 2;
+    be->tune.tc_rt = env && atoi(env) == 1 ? 1 : 2;
     be->invariant = true;
     const int64_t chunks = (max_ctx + DI_CUDA_ATTN_CHUNK - 1) / DI_CUDA_ATTN_CHUNK;
     int64_t floats = DI_CUDA_ATTN_SPLIT_TOKENS * 128 * chunks * (DI_CUDA_ATTN_MAX_R + 2);
@@ -706,7 +687,7 @@ extern "C" di_status di_backend_cuda_init(di_backend *out, int device, int64_t m
         return di_error(DI_ERR_OUT_OF_MEMORY, "cuda backend: device %d: %s", device,
                         cudaGetErrorString(err));
     }
-    if (!wide_ok) be->tc_wide_min_n = 0; /* no clusters here: the GEMV for every n */
+    if (!wide_ok) be->tune.tc_wide_min_n = 0; /* no clusters here: the GEMV for every n */
     const char *sample = getenv("DI_CUDA_SAMPLE");
     out->ops = sample && strcmp(sample, "0") == 0 ? &g_cuda_ops : &g_cuda_ops_sample;
     out->ctx = be;

@@ -99,6 +99,39 @@ static cudaError_t di_cuda_launch(void (*kernel)(KArgs...), dim3 grid, dim3 bloc
  *   transposed == true:   y(h, t)[c] = sum_r W_h[r][c] x(h, t)[r]
  * x(h, t) = x + h * x_hstride + t * x_tstride (floats), likewise y. A plain matmul is one
  * head with x_tstride = cols, y_tstride = rows. Weight fields as in di_weight. */
+/* The backend's tuning knobs for products (cuda_backend.cu reads them from the environment
+ * once and hands them to every launch). */
+typedef struct di_cuda_tuning {
+    /* FP8 conversion by bit placement (1) or by the conversion instructions (0), same values
+     * either way; rows of at least ksplit_min 16-byte vectors split K over 4 warps (this one
+     * changes the summation order, so it must stay fixed for a run: batch invariance needs
+     * one order). */
+    int fp8_bits;
+    int64_t ksplit_min;
+    /* FP8 software pipeline (1: the next vectors are requested before the current ones are
+     * converted; 0: load, then convert). Same values either way. */
+    int fp8_pipe;
+    /* One-token products of rows of at most short_vec 16-byte vectors take 4 rows per warp
+     * group instead of 2 (more loads in flight per lane, half the blocks). Same values. */
+    int64_t short_vec;
+    /* Largest token group (1, 2, 4 or 8): fewer tokens per group use fewer registers (more
+     * blocks per SM) but read each weight vector more often. Same values. */
+    int max_tb;
+    /* BF16 weights of a suitable shape (di_cuda_tc_fits) on the tensor cores (cuda_tc_gemv.cu)
+     * when tc is set, the activations split into tc_terms (2 or 3) bf16 parts; weights of
+     * fewer than tc_min_rows rows keep the SIMT GEMV. */
+    int tc, tc_terms;
+    int64_t tc_min_rows;
+    /* The wide tensor-core product (cuda_tc_wide.cu) for plain products of at least
+     * tc_wide_min_n tokens (0: never), and grouped ones too with tc_wide_grouped
+     * (DI_CUDA_TC_WIDE_GROUPED=1; not yet run on a GPU). Same values. */
+    int64_t tc_wide_min_n;
+    int tc_wide_grouped;
+    /* Row tiles per warp of the grouped tensor-core GEMV for a few tokens per expert (1 or
+     * 2): fewer, longer-lived blocks. Same values. */
+    int tc_rt;
+} di_cuda_tuning;
+
 typedef struct di_cuda_mm_params {
     di_dtype dtype;
     int64_t rows, cols, row_stride;
@@ -112,21 +145,7 @@ typedef struct di_cuda_mm_params {
     int64_t x_hstride, x_tstride;
     float *y;
     int64_t y_hstride, y_tstride;
-    /* Tuning (cuda_backend.cu reads them from the environment once): FP8 conversion by bit
-     * placement (1) or by the conversion instructions (0), same values either way; rows of
-     * at least ksplit_min 16-byte vectors split K over 4 warps (this one changes the
-     * summation order, so it must stay fixed for a run: batch invariance needs one order). */
-    int fp8_bits;
-    int64_t ksplit_min;
-    /* FP8 software pipeline (1: the next vectors are requested before the current ones are
-     * converted; 0: load, then convert). Same values either way. */
-    int fp8_pipe;
-    /* One-token products of rows of at most short_vec 16-byte vectors take 4 rows per warp
-     * group instead of 2 (more loads in flight per lane, half the blocks). Same values. */
-    int64_t short_vec;
-    /* Largest token group (1, 2, 4 or 8): fewer tokens per group use fewer registers (more
-     * blocks per SM) but read each weight vector more often. Same values. */
-    int max_tb;
+    di_cuda_tuning tune;
     /* Filled by the launcher: vectors per FP8 scale block as a shift (-1: not a power of
      * two) and as a count. */
     int64_t scale_vshift;
@@ -147,19 +166,9 @@ typedef struct di_cuda_mm_params {
     const struct di_cuda_expert_ptrs *glu_experts;
     /* y += W x instead of y = W x (matmul_add), each element rounded as axpy(1, W x, y). */
     bool accumulate;
-    /* BF16 weights of a suitable shape (di_cuda_tc_fits) on the tensor cores (cuda_tc_gemv.cu)
-     * when tc is set and n_tokens >= tc_min_n (1 in batch-invariant mode: one path for every
-     * n), the activations split into tc_terms (2 or 3) bf16 parts. */
-    int tc, tc_terms;
+    /* The tensor cores (tune.tc) from n_tokens >= tc_min_n: 1 in batch-invariant mode (one
+     * path for every n), else 9. */
     int64_t tc_min_n;
-    int64_t tc_min_rows; /* fewer rows: the SIMT GEMV (di_cuda_tc_fits) */
-    /* The wide tensor-core product (cuda_tc_wide.cu) for plain products of at least
-     * tc_wide_min_n tokens (0: never). */
-    int64_t tc_wide_min_n;
-    int tc_wide_grouped; /* grouped products too (DI_CUDA_TC_WIDE_GROUPED=1; not yet GPU-run) */
-    /* Row tiles per warp of the grouped tensor-core GEMV for a few tokens per expert (1 or
-     * 2): fewer, longer-lived blocks. Same values. */
-    int tc_rt;
 } di_cuda_mm_params;
 
 /* One expert's device weight pointers (a table of them per projection: expert_table). */
@@ -176,7 +185,7 @@ bool di_cuda_tc_fits(const di_cuda_mm_params *p);
 cudaError_t di_cuda_launch_matmul_tc(const di_cuda_mm_params *p);
 
 /* The wide tensor-core product (cuda_tc_wide.cu), which di_cuda_launch_matmul_tc picks for
- * plain products of n >= p->tc_wide_min_n tokens: the same bits as the GEMV. */
+ * plain products of n >= p->tune.tc_wide_min_n tokens: the same bits as the GEMV. */
 bool di_cuda_tc_wide_fits(const di_cuda_mm_params *p);
 /* Once per backend: the kernels' shared memory; *usable: whether the device can run their
  * clusters (if not, the backend leaves the wide product off). */

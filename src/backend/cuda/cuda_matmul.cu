@@ -325,7 +325,7 @@ __global__ void __launch_bounds__(MM_WARPS * 32, PIPE &&TB == 1 ? MM_FP8_MIN_BLO
     static_assert(!GLU || RB % 2 == 0, "GLU pairs gate and up rows");
     __shared__ float warp_sums[MM_WARPS][TB * RB];
     const int64_t nvec = (p.cols + V - 1) / V;
-    const int ks = mm_ksplit(nvec, p.ksplit_min);
+    const int ks = mm_ksplit(nvec, p.tune.ksplit_min);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int kw = warp % ks, group = warp / ks;
     const int64_t r0 = ((int64_t)blockIdx.x * (MM_WARPS / ks) + group) * RO;
@@ -405,14 +405,14 @@ __global__ void __launch_bounds__(MM_WARPS * 32, PIPE &&TB == 1 ? MM_FP8_MIN_BLO
 #pragma unroll
                     for (int j = 0; j < RB; j++)
                         sj[j] = srow[j][sc];
-                    fp8_vec<TB, RB>(raw[u], sj, p.fp8_bits, xb, p.x_tstride, c0, nvalid, xvec, nt,
-                                    acc);
+                    fp8_vec<TB, RB>(raw[u], sj, p.tune.fp8_bits, xb, p.x_tstride, c0, nvalid,
+                                    xvec, nt, acc);
                 } else {
                     float wf[RB][V];
 #pragma unroll
                     for (int j = 0; j < RB; j++)
                         dequant<DT>(raw[u][j], c0, nvalid, srow[j], p.block_cols, one_scale,
-                                    one_scale ? srow[j][sc] : 1.0f, p.fp8_bits, wf[j]);
+                                    one_scale ? srow[j][sc] : 1.0f, p.tune.fp8_bits, wf[j]);
 #pragma unroll
                     for (int i = 0; i < TB; i++) {
                         if (i >= nt) break;
@@ -540,7 +540,7 @@ __global__ void __launch_bounds__(MMT_THREADS) gemv_t_kernel(const di_cuda_mm_pa
             float wf[V];
             const float *srow = DT == DI_DTYPE_F8_E4M3 ? scale_row(p, roff + r) : nullptr;
             dequant<DT>(raw[u], c0, nvalid, srow, p.block_cols, one_scale,
-                        one_scale ? srow[sc] : 1.0f, p.fp8_bits, wf);
+                        one_scale ? srow[sc] : 1.0f, p.tune.fp8_bits, wf);
 #pragma unroll
             for (int i = 0; i < TB; i++) {
                 if (i >= nt) break;
@@ -628,23 +628,24 @@ template <di_dtype DT> static cudaError_t launch_dtype(const di_cuda_mm_params *
     const bool xvec = aligned16(p->x) && p->x_tstride % 4 == 0 && p->x_hstride % 4 == 0;
     const int64_t n = p->n_tokens, nvec = (p->cols + T::V - 1) / T::V;
     int tb = n == 1 ? 1 : n == 2 ? 2 : n <= 4 ? 4 : 8;
-    if (p->max_tb >= 1 && tb > p->max_tb) tb = p->max_tb;
+    if (p->tune.max_tb >= 1 && tb > p->tune.max_tb) tb = p->tune.max_tb;
     /* One token: 2 rows x 4 vectors in flight per lane. More tokens: 4 rows per warp, so
      * that each activation vector loaded serves more weights. */
     /* Short rows split over 4 warps at one token (not FP8's pipelined kernel): 4 rows per
      * group, 2 vectors each, the same registers in flight as 2 x 4 (rows of 2048 BF16: 76 %
      * of the copy bandwidth for V2-Lite's lm_head instead of 54 %). */
-    const bool short_rows = tb == 1 && nvec <= p->short_vec && nvec >= p->ksplit_min &&
-                            !(DT == DI_DTYPE_F8_E4M3 && p->fp8_pipe && p->block_cols % T::V == 0);
+    const bool fp8_piped = DT == DI_DTYPE_F8_E4M3 && p->tune.fp8_pipe && p->block_cols % T::V == 0;
+    const bool short_rows =
+        tb == 1 && nvec <= p->tune.short_vec && nvec >= p->tune.ksplit_min && !fp8_piped;
     const int rb = tb == 1 && !short_rows ? 2 : 4;
     const int ro = p->glu_data || p->glu_experts ? rb / 2 : rb; /* output rows per group */
-    const int64_t rows_per_block = MM_WARPS / mm_ksplit(nvec, p->ksplit_min) * ro;
+    const int64_t rows_per_block = MM_WARPS / mm_ksplit(nvec, p->tune.ksplit_min) * ro;
     dim3 grid((unsigned)((p->rows + rows_per_block - 1) / rows_per_block),
               p->experts ? 1u : (unsigned)((n + tb - 1) / tb), (unsigned)p->n_heads);
     const dim3 block(MM_WARPS * 32);
     cudaError_t err = cudaSuccess;
     if constexpr (DT == DI_DTYPE_F8_E4M3) {
-        const bool pipe = p->fp8_pipe && p->block_cols % T::V == 0;
+        const bool pipe = p->tune.fp8_pipe && p->block_cols % T::V == 0;
         /* Pipelined: half the vectors per group, the same raw registers in flight. */
         if (pipe) switch (tb) {
             case 1:
@@ -684,7 +685,7 @@ template <di_dtype DT> static cudaError_t launch_dtype(const di_cuda_mm_params *
 
 cudaError_t di_cuda_launch_matmul(const di_cuda_mm_params *p) {
     if (p->n_tokens <= 0 || p->n_heads <= 0 || p->rows <= 0 || p->cols <= 0) return cudaSuccess;
-    if (p->tc && p->n_tokens >= p->tc_min_n && di_cuda_tc_fits(p))
+    if (p->tune.tc && p->n_tokens >= p->tc_min_n && di_cuda_tc_fits(p))
         return di_cuda_launch_matmul_tc(p);
     switch (p->dtype) {
     case DI_DTYPE_F32:

@@ -153,8 +153,7 @@ __global__ void __launch_bounds__(TC_THREADS)
                             const uint32_t b3 = split_pair(xv[6], xv[7]);
 #pragma unroll
                             for (int mt = 0; mt < MT; mt++)
-                                mma_chunk(acc[rt][mt][j], a[u][mt][0], a[u][mt][1], b0, b1, b2,
-                                          b3);
+                                mma_chunk(acc[rt][mt][j], a[u][mt][0], a[u][mt][1], b0, b1, b2, b3);
                         }
                     }
                 }
@@ -228,7 +227,7 @@ __global__ void __launch_bounds__(TC_THREADS)
 /* From the weight alone (never from x or n), so that one weight always takes one path. */
 bool di_cuda_tc_fits(const di_cuda_mm_params *p) {
     return p->dtype == DI_DTYPE_BF16 && !p->transposed && (p->n_heads == 1 || p->experts) &&
-           p->rows >= p->tc_min_rows && p->cols % 8 == 0 && p->row_stride % 8 == 0 &&
+           p->rows >= p->tune.tc_min_rows && p->cols % 8 == 0 && p->row_stride % 8 == 0 &&
            ((uintptr_t)p->data & 15u) == 0 && (!p->glu_data || ((uintptr_t)p->glu_data & 15u) == 0);
 }
 
@@ -244,17 +243,17 @@ static cudaError_t launch_tc(const di_cuda_mm_params *p, int ks, bool xvec) {
     dim3 grid((unsigned)((tiles + per_block - 1) / per_block),
               p->experts ? 1u : (unsigned)((p->n_tokens + tokens_per_block - 1) / tokens_per_block),
               p->experts ? (unsigned)p->n_heads : 1u);
-    return di_cuda_launch(k, grid, dim3(32 * warps), 0, p->stream, *p, ks, p->tc_terms, xvec);
+    return di_cuda_launch(k, grid, dim3(32 * warps), 0, p->stream, *p, ks, p->tune.tc_terms, xvec);
 }
 
-/* Grouped experts with a few tokens each: two row tiles per warp (p->tc_rt = 2, the
+/* Grouped experts with a few tokens each: two row tiles per warp (p->tune.tc_rt = 2, the
  * default), half the blocks, each warp's weight loads running on from its first tile into
  * its second. H200, 4-layer V2-Lite-shaped model: 64 concurrent 15729 -> 16602 output tok/s,
  * batch-1 decode 1157 -> 1187 tok/s; four tiles (160 registers, one block per SM) were
  * slower than one (14352 at 64). */
 template <bool GLU>
 static cudaError_t launch_tc_grouped(const di_cuda_mm_params *p, int ks, bool xvec) {
-    if (p->tc_rt == 2) return launch_tc<2, 1, 2, true, GLU, 2>(p, ks, xvec);
+    if (p->tune.tc_rt == 2) return launch_tc<2, 1, 2, true, GLU, 2>(p, ks, xvec);
     return launch_tc<2, 1, 2, true, GLU, 1>(p, ks, xvec);
 }
 

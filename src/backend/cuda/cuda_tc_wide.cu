@@ -266,14 +266,15 @@ static int64_t tw_block_rows(const di_cuda_mm_params *p) {
 
 /* Called after di_cuda_tc_fits (BF16, W x, 16-byte aligned rows of whole vectors). Grouped
  * products (n_heads active-expert slots) count the mean tokens per slot, and take the wide
- * kernel only with p->tc_wide_grouped (DI_CUDA_TC_WIDE_GROUPED=1: not yet run on a GPU). */
+ * kernel only with p->tune.tc_wide_grouped (DI_CUDA_TC_WIDE_GROUPED=1: not yet run on a GPU). */
 bool di_cuda_tc_wide_fits(const di_cuda_mm_params *p) {
     const bool grouped = p->experts != NULL;
     const int64_t slots = grouped ? DI_MAX(p->n_heads, 1) : 1;
     const int64_t n = (p->n_tokens + slots - 1) / slots;
     const int64_t row_blocks = (p->rows + tw_block_rows(p) - 1) / tw_block_rows(p);
-    return p->tc_wide_min_n > 0 && n >= p->tc_wide_min_n && (!grouped || p->tc_wide_grouped) &&
-           (grouped || p->n_heads == 1) && p->tc_terms <= TW_TERMS && row_blocks * slots <= 65535;
+    return p->tune.tc_wide_min_n > 0 && n >= p->tune.tc_wide_min_n &&
+           (!grouped || p->tune.tc_wide_grouped) && (grouped || p->n_heads == 1) &&
+           p->tune.tc_terms <= TW_TERMS && row_blocks * slots <= 65535;
 }
 
 cudaError_t di_cuda_launch_matmul_tc_wide(const di_cuda_mm_params *p) {
@@ -289,5 +290,6 @@ cudaError_t di_cuda_launch_matmul_tc_wide(const di_cuda_mm_params *p) {
                 : (glu ? tw_kernel<true, false> : tw_kernel<false, false>);
     di_cuda_wide_launches[grouped ? 1 : 0]++;
     return di_cuda_launch_cluster(k, grid, dim3(TW_THREADS), (size_t)TW_SMEM, p->stream,
-                                  dim3(1, (unsigned)ks, 1), *p, ks, p->tc_terms, xvec, row_blocks);
+                                  dim3(1, (unsigned)ks, 1), *p, ks, p->tune.tc_terms, xvec,
+                                  row_blocks);
 }
