@@ -345,7 +345,8 @@ def plot(res, concs, path):
     ax.set_ylabel("output tokens / s")
     ax.set_yscale("log")
     ax.set_title("%s, V2-Lite shape, %d layers, random bf16" % (res["device"], res["layers"]))
-    ax.legend()
+    ax.set_ylim(top=max(di + dm + hf + [1]) * 4)  # room above the bars for the legend
+    ax.legend(loc="upper left", fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

@@ -337,11 +337,11 @@ typedef struct di_backend_ops {
     /* Grouped rows through their experts: for each active expert e (active and offsets as
      * moe_route writes them), y[g] = W_e x[g] for g in [offsets[e], offsets[e + 1]).
      * x: [>= offsets[E]][cols], y: [>= offsets[E]][rows] (row strides cols and rows).
-     * max_active bounds active[0] and max_rows the rows of one expert (min(E, n K) and n for
-     * n routed tokens; they size the launch). Each row is computed exactly as matmul
-     * computes it alone (batch invariance). */
+     * max_active bounds active[0] and n_rows is the grouped rows in all (min(E, n K) and
+     * n K for n routed tokens; their ratio, the rows per active expert, chooses the launch).
+     * Each row is computed exactly as matmul computes it alone (batch invariance). */
     void (*matmul_experts)(void *ctx, const di_expert_weights *ew, const int32_t *offsets,
-                           const int32_t *active, int64_t max_active, int64_t max_rows,
+                           const int32_t *active, int64_t max_active, int64_t n_rows,
                            const float *x, float *y);
     /* A backend table of n weights of one shape and dtype (backend weights), for
      * matmul_experts; *out = NULL where the backend needs none. Load time only. Free with
@@ -370,7 +370,7 @@ typedef struct di_backend_ops {
                        int64_t n, float *y);
     void (*matmul_experts_glu)(void *ctx, const di_expert_weights *gate,
                                const di_expert_weights *up, const int32_t *offsets,
-                               const int32_t *active, int64_t max_active, int64_t max_rows,
+                               const int32_t *active, int64_t max_active, int64_t n_rows,
                                const float *x, float *y);
     /* y[t][r] += sum_c x[t][c] W[r][c] (a residual add in the product's epilogue; optional,
      * NULL: matmul into a scratch and axpy). Rounded exactly as matmul then axpy(1, ., y). */
@@ -392,6 +392,25 @@ typedef struct di_backend_ops {
      * it unless created with DI_CUDA_SAMPLE=0. */
     void (*sample_rows)(void *ctx, const float *x, int64_t n, int64_t V, const di_sample_row *rows,
                         int32_t *out);
+
+    /* ---- A second stream (appended; optional, NULL: every op runs in call order) ----
+     * side_begin: the ops enqueued next run on a second stream, starting once everything
+     * enqueued before them has run; side_end: back to the main stream, while the side's ops
+     * run alongside what is enqueued there next; side_join: the ops enqueued next also wait
+     * for everything enqueued on the side. Between side_begin and side_join the two streams
+     * must not write what the other reads or writes; no sync, download or graph_end in
+     * between. The V2/V3 runner puts a MoE layer's shared experts there, beside the routing
+     * and the routed experts. Inside a graph capture the fork and the join become edges of
+     * the graph. */
+    void (*side_begin)(void *ctx);
+    void (*side_end)(void *ctx);
+    void (*side_join)(void *ctx);
+
+    /* The end of a MoE layer in one op (appended; optional, NULL: moe_combine into a
+     * scratch, axpy(1, add, scratch) where add is given, axpy(1, scratch, resid)):
+     * resid[t] += (moe_combine's sum for token t) + add[t], rounded exactly as those ops. */
+    void (*moe_combine_add)(void *ctx, const float *rows, const int32_t *rows_of, const float *w,
+                            int64_t n, int64_t K, int64_t dim, const float *add, float *resid);
 } di_backend_ops;
 
 typedef struct di_backend {

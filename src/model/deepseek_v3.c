@@ -170,7 +170,8 @@ typedef struct ds_state {
     float *q_lat;         /* [nh][C][R] absorbed queries */
     float *o_lat;         /* [nh][C][R] attention output in latent space */
     float *attn;          /* [C][nh * dv] o_proj input */
-    float *hbuf;          /* [C][H] block output before the residual add */
+    float *hbuf;          /* [C][H] block output before the residual add; the shared
+                           * experts' output while the routed ones run (two streams) */
     float *gate, *up;     /* [C][max_inter] */
     float *rlogits;       /* [C][E] router logits */
     float *xe;            /* [C K][H] routed inputs, grouped by expert */
@@ -524,9 +525,8 @@ static void attention(const ds_model *m, const ds_layer *L, int64_t il, ds_state
     matmul_add(be, &L->o_proj, s->attn, n, s->hbuf, s->x);
 }
 
-/* SwiGLU MLP over n rows of x ([n][H]), added to y ([n][H]). */
-static void mlp(const ds_mlp *w, ds_state *s, const di_backend *be, const float *x, int64_t n,
-                float *y) {
+/* silu(gate x) * (up x) over n rows of x ([n][H]) into s->gate. */
+static void swiglu(const ds_mlp *w, ds_state *s, const di_backend *be, const float *x, int64_t n) {
     void *c = be->ctx;
     if (be->ops->matmul_glu) {
         be->ops->matmul_glu(c, &w->gate, &w->up, x, n, s->gate);
@@ -535,15 +535,26 @@ static void mlp(const ds_mlp *w, ds_state *s, const di_backend *be, const float 
         be->ops->matmul(c, &w->up, x, n, s->up);
         be->ops->silu_mul(c, s->gate, s->up, n * w->gate.rows, s->gate);
     }
+}
+
+/* SwiGLU MLP over n rows of x ([n][H]), added to y ([n][H]). */
+static void mlp(const ds_mlp *w, ds_state *s, const di_backend *be, const float *x, int64_t n,
+                float *y) {
+    swiglu(w, s, be, x, n);
     matmul_add(be, &w->down, s->gate, n, s->hbuf, y);
 }
 
-/* DeepSeekMoE over s->xn: routed experts grouped by expert, plus shared experts.
- * Writes s->moe_out ([n][H]). Everything stays on the backend: moe_route selects and groups
+/* DeepSeekMoE over s->xn: routed experts grouped by expert, plus shared experts, added to
+ * the residual stream s->x ([n][H]). Everything stays on the backend: moe_route selects and groups
  * (the offsets and the active-expert list live in backend memory), the routed rows are
  * gathered into expert order with one op, matmul_experts runs each active expert once over
  * its rows (gate, up, then down), and the combine sums each token's outputs in its slot
- * order, so the result does not depend on the grouping (batch invariance). */
+ * order, so the result does not depend on the grouping (batch invariance).
+ *
+ * On a backend with a second stream (side_begin) the shared experts run there, beside the
+ * routing and the routed experts: at one token the routing is a chain of small kernels that
+ * leaves the device's bandwidth mostly idle. Their output waits in s->hbuf and is added
+ * after the combine -- the arithmetic of matmul_add into moe_out, so the same bits. */
 static void moe(const ds_model *m, const ds_layer *L, ds_state *s, const di_backend *be,
                 int64_t n) {
     const di_hparams *hp = m->hp;
@@ -551,6 +562,13 @@ static void moe(const ds_model *m, const ds_layer *L, ds_state *s, const di_back
     const int64_t nk = n * K, I = hp->moe_intermediate_size;
     const int64_t na = DI_MIN(hp->n_routed_experts, nk); /* most experts that can be active */
     void *c = be->ctx;
+    const bool beside = L->has_shared && be->ops->side_begin;
+    if (beside) {
+        be->ops->side_begin(c);
+        swiglu(&L->shared, s, be, s->xn, n);
+        be->ops->matmul(c, &L->shared.down, s->gate, n, s->hbuf);
+        be->ops->side_end(c);
+    }
 
     be->ops->matmul(c, &L->router, s->xn, n, s->rlogits);
     di_moe_route_params rp = {.router = m->router,
@@ -569,16 +587,26 @@ static void moe(const ds_model *m, const ds_layer *L, ds_state *s, const di_back
 
     be->ops->copy_rows(c, s->xe, H, NULL, s->xn, H, s->r_src, nk, H);
     if (be->ops->matmul_experts_glu) {
-        be->ops->matmul_experts_glu(c, &L->x_gate, &L->x_up, s->r_off, s->r_active, na, n, s->xe,
+        be->ops->matmul_experts_glu(c, &L->x_gate, &L->x_up, s->r_off, s->r_active, na, nk, s->xe,
                                     s->xg);
     } else {
-        be->ops->matmul_experts(c, &L->x_gate, s->r_off, s->r_active, na, n, s->xe, s->xg);
-        be->ops->matmul_experts(c, &L->x_up, s->r_off, s->r_active, na, n, s->xe, s->xu);
+        be->ops->matmul_experts(c, &L->x_gate, s->r_off, s->r_active, na, nk, s->xe, s->xg);
+        be->ops->matmul_experts(c, &L->x_up, s->r_off, s->r_active, na, nk, s->xe, s->xu);
         be->ops->silu_mul(c, s->xg, s->xu, nk * I, s->xg);
     }
-    be->ops->matmul_experts(c, &L->x_down, s->r_off, s->r_active, na, n, s->xg, s->eo);
+    be->ops->matmul_experts(c, &L->x_down, s->r_off, s->r_active, na, nk, s->xg, s->eo);
+    if (beside) be->ops->side_join(c);
+    if (be->ops->moe_combine_add && (beside || !L->has_shared)) { /* one op, the same bits */
+        be->ops->moe_combine_add(c, s->eo, s->r_rows, s->r_w, n, K, H, beside ? s->hbuf : NULL,
+                                 s->x);
+        return;
+    }
     be->ops->moe_combine(c, s->eo, s->r_rows, s->r_w, n, K, H, s->moe_out);
-    if (L->has_shared) mlp(&L->shared, s, be, s->xn, n, s->moe_out);
+    if (beside)
+        be->ops->axpy(c, 1.0f, s->hbuf, n * H, s->moe_out);
+    else if (L->has_shared)
+        mlp(&L->shared, s, be, s->xn, n, s->moe_out);
+    be->ops->axpy(c, 1.0f, s->moe_out, n * H, s->x);
 }
 
 /* Builds the chunk's small inputs on the host and uploads them in one transfer: token ids,
@@ -664,7 +692,6 @@ static int64_t forward_layers(const ds_model *m, ds_state *s, const di_backend *
         be->ops->rmsnorm(c, s->x, H, L->ffn_norm, n, H, eps, s->xn, H);
         if (L->is_moe) {
             moe(m, L, s, be, n);
-            be->ops->axpy(c, 1.0f, s->moe_out, n * H, s->x);
         } else {
             mlp(&L->dense, s, be, s->xn, n, s->x);
         }

@@ -48,6 +48,27 @@ static di_model *load_on(const char *dir, const char *device) {
     return m;
 }
 
+/* The V2/V3 MoE layers with the shared experts on the backend's second stream (the default)
+ * against one stream (DI_CUDA_STREAMS=1, read when a context makes its backend): the same
+ * bits, for the prompt in one call (lg) and token by token (graphs, where the backend has
+ * them); a race between the streams would show here. */
+static void check_streams(const char *name, di_model *m, const golden *g, const float *lg) {
+    const int64_t forks = di_backend_cuda_side_forks();
+    float *two1 = eval_prompt(m, g, 1, 2);
+    const bool forked = di_backend_cuda_side_forks() > forks;
+    setenv("DI_CUDA_STREAMS", "1", 1);
+    float *one = eval_prompt(m, g, 0, 2), *one1 = eval_prompt(m, g, 1, 2);
+    unsetenv("DI_CUDA_STREAMS");
+    CHECK(two1 && one && one1);
+    CHECK_MSG(forked, "%s: no MoE layer used the second stream", name);
+    const size_t bytes = (size_t)(g->n_prompt * g->vocab) * sizeof(float);
+    if (two1 && one && one1) {
+        CHECK_MSG(memcmp(lg, one, bytes) == 0, "%s: two streams differ from one (prompt)", name);
+        CHECK_MSG(memcmp(two1, one1, bytes) == 0, "%s: two streams differ from one (steps)", name);
+    }
+    free(two1), free(one), free(one1);
+}
+
 static void check_case(const char *name) {
     char dir[1024];
     snprintf(dir, sizeof dir, "%s/%s", DATA_DIR, name);
@@ -82,6 +103,9 @@ static void check_case(const char *name) {
 
     /* 3b. 300 tokens (more than the internal chunk) in one call vs calls of 50: bitwise */
     check_long_input(name, m, &g);
+
+    /* 4. V2/V3: the shared experts beside the routed ones vs one stream, bitwise */
+    if (lg && name[1] != '4') check_streams(name, m, &g, lg);
     printf("  %-16s cuda: max error ratio %.3g, vs cpu %.3g, greedy %lld/%lld, chunked diff "
            "%.3g\n",
            name, worst, vs_cpu, (long long)matched, (long long)g.n_greedy, chunk_worst);

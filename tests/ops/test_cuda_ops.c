@@ -820,10 +820,23 @@ TEST(copy_rows_moe_combine) {
                   (long long)T, (long long)K, (long long)D);
         CHECK_MSG(memcmp(go, co, (size_t)(T * D) * 4) == 0, "moe_combine T=%lld K=%lld D=%lld",
                   (long long)T, (long long)K, (long long)D);
+        /* moe_combine_add: resid += sum (+ add, every other iteration), bitwise the CPU's
+         * moe_combine and axpy steps */
+        const bool with_add = iter % 2 == 0;
+        float *add = rnd_vec(T * D, 1.0f), *res = rnd_vec(T * D, 3.0f);
+        float *dadd = dev_floats(add, T * D), *dres = dev_floats(res, T * D);
+        if (with_add) cpu.ops->axpy(cpu.ctx, 1.0f, add, T * D, co);
+        cpu.ops->axpy(cpu.ctx, 1.0f, co, T * D, res);
+        g_be.ops->moe_combine_add(g_be.ctx, ds, dperm, dw, T, K, D, with_add ? dadd : NULL, dres);
+        float *gres = host_floats(dres, T * D);
+        CHECK_MSG(memcmp(gres, res, (size_t)(T * D) * 4) == 0,
+                  "moe_combine_add T=%lld K=%lld D=%lld add=%d", (long long)T, (long long)K,
+                  (long long)D, (int)with_add);
         CHECK(di_backend_cuda_sync(&g_be) == DI_OK);
         dfree(drows), dfree(dw), dfree(dperm), dfree(dgi), dfree(dg), dfree(ds), dfree(dout);
+        dfree(dadd), dfree(dres);
         free(rows), free(w), free(perm), free(gi), free(cg), free(cs), free(co), free(gs);
-        free(go);
+        free(go), free(add), free(res), free(gres);
     }
     di_backend_free(&cpu);
     di_pool_free(pool);
@@ -957,7 +970,7 @@ static void check_experts(di_dtype dt, int64_t E, int64_t K, int64_t n, int64_t 
     float *x = rnd_vec(nk * cols, 1.0f), *dx = dev_floats(x, nk * cols);
     float *dy = dev_poison(nk * rows);
     CHECK(di_backend_cuda_sync(&g_be) == DI_OK); /* the routing, before g_xbe's stream reads it */
-    g_xbe->ops->matmul_experts(g_xbe->ctx, &ew, db.off, db.act, DI_MIN(E, nk), n, dx, dy);
+    g_xbe->ops->matmul_experts(g_xbe->ctx, &ew, db.off, db.act, DI_MIN(E, nk), nk, dx, dy);
     CHECK(di_backend_cuda_sync(g_xbe) == DI_OK);
     float *y = host_floats(dy, nk * rows);
     int32_t *off = host_ints(db.off, E + 1);
@@ -980,11 +993,11 @@ static void check_experts(di_dtype dt, int64_t E, int64_t K, int64_t n, int64_t 
     dfree(dy);
     dy = dev_poison(nk * rows);
     CHECK(di_backend_cuda_sync(&g_be) == DI_OK);
-    g_xbe->ops->matmul_experts(g_xbe->ctx, &up.ew, db.off, db.act, DI_MIN(E, nk), n, dx, dy);
+    g_xbe->ops->matmul_experts(g_xbe->ctx, &up.ew, db.off, db.act, DI_MIN(E, nk), nk, dx, dy);
     CHECK(di_backend_cuda_sync(g_xbe) == DI_OK);
     float *yu = host_floats(dy, nk * rows), *gref = gpu_silu_mul(y, yu, nk * rows);
     float *dg = dev_poison(nk * rows);
-    g_xbe->ops->matmul_experts_glu(g_xbe->ctx, &ew, &up.ew, db.off, db.act, DI_MIN(E, nk), n, dx,
+    g_xbe->ops->matmul_experts_glu(g_xbe->ctx, &ew, &up.ew, db.off, db.act, DI_MIN(E, nk), nk, dx,
                                    dg);
     CHECK(di_backend_cuda_sync(g_xbe) == DI_OK);
     float *yg = host_floats(dg, nk * rows);
@@ -1011,17 +1024,24 @@ TEST(matmul_experts) {
     /* V2-Lite's expert shapes (gate / up 1408 x 2048, down 2048 x 1408), decode batches */
     check_experts(DI_DTYPE_BF16, 64, 6, 1, 1408, 2048);
     check_experts(DI_DTYPE_BF16, 64, 6, 64, 2048, 1408);
-    /* two row tiles per warp: the last block's second tile past the end (43 tiles), and two
-     * tiles per block (2 K runs) with the last one past the end */
+    /* two row tiles per warp (at most 4 rows per active expert): the last block's second
+     * tile past the end (43 tiles), and two tiles per block (2 K runs) with the last one
+     * past the end; 5..8 rows per expert, rows past the end */
+    check_experts(DI_DTYPE_BF16, 64, 6, 40, 1376, 2048);
+    check_experts(DI_DTYPE_BF16, 16, 4, 16, 200, 256);
     check_experts(DI_DTYPE_BF16, 64, 6, 64, 1376, 2048);
-    check_experts(DI_DTYPE_BF16, 16, 4, 40, 200, 256);
     /* many tokens per expert (a prefill) on the wide kernel (DI_CUDA_TC_WIDE_GROUPED=1):
-     * 8 K runs, 2 (200 x 256), 1 (300 x 200); experts of 9 to about 100 tokens */
+     * 8 K runs, 2 (200 x 256), 1 (300 x 200); experts of 9 to about 100 tokens. A tensor-core
+     * kernel: compared with the tensor-core products, not with matmul_simt_bf16's SIMT ones. */
+    if (!g_tc) {
+        check_experts(DI_DTYPE_F8_E4M3, 16, 8, 9, 256, 7168);
+        return;
+    }
     di_backend bw = backend_with("DI_CUDA_TC_WIDE_GROUPED", "1");
     if (!bw.ctx) return;
     const int64_t wide = di_backend_cuda_wide_launches(true);
     g_xbe = &bw;
-    /* (n / E >= 9: the launcher's tokens per slot) */
+    /* (n K / E >= 9: the launcher's rows per active expert) */
     check_experts(DI_DTYPE_BF16, 8, 2, 100, 1408, 2048); /* 8 K runs */
     check_experts(DI_DTYPE_BF16, 8, 6, 80, 2048, 1408);
     check_experts(DI_DTYPE_BF16, 4, 2, 80, 200, 256); /* 2 */

@@ -105,7 +105,7 @@ TEST(matmul_experts_cpu) {
         di_expert_weights ew = {.w = ws, .n_experts = E, .table = NULL};
         float *x = rnd_vec(nk * cols, 1.0f);
         float *y = malloc((size_t)(nk * rows) * 4), *yr = malloc((size_t)(nk * rows) * 4);
-        g_cpu.ops->matmul_experts(g_cpu.ctx, &ew, off, act, DI_MIN(E, nk), n, x, y);
+        g_cpu.ops->matmul_experts(g_cpu.ctx, &ew, off, act, DI_MIN(E, nk), nk, x, y);
         for (int64_t e = 0; e < E; e++)
             if (off[e + 1] > off[e])
                 g_cpu.ops->matmul(g_cpu.ctx, &ws[e], x + off[e] * cols, off[e + 1] - off[e],

@@ -191,9 +191,9 @@ static void cpu_moe_route(void *ctx, const di_moe_route_params *p) {
 
 /* Each active expert's rows through matmul, as the model's former per-expert loop did. */
 static void cpu_matmul_experts(void *ctx, const di_expert_weights *ew, const int32_t *offsets,
-                               const int32_t *active, int64_t max_active, int64_t max_rows,
+                               const int32_t *active, int64_t max_active, int64_t n_rows,
                                const float *x, float *y) {
-    (void)max_active, (void)max_rows;
+    (void)max_active, (void)n_rows;
     cpu_backend *be = ctx;
     di_cpu_matmul_experts(be->pool, ew, offsets, active, x, y, be->fast);
 }

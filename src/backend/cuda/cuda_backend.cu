@@ -2,10 +2,12 @@
  * cuda_backend.cu -- binds the backend op interface (backend.h) to the CUDA kernels, and the
  * C helpers of cuda_backend.h (weight upload, device memory, sync).
  *
- * The backend owns one non-blocking stream and the attention's split-KV scratch; every op
- * fills a params struct and enqueues one or two kernels on that stream, never synchronizes
- * and never allocates. Ops cannot return errors (backend.h), so the first failed launch is
- * kept in the context and reported by di_backend_cuda_sync().
+ * The backend owns a non-blocking main stream, a second one for the ops a caller puts beside
+ * the main ones (side_begin .. side_join: a MoE layer's shared experts) and the attention's
+ * split-KV scratch; every op fills a params struct and enqueues one or two kernels on the
+ * current stream, never synchronizes and never allocates. Ops cannot return errors
+ * (backend.h), so the first failed launch is kept in the context and reported by
+ * di_backend_cuda_sync().
  *
  * Data placement: activations, caches and token ids are device pointers; weights are
  * di_weight views whose data and scale live on the device (di_cuda_weight_upload). The
@@ -18,12 +20,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-int di_cuda_pdl = 0; /* cuda_internal.cuh: set by di_backend_cuda_init */
+int di_cuda_pdl = 0;                   /* cuda_internal.cuh: set by di_backend_cuda_init */
+static int64_t di_cuda_side_forks = 0; /* side_begin calls that forked (a test's check) */
 
 typedef struct cuda_backend {
     int device;
-    cudaStream_t stream; /* owned */
-    float *attn_partial; /* owned: split-KV chunk states, attn_partial_floats floats */
+    cudaStream_t stream;        /* where ops go now: main, or side between side_begin / _end */
+    cudaStream_t main, side;    /* owned; side NULL with DI_CUDA_STREAMS=1 */
+    cudaEvent_t forked, joined; /* side_begin's and side_join's points (no timing) */
+    float *attn_partial;        /* owned: split-KV chunk states, attn_partial_floats floats */
     int64_t attn_partial_floats;
     int n_sms;
     int64_t max_ctx; /* the longest context a call may attend over (init's max_ctx) */
@@ -265,7 +270,14 @@ static void cuda_copy_rows(void *ctx, float *dst, int64_t dst_stride, const int3
 static void cuda_moe_combine(void *ctx, const float *rows, const int32_t *rows_of, const float *w,
                              int64_t n, int64_t K, int64_t dim, float *out) {
     cuda_backend *be = (cuda_backend *)ctx;
-    note(be, di_cuda_launch_moe_combine(rows, rows_of, w, n, K, dim, out, be->stream));
+    note(be, di_cuda_launch_moe_combine(rows, rows_of, w, n, K, dim, out, NULL, NULL, be->stream));
+}
+
+static void cuda_moe_combine_add(void *ctx, const float *rows, const int32_t *rows_of,
+                                 const float *w, int64_t n, int64_t K, int64_t dim,
+                                 const float *add, float *resid) {
+    cuda_backend *be = (cuda_backend *)ctx;
+    note(be, di_cuda_launch_moe_combine(rows, rows_of, w, n, K, dim, NULL, add, resid, be->stream));
 }
 
 /* CUDA graphs: stream capture of the ops enqueued between graph_begin and graph_end.
@@ -303,6 +315,30 @@ static di_status cuda_graph_end(void *ctx, void **out) {
 static void cuda_graph_launch(void *ctx, void *graph) {
     cuda_backend *be = (cuda_backend *)ctx;
     note(be, cudaGraphLaunch((cudaGraphExec_t)graph, be->stream));
+}
+
+/* The second stream (backend.h): a fork and a join through events, which a capture records
+ * as graph edges. Without a side stream (DI_CUDA_STREAMS=1) the ops stay in call order. */
+static void cuda_side_begin(void *ctx) {
+    cuda_backend *be = (cuda_backend *)ctx;
+    if (!be->side || be->stream == be->side) return;
+    note(be, cudaEventRecord(be->forked, be->main));
+    note(be, cudaStreamWaitEvent(be->side, be->forked, 0));
+    be->stream = be->side;
+    di_cuda_side_forks++;
+}
+
+static void cuda_side_end(void *ctx) {
+    cuda_backend *be = (cuda_backend *)ctx;
+    be->stream = be->main;
+}
+
+static void cuda_side_join(void *ctx) {
+    cuda_backend *be = (cuda_backend *)ctx;
+    if (!be->side) return;
+    be->stream = be->main;
+    note(be, cudaEventRecord(be->joined, be->side));
+    note(be, cudaStreamWaitEvent(be->main, be->joined, 0));
 }
 
 static void cuda_graph_free(void *ctx, void *graph) {
@@ -348,11 +384,11 @@ static void cuda_moe_route(void *ctx, const di_moe_route_params *p) {
  * expert 0, the per-expert pointers from the table. */
 static di_cuda_mm_params grouped_params(const di_expert_weights *ew, const cuda_backend *be,
                                         const int32_t *offsets, const int32_t *active,
-                                        int64_t max_active, int64_t max_rows, const float *x,
+                                        int64_t max_active, int64_t n_rows, const float *x,
                                         float *y) {
     di_cuda_mm_params p = mm_params(&ew->w[0], be);
     p.n_heads = max_active;
-    p.n_tokens = max_rows;
+    p.n_tokens = n_rows;
     p.x = x;
     p.x_tstride = p.cols;
     p.y = y;
@@ -365,25 +401,25 @@ static di_cuda_mm_params grouped_params(const di_expert_weights *ew, const cuda_
 
 /* One launch per projection over all active experts. */
 static void cuda_matmul_experts(void *ctx, const di_expert_weights *ew, const int32_t *offsets,
-                                const int32_t *active, int64_t max_active, int64_t max_rows,
+                                const int32_t *active, int64_t max_active, int64_t n_rows,
                                 const float *x, float *y) {
     cuda_backend *be = (cuda_backend *)ctx;
-    if (max_active <= 0 || max_rows <= 0) return;
-    di_cuda_mm_params p = grouped_params(ew, be, offsets, active, max_active, max_rows, x, y);
+    if (max_active <= 0 || n_rows <= 0) return;
+    di_cuda_mm_params p = grouped_params(ew, be, offsets, active, max_active, n_rows, x, y);
     note(be, di_cuda_launch_matmul(&p));
 }
 
 static void cuda_matmul_experts_glu(void *ctx, const di_expert_weights *gate,
                                     const di_expert_weights *up, const int32_t *offsets,
-                                    const int32_t *active, int64_t max_active, int64_t max_rows,
+                                    const int32_t *active, int64_t max_active, int64_t n_rows,
                                     const float *x, float *y) {
     cuda_backend *be = (cuda_backend *)ctx;
-    if (max_active <= 0 || max_rows <= 0) return;
+    if (max_active <= 0 || n_rows <= 0) return;
     if (!glu_pair_ok(&gate->w[0], &up->w[0]) || gate->n_experts != up->n_experts) {
         note(be, cudaErrorInvalidValue);
         return;
     }
-    di_cuda_mm_params p = grouped_params(gate, be, offsets, active, max_active, max_rows, x, y);
+    di_cuda_mm_params p = grouped_params(gate, be, offsets, active, max_active, n_rows, x, y);
     p.glu_experts = (const di_cuda_expert_ptrs *)up->table;
     note(be, di_cuda_launch_matmul(&p));
 }
@@ -510,9 +546,13 @@ static void cuda_free_ctx(void *ctx) {
     cuda_backend *be = (cuda_backend *)ctx;
     if (!be) return;
     cudaSetDevice(be->device);
-    if (be->stream) cudaStreamSynchronize(be->stream);
+    if (be->main) cudaStreamSynchronize(be->main);
+    if (be->side) cudaStreamSynchronize(be->side);
     cudaFree(be->attn_partial);
-    if (be->stream) cudaStreamDestroy(be->stream);
+    if (be->main) cudaStreamDestroy(be->main);
+    if (be->side) cudaStreamDestroy(be->side);
+    if (be->forked) cudaEventDestroy(be->forked);
+    if (be->joined) cudaEventDestroy(be->joined);
     di_free(be);
 }
 
@@ -544,6 +584,7 @@ static di_backend_ops make_ops(void) {
     o.weight_free = cuda_weight_free_op;
     o.copy_rows = cuda_copy_rows;
     o.moe_combine = cuda_moe_combine;
+    o.moe_combine_add = cuda_moe_combine_add;
     o.moe_route = cuda_moe_route;
     o.matmul_experts = cuda_matmul_experts;
     /* Fused SwiGLU products, bitwise the separate products and silu_mul. */
@@ -569,6 +610,9 @@ static di_backend_ops make_ops(void) {
     o.v4_pool = cuda_v4_pool;
     o.v4_index_scores = cuda_v4_index_scores;
     o.v4_swiglu = cuda_v4_swiglu;
+    o.side_begin = cuda_side_begin;
+    o.side_end = cuda_side_end;
+    o.side_join = cuda_side_join;
     return o;
 }
 
@@ -664,7 +708,8 @@ extern "C" di_status di_backend_cuda_init(di_backend *out, int device, int64_t m
     env = getenv("DI_CUDA_TC_WIDE_MIN_N");
     be->tune.tc_wide_min_n = env ? atoll(env) : 9;
     /* Grouped expert products of 9+ tokens per expert (prefill) on the wide kernel too:
-     * opt-in until its test has run on a GPU. */
+     * opt-in (it passed its tests on the H200, but a 4-layer prefill of 64 x 256 tokens was
+     * no faster: time to first token 307 vs 310 ms). */
     env = getenv("DI_CUDA_TC_WIDE_GROUPED");
     be->tune.tc_wide_grouped = env && strcmp(env, "1") == 0;
     env = getenv("DI_CUDA_TC_RT"); /* 1 or 2 (default) */
@@ -676,9 +721,17 @@ extern "C" di_status di_backend_cuda_init(di_backend *out, int device, int64_t m
         floats = DI_CUDA_ATTN_SCRATCH_MAX / (int64_t)sizeof(float);
     be->attn_partial_floats = floats;
 
+    /* DI_CUDA_STREAMS=1: no side stream (side_begin .. side_join run in call order; the
+     * results are the same bits, test_cuda_model compares them). */
+    env = getenv("DI_CUDA_STREAMS");
+    const bool two_streams = !(env && strcmp(env, "1") == 0);
     bool wide_ok = false;
     if ((err = cudaSetDevice(device)) != cudaSuccess ||
-        (err = cudaStreamCreateWithFlags(&be->stream, cudaStreamNonBlocking)) != cudaSuccess ||
+        (err = cudaStreamCreateWithFlags(&be->main, cudaStreamNonBlocking)) != cudaSuccess ||
+        (two_streams &&
+         (err = cudaStreamCreateWithFlags(&be->side, cudaStreamNonBlocking)) != cudaSuccess) ||
+        (err = cudaEventCreateWithFlags(&be->forked, cudaEventDisableTiming)) != cudaSuccess ||
+        (err = cudaEventCreateWithFlags(&be->joined, cudaEventDisableTiming)) != cudaSuccess ||
         (err = cudaMalloc((void **)&be->attn_partial, (size_t)floats * sizeof(float))) !=
             cudaSuccess ||
         (err = di_cuda_attn_setup()) != cudaSuccess || (err = di_cuda_v4_setup()) != cudaSuccess ||
@@ -687,6 +740,7 @@ extern "C" di_status di_backend_cuda_init(di_backend *out, int device, int64_t m
         return di_error(DI_ERR_OUT_OF_MEMORY, "cuda backend: device %d: %s", device,
                         cudaGetErrorString(err));
     }
+    be->stream = be->main;
     if (!wide_ok) be->tune.tc_wide_min_n = 0; /* no clusters here: the GEMV for every n */
     const char *sample = getenv("DI_CUDA_SAMPLE");
     out->ops = sample && strcmp(sample, "0") == 0 ? &g_cuda_ops : &g_cuda_ops_sample;
@@ -700,7 +754,9 @@ extern "C" di_status di_backend_cuda_init(di_backend *out, int device, int64_t m
 
 extern "C" di_status di_backend_cuda_sync(const di_backend *dbe) {
     cuda_backend *be = ctx_of(dbe);
-    cudaError_t err = cudaStreamSynchronize(be->stream);
+    cudaError_t err = be->side ? cudaStreamSynchronize(be->side) : cudaSuccess;
+    const cudaError_t err_main = cudaStreamSynchronize(be->main);
+    if (err == cudaSuccess) err = err_main;
     cudaError_t first = be->first_error != cudaSuccess ? be->first_error : err;
     be->first_error = cudaSuccess;
     if (first != cudaSuccess)
@@ -709,11 +765,15 @@ extern "C" di_status di_backend_cuda_sync(const di_backend *dbe) {
 }
 
 extern "C" void *di_backend_cuda_stream(const di_backend *dbe) {
-    return (void *)ctx_of(dbe)->stream;
+    return (void *)ctx_of(dbe)->main;
 }
 
 extern "C" int64_t di_backend_cuda_sample_launches(void) {
     return di_cuda_sample_launches;
+}
+
+extern "C" int64_t di_backend_cuda_side_forks(void) {
+    return di_cuda_side_forks;
 }
 
 extern "C" int64_t di_backend_cuda_wide_launches(bool grouped) {

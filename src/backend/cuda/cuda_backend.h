@@ -14,8 +14,9 @@
  *     uploads a host-built one); v4_attention ignores `scratch` (its scores live in shared
  *     memory, at most DI_CUDA_V4_ATTN_MAX_KEYS = 32768 keys per query); n_keys, n_visible and
  *     sinks are device arrays too;
- *   - the stream: every op is enqueued on the backend's one stream, in call order;
- *     di_backend_cuda_sync() waits for it and reports the first error any op hit (ops
+ *   - the streams: every op is enqueued on the backend's main stream, in call order, except
+ *     those between side_begin and side_end (backend.h), which go to its second stream;
+ *     di_backend_cuda_sync() waits for both and reports the first error any op hit (ops
  *     cannot return errors, so a failed launch is remembered until the next sync).
  *
  * Without a CUDA build (no nvcc at configure time) every function here exists and fails
@@ -78,6 +79,11 @@ void di_backend_cuda_set_batch_invariant(const di_backend *be, bool on);
 /* How many sample_rows draws this process has launched (0 without CUDA): lets a test see
  * that the device path ran. */
 int64_t di_backend_cuda_sample_launches(void);
+
+/* How many times this process's CUDA backends forked ops onto their second stream
+ * (side_begin in backend.h; 0 without CUDA or with DI_CUDA_STREAMS=1): lets a test see that
+ * the two-stream path ran. */
+int64_t di_backend_cuda_side_forks(void);
 
 /* How many wide tensor-core products of many tokens this process has launched, grouped
  * (expert) ones or plain ones (0 without CUDA): lets a test see that they ran. */

@@ -285,9 +285,13 @@ cudaError_t di_cuda_launch_copy_rows(float *dst, int64_t dst_stride, const int32
 }
 
 /* blockIdx.x = t, blockIdx.y strides over the columns: out = 0, then one axpy step per slot
- * in slot order (axpy_kernel's rounding), so a token's bits depend only on its slots. */
+ * in slot order (axpy_kernel's rounding), so a token's bits depend only on its slots. With
+ * resid (moe_combine_add): the sum, then + add (the shared experts, when given), then added
+ * to resid instead of stored -- axpy_kernel's steps with a = 1, so the bits of moe_combine
+ * and two axpy. */
 __global__ void moe_combine_kernel(const float *rows, const int32_t *rows_of, const float *w,
-                                   int64_t K, int64_t dim, float *out) {
+                                   int64_t K, int64_t dim, float *out, const float *add,
+                                   float *resid) {
     pdl_wait(); /* programmatic dependent launch: cuda_internal.cuh */
     pdl_trigger();
     const int64_t t = blockIdx.x, c = (int64_t)blockIdx.y * EW_THREADS + threadIdx.x;
@@ -295,16 +299,21 @@ __global__ void moe_combine_kernel(const float *rows, const int32_t *rows_of, co
     float acc = 0.0f;
     for (int64_t k = 0; k < K; k++)
         acc = __fadd_rn(acc, __fmul_rn(w[t * K + k], rows[(int64_t)rows_of[t * K + k] * dim + c]));
-    out[t * dim + c] = acc;
+    if (!resid) {
+        out[t * dim + c] = acc;
+        return;
+    }
+    if (add) acc = __fadd_rn(acc, __fmul_rn(1.0f, add[t * dim + c]));
+    resid[t * dim + c] = __fadd_rn(resid[t * dim + c], __fmul_rn(1.0f, acc));
 }
 
 cudaError_t di_cuda_launch_moe_combine(const float *rows, const int32_t *rows_of, const float *w,
                                        int64_t n, int64_t K, int64_t dim, float *out,
-                                       cudaStream_t stream) {
+                                       const float *add, float *resid, cudaStream_t stream) {
     if (n <= 0 || dim <= 0) return cudaSuccess;
     dim3 grid((unsigned)n, blocks_for(dim));
     return di_cuda_launch(moe_combine_kernel, grid, EW_THREADS, 0, stream, rows, rows_of, w, K, dim,
-                          out);
+                          out, add, resid);
 }
 
 /* Greedy decoding on the device (backend.h's argmax_rows): one block per row, the first index

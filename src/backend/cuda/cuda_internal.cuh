@@ -124,7 +124,7 @@ typedef struct di_cuda_tuning {
     int64_t tc_min_rows;
     /* The wide tensor-core product (cuda_tc_wide.cu) for plain products of at least
      * tc_wide_min_n tokens (0: never), and grouped ones too with tc_wide_grouped
-     * (DI_CUDA_TC_WIDE_GROUPED=1; not yet run on a GPU). Same values. */
+     * (DI_CUDA_TC_WIDE_GROUPED=1: tested on the H200, no faster there). Same values. */
     int64_t tc_wide_min_n;
     int tc_wide_grouped;
     /* Row tiles per warp of the grouped tensor-core GEMV for a few tokens per expert (1 or
@@ -155,7 +155,8 @@ typedef struct di_cuda_mm_params {
      * slot z < n_heads (= the most experts that can be active); block z runs expert
      * e = active[1 + z] (exits when z >= active[0]) with weight experts[e] (the fields
      * above give the common shape) over the rows [off[e], off[e + 1]) of x and y (x_tstride
-     * and y_tstride apart); n_tokens bounds one expert's rows. */
+     * and y_tstride apart); n_tokens is the grouped rows in all (n K: n_tokens / n_heads,
+     * the mean rows per active expert, chooses the kernel variant). */
     const struct di_cuda_expert_ptrs *experts;
     const int32_t *g_off, *g_active;
     /* GLU mode (SwiGLU in the epilogue), when glu_data (plain) or glu_experts (grouped) is
@@ -221,9 +222,10 @@ cudaError_t di_cuda_launch_copy_rows(float *dst, int64_t dst_stride, const int32
                                      int64_t n, int64_t cols, cudaStream_t stream);
 /* The MLA latent store (backend.h's mla_store); latents of at most 4096 values. */
 cudaError_t di_cuda_launch_mla_store(const di_mla_store_params *p, cudaStream_t stream);
+/* moe_combine into out; or with resid set, moe_combine_add: resid += the sum (+ add). */
 cudaError_t di_cuda_launch_moe_combine(const float *rows, const int32_t *rows_of, const float *w,
                                        int64_t n, int64_t K, int64_t dim, float *out,
-                                       cudaStream_t stream);
+                                       const float *add, float *resid, cudaStream_t stream);
 /* A row's maximum and its first index, as the host sampler's scan finds them, by a block of
  * THREADS threads (every thread gets the result): thread i scans columns i, i + THREADS, ...
  * (16 bytes at a time where the row allows), keeping the largest value and its lowest index;

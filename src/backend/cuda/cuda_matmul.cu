@@ -626,7 +626,10 @@ template <di_dtype DT> static cudaError_t launch_dtype(const di_cuda_mm_params *
                               MMT_THREADS, 0, p->stream, *p, wvec);
     }
     const bool xvec = aligned16(p->x) && p->x_tstride % 4 == 0 && p->x_hstride % 4 == 0;
-    const int64_t n = p->n_tokens, nvec = (p->cols + T::V - 1) / T::V;
+    /* Tokens per weight: n, or for grouped experts the mean rows per active-expert slot. */
+    const int64_t n = p->experts ? (p->n_tokens + p->n_heads - 1) / DI_MAX(p->n_heads, 1)
+                                 : p->n_tokens,
+                  nvec = (p->cols + T::V - 1) / T::V;
     int tb = n == 1 ? 1 : n == 2 ? 2 : n <= 4 ? 4 : 8;
     if (p->tune.max_tb >= 1 && tb > p->tune.max_tb) tb = p->tune.max_tb;
     /* One token: 2 rows x 4 vectors in flight per lane. More tokens: 4 rows per warp, so

@@ -250,7 +250,10 @@ static cudaError_t launch_tc(const di_cuda_mm_params *p, int ks, bool xvec) {
  * default), half the blocks, each warp's weight loads running on from its first tile into
  * its second. H200, 4-layer V2-Lite-shaped model: 64 concurrent 15729 -> 16602 output tok/s,
  * batch-1 decode 1157 -> 1187 tok/s; four tiles (160 registers, one block per SM) were
- * slower than one (14352 at 64). */
+ * slower than one (14352 at 64). Two token groups per pass and one row tile once experts
+ * average more than 4 rows (an expert of 9..16 rows, one in six at 64 sequences, read once
+ * instead of twice) made no difference there (17180 vs 17126 output tok/s, three runs each)
+ * and were dropped. */
 template <bool GLU>
 static cudaError_t launch_tc_grouped(const di_cuda_mm_params *p, int ks, bool xvec) {
     if (p->tune.tc_rt == 2) return launch_tc<2, 1, 2, true, GLU, 2>(p, ks, xvec);
@@ -262,8 +265,9 @@ cudaError_t di_cuda_launch_matmul_tc(const di_cuda_mm_params *p) {
     const bool glu = p->glu_data || p->glu_experts;
     const int ks = tc_ks(p->rows, p->cols);
     const bool xvec = ((uintptr_t)p->x & 15u) == 0 && p->x_tstride % 4 == 0;
-    /* Tokens per weight: n, or for grouped experts the mean per active-expert slot (a block
-     * walks its expert's token chunks, so an expert with more tokens takes more passes). */
+    /* Tokens per weight: n, or for grouped experts the mean rows per active-expert slot (a
+     * block walks its expert's token chunks, so an expert with more rows takes more
+     * passes). */
     const int64_t n =
         p->experts ? (p->n_tokens + p->n_heads - 1) / DI_MAX(p->n_heads, 1) : p->n_tokens;
     /* Token groups of 8 per block as n needs, at most 4 (32 tokens: the registers of two

@@ -265,8 +265,9 @@ static int64_t tw_block_rows(const di_cuda_mm_params *p) {
 }
 
 /* Called after di_cuda_tc_fits (BF16, W x, 16-byte aligned rows of whole vectors). Grouped
- * products (n_heads active-expert slots) count the mean tokens per slot, and take the wide
- * kernel only with p->tune.tc_wide_grouped (DI_CUDA_TC_WIDE_GROUPED=1: not yet run on a GPU). */
+ * products (n_heads active-expert slots) count the mean rows per slot, and take the wide
+ * kernel only with p->tune.tc_wide_grouped (DI_CUDA_TC_WIDE_GROUPED=1: it passed its tests
+ * on the H200 but was no faster for a prefill). */
 bool di_cuda_tc_wide_fits(const di_cuda_mm_params *p) {
     const bool grouped = p->experts != NULL;
     const int64_t slots = grouped ? DI_MAX(p->n_heads, 1) : 1;
