@@ -167,7 +167,6 @@ fi
 # Nsight Compute profile of the FP8 decode GEMV (appended to cuda_ops.log / bench.log; ncu.txt).
 if [ -n "${VARIANTS:-}" ]; then
     for v in DI_CUDA_FP8_CONVERT=cvt DI_CUDA_KSPLIT_MIN=1000000 DI_CUDA_FP8_PIPE=0 DI_CUDA_TC_RT=1 \
-        DI_CUDA_STREAMS=1 \
         DI_CUDA_TC_WIDE_MIN_N=0; do
         echo "==== $v" >>"$out/cuda_ops.log"
         (cd "$repo" && env $v "$build/test_cuda_ops") >>"$out/cuda_ops.log" 2>&1

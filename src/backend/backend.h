@@ -338,7 +338,7 @@ typedef struct di_backend_ops {
      * moe_route writes them), y[g] = W_e x[g] for g in [offsets[e], offsets[e + 1]).
      * x: [>= offsets[E]][cols], y: [>= offsets[E]][rows] (row strides cols and rows).
      * max_active bounds active[0] and n_rows is the grouped rows in all (min(E, n K) and
-     * n K for n routed tokens; their ratio, the rows per active expert, chooses the launch).
+     * n K for n routed tokens; their ratio, the mean rows per slot, chooses the launch).
      * Each row is computed exactly as matmul computes it alone (batch invariance). */
     void (*matmul_experts)(void *ctx, const di_expert_weights *ew, const int32_t *offsets,
                            const int32_t *active, int64_t max_active, int64_t n_rows,

@@ -3,7 +3,10 @@
  * host_memory = false, whose buffers come from its own allocator, whose upload / download
  * are copies (counted) and whose weight_upload copies every weight (data, scales, E8M0
  * bytes). The ops are the CPU ones, so the arithmetic is the CPU path's; what differs is the
- * data movement a runner does for a device backend, which these tests check.
+ * data movement a runner does for a device backend, which these tests check. It also has
+ * the second-stream ops (backend.h side_begin / side_end / side_join) as counted no-ops, so
+ * the V2/V3 runner takes its two-stream order of a MoE layer (the shared experts first, into
+ * their own buffer, added after the combine), which must give the CPU path's bits.
  */
 #ifndef DI_TEST_SEP_BACKEND_H
 #define DI_TEST_SEP_BACKEND_H
@@ -16,7 +19,16 @@
 #include <string.h>
 
 static di_backend_ops g_ops;
-static int64_t g_n_up, g_n_down, g_n_bufs;
+static int64_t g_n_up, g_n_down, g_n_bufs, g_n_side;
+
+/* One stream here: the ops run in call order anyway. */
+static void sep_side_begin(void *ctx) {
+    (void)ctx;
+    g_n_side++;
+}
+static void sep_side_nop(void *ctx) {
+    (void)ctx;
+}
 
 static void *sep_alloc(void *ctx, size_t bytes) {
     (void)ctx;
@@ -91,6 +103,9 @@ static void sep_init(di_backend *be, di_pool *pool, int64_t max_ctx) {
     g_ops.download = sep_download;
     g_ops.weight_upload = sep_weight_upload;
     g_ops.weight_free = sep_weight_free;
+    g_ops.side_begin = sep_side_begin;
+    g_ops.side_end = sep_side_nop;
+    g_ops.side_join = sep_side_nop;
     be->ops = &g_ops;
 }
 

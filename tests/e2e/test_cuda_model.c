@@ -56,11 +56,13 @@ static void check_streams(const char *name, di_model *m, const golden *g, const 
     const int64_t forks = di_backend_cuda_side_forks();
     float *two1 = eval_prompt(m, g, 1, 2);
     const bool forked = di_backend_cuda_side_forks() > forks;
+    const int64_t forks_two = di_backend_cuda_side_forks();
     setenv("DI_CUDA_STREAMS", "1", 1);
     float *one = eval_prompt(m, g, 0, 2), *one1 = eval_prompt(m, g, 1, 2);
     unsetenv("DI_CUDA_STREAMS");
     CHECK(two1 && one && one1);
     CHECK_MSG(forked, "%s: no MoE layer used the second stream", name);
+    CHECK_MSG(di_backend_cuda_side_forks() == forks_two, "%s: DI_CUDA_STREAMS=1 forked", name);
     const size_t bytes = (size_t)(g->n_prompt * g->vocab) * sizeof(float);
     if (two1 && one && one1) {
         CHECK_MSG(memcmp(lg, one, bytes) == 0, "%s: two streams differ from one (prompt)", name);

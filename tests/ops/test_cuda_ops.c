@@ -1030,6 +1030,10 @@ TEST(matmul_experts) {
     check_experts(DI_DTYPE_BF16, 64, 6, 40, 1376, 2048);
     check_experts(DI_DTYPE_BF16, 16, 4, 16, 200, 256);
     check_experts(DI_DTYPE_BF16, 64, 6, 64, 1376, 2048);
+    /* a prefill's rows per expert on the GEMV's wider variants: 16 (two token groups) and
+     * 32 (four), each expert's rows in several passes where it has more */
+    check_experts(DI_DTYPE_BF16, 16, 4, 64, 1408, 2048);
+    check_experts(DI_DTYPE_BF16, 16, 4, 128, 2048, 1408);
     /* many tokens per expert (a prefill) on the wide kernel (DI_CUDA_TC_WIDE_GROUPED=1):
      * 8 K runs, 2 (200 x 256), 1 (300 x 200); experts of 9 to about 100 tokens. A tensor-core
      * kernel: compared with the tensor-core products, not with matmul_simt_bf16's SIMT ones. */

@@ -28,6 +28,7 @@ typedef struct cuda_backend {
     cudaStream_t stream;        /* where ops go now: main, or side between side_begin / _end */
     cudaStream_t main, side;    /* owned; side NULL with DI_CUDA_STREAMS=1 */
     cudaEvent_t forked, joined; /* side_begin's and side_join's points (no timing) */
+    bool side_open;             /* forked since the last join */
     float *attn_partial;        /* owned: split-KV chunk states, attn_partial_floats floats */
     int64_t attn_partial_floats;
     int n_sms;
@@ -38,6 +39,13 @@ typedef struct cuda_backend {
     cudaError_t first_error; /* first failed launch since the last sync */
     bool capturing;          /* between graph_begin and graph_end, capture started */
     cudaError_t capture_saved_error, capture_error;
+    /* DI_CUDA_GRAPH_TIMING=1: each graph replay timed on the device between two events (the
+     * host waits for it), reported when the backend is freed -- a decode step's device time
+     * apart from the host's share of the step. */
+    bool time_graphs;
+    cudaEvent_t replay_start, replay_end;
+    double replay_ms;
+    int64_t replays;
     char name[256];
 } cuda_backend;
 
@@ -288,7 +296,7 @@ static void cuda_moe_combine_add(void *ctx, const float *rows, const int32_t *ro
 static void cuda_graph_begin(void *ctx) {
     cuda_backend *be = (cuda_backend *)ctx;
     be->capture_saved_error = be->first_error;
-    cudaError_t err = cudaStreamBeginCapture(be->stream, cudaStreamCaptureModeRelaxed);
+    cudaError_t err = cudaStreamBeginCapture(be->main, cudaStreamCaptureModeRelaxed);
     be->capturing = err == cudaSuccess;
     if (!be->capturing) be->capture_error = err;
 }
@@ -297,7 +305,7 @@ static di_status cuda_graph_end(void *ctx, void **out) {
     cuda_backend *be = (cuda_backend *)ctx;
     *out = NULL;
     cudaGraph_t graph = NULL;
-    cudaError_t err = be->capturing ? cudaStreamEndCapture(be->stream, &graph) : be->capture_error;
+    cudaError_t err = be->capturing ? cudaStreamEndCapture(be->main, &graph) : be->capture_error;
     be->capturing = false;
     if (err == cudaSuccess && be->first_error != be->capture_saved_error) err = be->first_error;
     be->first_error = be->capture_saved_error;
@@ -314,7 +322,19 @@ static di_status cuda_graph_end(void *ctx, void **out) {
 
 static void cuda_graph_launch(void *ctx, void *graph) {
     cuda_backend *be = (cuda_backend *)ctx;
-    note(be, cudaGraphLaunch((cudaGraphExec_t)graph, be->stream));
+    if (!be->time_graphs) {
+        note(be, cudaGraphLaunch((cudaGraphExec_t)graph, be->main));
+        return;
+    }
+    float ms = 0.0f;
+    note(be, cudaEventRecord(be->replay_start, be->main));
+    note(be, cudaGraphLaunch((cudaGraphExec_t)graph, be->main));
+    note(be, cudaEventRecord(be->replay_end, be->main));
+    if (cudaEventSynchronize(be->replay_end) == cudaSuccess &&
+        cudaEventElapsedTime(&ms, be->replay_start, be->replay_end) == cudaSuccess) {
+        be->replay_ms += ms;
+        be->replays++;
+    }
 }
 
 /* The second stream (backend.h): a fork and a join through events, which a capture records
@@ -322,9 +342,12 @@ static void cuda_graph_launch(void *ctx, void *graph) {
 static void cuda_side_begin(void *ctx) {
     cuda_backend *be = (cuda_backend *)ctx;
     if (!be->side || be->stream == be->side) return;
-    note(be, cudaEventRecord(be->forked, be->main));
-    note(be, cudaStreamWaitEvent(be->side, be->forked, 0));
+    cudaError_t err = cudaEventRecord(be->forked, be->main);
+    if (err == cudaSuccess) err = cudaStreamWaitEvent(be->side, be->forked, 0);
+    note(be, err);
+    if (err != cudaSuccess) return; /* the ops stay on the main stream, in call order */
     be->stream = be->side;
+    be->side_open = true;
     di_cuda_side_forks++;
 }
 
@@ -335,10 +358,14 @@ static void cuda_side_end(void *ctx) {
 
 static void cuda_side_join(void *ctx) {
     cuda_backend *be = (cuda_backend *)ctx;
-    if (!be->side) return;
     be->stream = be->main;
-    note(be, cudaEventRecord(be->joined, be->side));
-    note(be, cudaStreamWaitEvent(be->main, be->joined, 0));
+    /* Nothing forked: no wait (inside a capture, a wait on an event recorded outside it
+     * would break the capture). */
+    if (!be->side_open) return;
+    be->side_open = false;
+    cudaError_t err = cudaEventRecord(be->joined, be->side);
+    if (err == cudaSuccess) err = cudaStreamWaitEvent(be->main, be->joined, 0);
+    note(be, err);
 }
 
 static void cuda_graph_free(void *ctx, void *graph) {
@@ -354,8 +381,8 @@ static void *cuda_buf_alloc(void *ctx, size_t bytes) {
     di_backend b = wrap(ctx);
     void *p = di_cuda_malloc(&b, bytes);
     if (!p) return NULL;
-    cudaError_t err = cudaMemsetAsync(p, 0, bytes ? bytes : 1, be->stream);
-    if (err == cudaSuccess) err = cudaStreamSynchronize(be->stream);
+    cudaError_t err = cudaMemsetAsync(p, 0, bytes ? bytes : 1, be->main);
+    if (err == cudaSuccess) err = cudaStreamSynchronize(be->main);
     if (err != cudaSuccess) {
         cudaFree(p);
         di_error(DI_ERR_INTERNAL, "cuda backend: zero-fill of %zu bytes: %s", bytes,
@@ -394,6 +421,9 @@ static di_cuda_mm_params grouped_params(const di_expert_weights *ew, const cuda_
     p.y = y;
     p.y_tstride = p.rows;
     p.experts = (const di_cuda_expert_ptrs *)ew->table;
+    /* Not batch-invariant: the SIMT GEMV while experts average one row each (it streams one
+     * token's weights faster), the tensor cores once a weight serves more rows. */
+    p.tc_min_n = be->invariant ? 1 : 2;
     p.g_off = offsets;
     p.g_active = active;
     return p;
@@ -546,6 +576,9 @@ static void cuda_free_ctx(void *ctx) {
     cuda_backend *be = (cuda_backend *)ctx;
     if (!be) return;
     cudaSetDevice(be->device);
+    if (be->replays > 0)
+        fprintf(stderr, "cuda backend: %lld graph replays, %.3f ms of device time each\n",
+                (long long)be->replays, be->replay_ms / (double)be->replays);
     if (be->main) cudaStreamSynchronize(be->main);
     if (be->side) cudaStreamSynchronize(be->side);
     cudaFree(be->attn_partial);
@@ -553,6 +586,8 @@ static void cuda_free_ctx(void *ctx) {
     if (be->side) cudaStreamDestroy(be->side);
     if (be->forked) cudaEventDestroy(be->forked);
     if (be->joined) cudaEventDestroy(be->joined);
+    if (be->replay_start) cudaEventDestroy(be->replay_start);
+    if (be->replay_end) cudaEventDestroy(be->replay_end);
     di_free(be);
 }
 
@@ -725,6 +760,8 @@ extern "C" di_status di_backend_cuda_init(di_backend *out, int device, int64_t m
      * results are the same bits, test_cuda_model compares them). */
     env = getenv("DI_CUDA_STREAMS");
     const bool two_streams = !(env && strcmp(env, "1") == 0);
+    env = getenv("DI_CUDA_GRAPH_TIMING");
+    be->time_graphs = env && strcmp(env, "1") == 0;
     bool wide_ok = false;
     if ((err = cudaSetDevice(device)) != cudaSuccess ||
         (err = cudaStreamCreateWithFlags(&be->main, cudaStreamNonBlocking)) != cudaSuccess ||
@@ -732,6 +769,8 @@ extern "C" di_status di_backend_cuda_init(di_backend *out, int device, int64_t m
          (err = cudaStreamCreateWithFlags(&be->side, cudaStreamNonBlocking)) != cudaSuccess) ||
         (err = cudaEventCreateWithFlags(&be->forked, cudaEventDisableTiming)) != cudaSuccess ||
         (err = cudaEventCreateWithFlags(&be->joined, cudaEventDisableTiming)) != cudaSuccess ||
+        (be->time_graphs && ((err = cudaEventCreate(&be->replay_start)) != cudaSuccess ||
+                             (err = cudaEventCreate(&be->replay_end)) != cudaSuccess)) ||
         (err = cudaMalloc((void **)&be->attn_partial, (size_t)floats * sizeof(float))) !=
             cudaSuccess ||
         (err = di_cuda_attn_setup()) != cudaSuccess || (err = di_cuda_v4_setup()) != cudaSuccess ||
@@ -845,8 +884,8 @@ static di_status copy_sync(const di_backend *dbe, void *dst, const void *src, si
                            cudaMemcpyKind kind) {
     cuda_backend *be = ctx_of(dbe);
     if (bytes == 0) return DI_OK;
-    cudaError_t err = cudaMemcpyAsync(dst, src, bytes, kind, be->stream);
-    if (err == cudaSuccess) err = cudaStreamSynchronize(be->stream);
+    cudaError_t err = cudaMemcpyAsync(dst, src, bytes, kind, be->main);
+    if (err == cudaSuccess) err = cudaStreamSynchronize(be->main);
     if (err != cudaSuccess)
         return di_error(DI_ERR_INTERNAL, "cuda backend: copy of %zu bytes: %s", bytes,
                         cudaGetErrorString(err));
@@ -889,14 +928,14 @@ static di_status upload_fp4(const di_backend *dbe, const di_weight *w, di_weight
         return di_error_prefix(DI_ERR_OUT_OF_MEMORY, "weight upload");
     }
     cuda_backend *be = ctx_of(dbe);
-    cudaError_t err = cudaMemsetAsync(data, 0, bytes, be->stream);
+    cudaError_t err = cudaMemsetAsync(data, 0, bytes, be->main);
     if (err == cudaSuccess)
-        err = cudaMemcpy2DAsync(data, (size_t)stride_bytes, w->data, (size_t)(w->row_stride / 2),
-                                (size_t)row_bytes, (size_t)w->rows, cudaMemcpyHostToDevice,
-                                be->stream);
+        err =
+            cudaMemcpy2DAsync(data, (size_t)stride_bytes, w->data, (size_t)(w->row_stride / 2),
+                              (size_t)row_bytes, (size_t)w->rows, cudaMemcpyHostToDevice, be->main);
     if (err == cudaSuccess)
-        err = cudaMemcpyAsync(scale, w->scale_e8m0, sbytes, cudaMemcpyHostToDevice, be->stream);
-    if (err == cudaSuccess) err = cudaStreamSynchronize(be->stream);
+        err = cudaMemcpyAsync(scale, w->scale_e8m0, sbytes, cudaMemcpyHostToDevice, be->main);
+    if (err == cudaSuccess) err = cudaStreamSynchronize(be->main);
     if (err != cudaSuccess) {
         cudaFree(data);
         cudaFree(scale);
@@ -930,11 +969,11 @@ extern "C" di_status di_cuda_weight_upload(const di_backend *dbe, const di_weigh
     void *data = di_cuda_malloc(dbe, bytes);
     if (!data) return di_error_prefix(DI_ERR_OUT_OF_MEMORY, "weight upload");
     cuda_backend *be = ctx_of(dbe);
-    cudaError_t err = cudaMemsetAsync(data, 0, bytes, be->stream);
+    cudaError_t err = cudaMemsetAsync(data, 0, bytes, be->main);
     if (err == cudaSuccess)
         err = cudaMemcpy2DAsync(data, (size_t)stride * esz, w->data, (size_t)w->row_stride * esz,
                                 (size_t)w->cols * esz, (size_t)w->rows, cudaMemcpyHostToDevice,
-                                be->stream);
+                                be->main);
     float *scale = NULL;
     if (err == cudaSuccess && w->dtype == DI_DTYPE_F8_E4M3) {
         /* The scale block rows this view touches; row_offset rebased to the first. */
@@ -946,10 +985,10 @@ extern "C" di_status di_cuda_weight_upload(const di_backend *dbe, const di_weigh
             err = cudaErrorMemoryAllocation;
         else
             err = cudaMemcpyAsync(scale, w->scale + sr0 * w->scale_cols, sbytes,
-                                  cudaMemcpyHostToDevice, be->stream);
+                                  cudaMemcpyHostToDevice, be->main);
         d.row_offset = w->row_offset - sr0 * br;
     }
-    if (err == cudaSuccess) err = cudaStreamSynchronize(be->stream);
+    if (err == cudaSuccess) err = cudaStreamSynchronize(be->main);
     if (err != cudaSuccess) {
         cudaFree(data);
         cudaFree(scale);
@@ -979,18 +1018,18 @@ extern "C" double di_cuda_measure_copy_bandwidth(const di_backend *dbe, size_t b
     cudaEvent_t e0 = NULL, e1 = NULL;
     double bw = 0.0;
     if (cudaMalloc(&a, bytes) != cudaSuccess || cudaMalloc(&b, bytes) != cudaSuccess) goto done;
-    cudaMemsetAsync(a, 1, bytes, be->stream);
+    cudaMemsetAsync(a, 1, bytes, be->main);
     cudaEventCreate(&e0);
     cudaEventCreate(&e1);
     for (int i = 0; i < 3; i++) /* warm-up */
-        cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, be->stream);
+        cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, be->main);
     {
         const int reps = 20;
-        cudaEventRecord(e0, be->stream);
+        cudaEventRecord(e0, be->main);
         for (int i = 0; i < reps; i++)
             cudaMemcpyAsync(i % 2 ? a : b, i % 2 ? b : a, bytes, cudaMemcpyDeviceToDevice,
-                            be->stream);
-        cudaEventRecord(e1, be->stream);
+                            be->main);
+        cudaEventRecord(e1, be->main);
         float ms = 0.0f;
         if (cudaEventSynchronize(e1) == cudaSuccess &&
             cudaEventElapsedTime(&ms, e0, e1) == cudaSuccess && ms > 0.0f)

@@ -156,7 +156,7 @@ typedef struct di_cuda_mm_params {
      * e = active[1 + z] (exits when z >= active[0]) with weight experts[e] (the fields
      * above give the common shape) over the rows [off[e], off[e + 1]) of x and y (x_tstride
      * and y_tstride apart); n_tokens is the grouped rows in all (n K: n_tokens / n_heads,
-     * the mean rows per active expert, chooses the kernel variant). */
+     * the mean rows per slot, chooses the kernel variant). */
     const struct di_cuda_expert_ptrs *experts;
     const int32_t *g_off, *g_active;
     /* GLU mode (SwiGLU in the epilogue), when glu_data (plain) or glu_experts (grouped) is
@@ -167,8 +167,9 @@ typedef struct di_cuda_mm_params {
     const struct di_cuda_expert_ptrs *glu_experts;
     /* y += W x instead of y = W x (matmul_add), each element rounded as axpy(1, W x, y). */
     bool accumulate;
-    /* The tensor cores (tune.tc) from n_tokens >= tc_min_n: 1 in batch-invariant mode (one
-     * path for every n), else 9. */
+    /* The tensor cores (tune.tc) from n_tokens >= tc_min_n (grouped: from that many rows per
+     * active-expert slot): 1 in batch-invariant mode (one path for every n), else 9 (grouped:
+     * 2). */
     int64_t tc_min_n;
 } di_cuda_mm_params;
 

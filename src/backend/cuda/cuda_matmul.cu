@@ -688,7 +688,9 @@ template <di_dtype DT> static cudaError_t launch_dtype(const di_cuda_mm_params *
 
 cudaError_t di_cuda_launch_matmul(const di_cuda_mm_params *p) {
     if (p->n_tokens <= 0 || p->n_heads <= 0 || p->rows <= 0 || p->cols <= 0) return cudaSuccess;
-    if (p->tune.tc && p->n_tokens >= p->tc_min_n && di_cuda_tc_fits(p))
+    const int64_t per_weight =
+        p->experts ? (p->n_tokens + p->n_heads - 1) / p->n_heads : p->n_tokens;
+    if (p->tune.tc && per_weight >= p->tc_min_n && di_cuda_tc_fits(p))
         return di_cuda_launch_matmul_tc(p);
     switch (p->dtype) {
     case DI_DTYPE_F32:
