@@ -5,7 +5,8 @@
 #   decode.txt  `deepinfer generate --device cuda` decode tok/s: CUDA graphs with and without
 #               programmatic dependent launch (DI_CUDA_PDL=0), and no graphs; the device time
 #               of one replayed step (DI_CUDA_GRAPH_TIMING=1) next to the step's wall time, at
-#               batch 1 and for each C in CONCURRENCY (bench_engine's inter-token latency)
+#               batch 1 and for each C in CONCURRENCY (bench_engine's inter-token latency;
+#               replay.err holds the last run's stderr)
 #   ncu.csv     Nsight Compute's duration of every kernel of a short run (no graphs)
 #   step.txt    the last decode step kernel by kernel (duration, DRAM bytes read and their
 #               rate), summed by kernel, against the step time
@@ -44,17 +45,16 @@ ms() { python3 -c "print('%.3f' % (1000 / $1))"; }
 } | tee "$out/decode.txt"
 # The device's share of a step: each graph replay timed between two events (the backend
 # prints the mean when it is freed), next to the measured step.
-replay() { "$@" 2>&1 >/dev/null | sed -n 's/^cuda backend: //p' | tail -1; }
+replay() { sed -n 's/^cuda backend: //p' "$out/replay.err" | tail -1; }
 {
-    echo "batch 1, step $(ms "$g1") ms: $(replay env DI_CUDA_GRAPH_TIMING=1 "$build/deepinfer" \
-        generate --device cuda --model "$model" --ids "$ids" --max-tokens 128 --ignore-eos)"
-    for c in ${CONCURRENCY:-}; do
-        itl=$("$build/bench_engine" --model "$model" --device cuda --concurrency "$c" \
-            --requests "$c" --prompt-len 16 --gen-len 64 2>/dev/null |
+    DI_CUDA_GRAPH_TIMING=1 "$build/deepinfer" generate --device cuda --model "$model" \
+        --ids "$ids" --max-tokens 128 --ignore-eos >/dev/null 2>"$out/replay.err"
+    echo "batch 1, step $(ms "$g1") ms: $(replay)"
+    for c in ${CONCURRENCY:-}; do # one run: its inter-token latency and its replays' time
+        itl=$(DI_CUDA_GRAPH_TIMING=1 "$build/bench_engine" --model "$model" --device cuda \
+            --concurrency "$c" --requests "$c" --prompt-len 16 --gen-len 64 2>"$out/replay.err" |
             python3 -c 'import json,sys; print("%.3f" % (1e3 * json.load(sys.stdin)["itl_s"]["p50"]))')
-        echo "$c concurrent, inter-token p50 $itl ms: $(replay env DI_CUDA_GRAPH_TIMING=1 \
-            "$build/bench_engine" --model "$model" --device cuda --concurrency "$c" \
-            --requests "$c" --prompt-len 16 --gen-len 64)"
+        echo "$c concurrent, inter-token p50 $itl ms: $(replay)"
     done
 } | tee -a "$out/decode.txt"
 

@@ -170,8 +170,8 @@ typedef struct ds_state {
     float *q_lat;         /* [nh][C][R] absorbed queries */
     float *o_lat;         /* [nh][C][R] attention output in latent space */
     float *attn;          /* [C][nh * dv] o_proj input */
-    float *hbuf;          /* [C][H] block output before the residual add; the shared
-                           * experts' output while the routed ones run (two streams) */
+    float *hbuf;          /* [C][H] block output before the residual add; in a MoE layer the
+                           * shared experts' output, waiting for the routed ones' */
     float *gate, *up;     /* [C][max_inter] */
     float *rlogits;       /* [C][E] router logits */
     float *xe;            /* [C K][H] routed inputs, grouped by expert */
@@ -551,10 +551,10 @@ static void mlp(const ds_mlp *w, ds_state *s, const di_backend *be, const float 
  * its rows (gate, up, then down), and the combine sums each token's outputs in its slot
  * order, so the result does not depend on the grouping (batch invariance).
  *
- * On a backend with a second stream (side_begin) the shared experts run there, beside the
- * routing and the routed experts: at one token the routing is a chain of small kernels that
- * leaves the device's bandwidth mostly idle. Their output waits in s->hbuf and is added
- * after the combine -- the arithmetic of matmul_add into moe_out, so the same bits. */
+ * The shared experts come first, into s->hbuf, added after the combine (the arithmetic of
+ * matmul_add into the combined rows). On a backend with a second stream (side_begin) they
+ * run there, beside the routing and the routed experts: at one token the routing is a chain
+ * of small kernels that leaves the device's bandwidth mostly idle. */
 static void moe(const ds_model *m, const ds_layer *L, ds_state *s, const di_backend *be,
                 int64_t n) {
     const di_hparams *hp = m->hp;
@@ -563,12 +563,13 @@ static void moe(const ds_model *m, const ds_layer *L, ds_state *s, const di_back
     const int64_t na = DI_MIN(hp->n_routed_experts, nk); /* most experts that can be active */
     void *c = be->ctx;
     const bool beside = L->has_shared && be->ops->side_begin;
-    if (beside) {
-        be->ops->side_begin(c);
+    const float *shared = L->has_shared ? s->hbuf : NULL;
+    if (beside) be->ops->side_begin(c);
+    if (shared) {
         swiglu(&L->shared, s, be, s->xn, n);
         be->ops->matmul(c, &L->shared.down, s->gate, n, s->hbuf);
-        be->ops->side_end(c);
     }
+    if (beside) be->ops->side_end(c);
 
     be->ops->matmul(c, &L->router, s->xn, n, s->rlogits);
     di_moe_route_params rp = {.router = m->router,
@@ -596,16 +597,12 @@ static void moe(const ds_model *m, const ds_layer *L, ds_state *s, const di_back
     }
     be->ops->matmul_experts(c, &L->x_down, s->r_off, s->r_active, na, nk, s->xg, s->eo);
     if (beside) be->ops->side_join(c);
-    if (be->ops->moe_combine_add && (beside || !L->has_shared)) { /* one op, the same bits */
-        be->ops->moe_combine_add(c, s->eo, s->r_rows, s->r_w, n, K, H, beside ? s->hbuf : NULL,
-                                 s->x);
+    if (be->ops->moe_combine_add) { /* one op, the same bits */
+        be->ops->moe_combine_add(c, s->eo, s->r_rows, s->r_w, n, K, H, shared, s->x);
         return;
     }
     be->ops->moe_combine(c, s->eo, s->r_rows, s->r_w, n, K, H, s->moe_out);
-    if (beside)
-        be->ops->axpy(c, 1.0f, s->hbuf, n * H, s->moe_out);
-    else if (L->has_shared)
-        mlp(&L->shared, s, be, s->xn, n, s->moe_out);
+    if (shared) be->ops->axpy(c, 1.0f, shared, n * H, s->moe_out);
     be->ops->axpy(c, 1.0f, s->moe_out, n * H, s->x);
 }
 

@@ -5,8 +5,8 @@
  * bytes). The ops are the CPU ones, so the arithmetic is the CPU path's; what differs is the
  * data movement a runner does for a device backend, which these tests check. It also has
  * the second-stream ops (backend.h side_begin / side_end / side_join) as counted no-ops, so
- * the V2/V3 runner takes its two-stream order of a MoE layer (the shared experts first, into
- * their own buffer, added after the combine), which must give the CPU path's bits.
+ * the V2/V3 runner calls them as it does on a GPU, which must not change the CPU path's
+ * bits.
  */
 #ifndef DI_TEST_SEP_BACKEND_H
 #define DI_TEST_SEP_BACKEND_H

@@ -11,9 +11,8 @@
  * and a step with a top_p sequence (which must bring the rows back). Each step's tokens must be
  * di_sampler_sample's tokens from the plain runner's logits, and where tokens came back the
  * logits buffer must be untouched (no rows downloaded); where rows came back, bitwise the
- * plain runner's. The separate-memory backend also has the second-stream ops, so these
- * comparisons cover the runner's two-stream order of a MoE layer too (bitwise the plain
- * order).
+ * plain runner's. The separate-memory backend also has the second-stream ops (no-ops), so
+ * these comparisons cover the runner's calls of them too.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "api_internal.h"
@@ -88,7 +87,7 @@ static void check_model(const char *dir) {
     arch->forward_batch(m->weights, st_ref, &cpu, &(di_batch_args){q, N_SEQ, ref, NULL});
     arch->forward_batch(ws, st_sep, &sep, &(di_batch_args){q, N_SEQ, got, NULL});
     CHECK(memcmp(ref, got, (size_t)(N_SEQ * V) * sizeof(float)) == 0);
-    CHECK_MSG(g_n_side > side, "%s: the runner did not take its two-stream order", dir);
+    CHECK_MSG(g_n_side > side, "%s: the runner did not call side_begin", dir);
 
     /* The first decode step's inputs: the prefill's greedy tokens. */
     int32_t next[N_SEQ];

@@ -322,13 +322,10 @@ static di_status cuda_graph_end(void *ctx, void **out) {
 
 static void cuda_graph_launch(void *ctx, void *graph) {
     cuda_backend *be = (cuda_backend *)ctx;
-    if (!be->time_graphs) {
-        note(be, cudaGraphLaunch((cudaGraphExec_t)graph, be->main));
-        return;
-    }
-    float ms = 0.0f;
-    note(be, cudaEventRecord(be->replay_start, be->main));
+    if (be->time_graphs) note(be, cudaEventRecord(be->replay_start, be->main));
     note(be, cudaGraphLaunch((cudaGraphExec_t)graph, be->main));
+    if (!be->time_graphs) return;
+    float ms = 0.0f;
     note(be, cudaEventRecord(be->replay_end, be->main));
     if (cudaEventSynchronize(be->replay_end) == cudaSuccess &&
         cudaEventElapsedTime(&ms, be->replay_start, be->replay_end) == cudaSuccess) {

@@ -179,6 +179,13 @@ typedef struct di_cuda_expert_ptrs {
     const float *scale;
 } di_cuda_expert_ptrs;
 
+/* Tokens per weight, which chooses a product's kernel and variant: n, or for grouped experts
+ * the mean rows per active-expert slot (a block walks its expert's rows, so an expert with
+ * more rows than the mean takes more passes). */
+static inline int64_t di_cuda_rows_per_weight(const di_cuda_mm_params *p) {
+    return p->experts ? (p->n_tokens + p->n_heads - 1) / DI_MAX(p->n_heads, 1) : p->n_tokens;
+}
+
 cudaError_t di_cuda_launch_matmul(const di_cuda_mm_params *p);
 
 /* The batch-invariant tensor-core product (cuda_tc_gemv.cu): does the weight suit it (BF16,

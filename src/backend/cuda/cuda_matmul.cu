@@ -626,10 +626,7 @@ template <di_dtype DT> static cudaError_t launch_dtype(const di_cuda_mm_params *
                               MMT_THREADS, 0, p->stream, *p, wvec);
     }
     const bool xvec = aligned16(p->x) && p->x_tstride % 4 == 0 && p->x_hstride % 4 == 0;
-    /* Tokens per weight: n, or for grouped experts the mean rows per active-expert slot. */
-    const int64_t n = p->experts ? (p->n_tokens + p->n_heads - 1) / DI_MAX(p->n_heads, 1)
-                                 : p->n_tokens,
-                  nvec = (p->cols + T::V - 1) / T::V;
+    const int64_t n = di_cuda_rows_per_weight(p), nvec = (p->cols + T::V - 1) / T::V;
     int tb = n == 1 ? 1 : n == 2 ? 2 : n <= 4 ? 4 : 8;
     if (p->tune.max_tb >= 1 && tb > p->tune.max_tb) tb = p->tune.max_tb;
     /* One token: 2 rows x 4 vectors in flight per lane. More tokens: 4 rows per warp, so
@@ -688,9 +685,7 @@ template <di_dtype DT> static cudaError_t launch_dtype(const di_cuda_mm_params *
 
 cudaError_t di_cuda_launch_matmul(const di_cuda_mm_params *p) {
     if (p->n_tokens <= 0 || p->n_heads <= 0 || p->rows <= 0 || p->cols <= 0) return cudaSuccess;
-    const int64_t per_weight =
-        p->experts ? (p->n_tokens + p->n_heads - 1) / p->n_heads : p->n_tokens;
-    if (p->tune.tc && per_weight >= p->tc_min_n && di_cuda_tc_fits(p))
+    if (p->tune.tc && di_cuda_rows_per_weight(p) >= p->tc_min_n && di_cuda_tc_fits(p))
         return di_cuda_launch_matmul_tc(p);
     switch (p->dtype) {
     case DI_DTYPE_F32:

@@ -265,11 +265,7 @@ cudaError_t di_cuda_launch_matmul_tc(const di_cuda_mm_params *p) {
     const bool glu = p->glu_data || p->glu_experts;
     const int ks = tc_ks(p->rows, p->cols);
     const bool xvec = ((uintptr_t)p->x & 15u) == 0 && p->x_tstride % 4 == 0;
-    /* Tokens per weight: n, or for grouped experts the mean rows per active-expert slot (a
-     * block walks its expert's token chunks, so an expert with more rows takes more
-     * passes). */
-    const int64_t n =
-        p->experts ? (p->n_tokens + p->n_heads - 1) / DI_MAX(p->n_heads, 1) : p->n_tokens;
+    const int64_t n = di_cuda_rows_per_weight(p);
     /* Token groups of 8 per block as n needs, at most 4 (32 tokens: the registers of two
      * m-tiles). One m-tile per warp for a few tokens (more warps, more loads in flight),
      * two for more (each activation fragment serves twice the weights) and for grouped
