@@ -396,18 +396,13 @@ static void attention(const ds_model *m, const ds_layer *L, int64_t il, ds_state
     void *c = be->ctx;
     (void)il;
 
-    /* Queries: [n][nh][dn + dr]. */
-    if (hp->q_lora_rank > 0) {
-        be->ops->matmul(c, &L->q_a_proj, s->xn, n, s->qa);
-        be->ops->rmsnorm(c, s->qa, hp->q_lora_rank, L->q_a_norm, n, hp->q_lora_rank,
-                         DS_LATENT_NORM_EPS, s->qa, hp->q_lora_rank);
-        be->ops->matmul(c, &L->q_b_proj, s->qa, n, s->q);
-    } else {
-        be->ops->matmul(c, &L->q_proj, s->xn, n, s->q);
-    }
-
     /* Latent (normed) and rotated rope key of each new token, into the pool: one op where
-     * the backend has mla_store, else normed and rotated in place and copied. */
+     * the backend has mla_store, else normed and rotated in place and copied. On a backend
+     * with a second stream (side_begin) this branch runs there, beside the queries' chain
+     * below, until the attention needs the pool (side_join): at a few tokens both chains
+     * are short kernels that leave most of the device idle. */
+    const bool beside = be->ops->side_begin != NULL;
+    if (beside) be->ops->side_begin(c);
     be->ops->matmul(c, &L->kv_a_proj, s->xn, n, s->kva);
     float *ckv = di_mla_cache_ckv(&s->cache, il, 0);  /* [rows][R] */
     float *kr = di_mla_cache_krope(&s->cache, il, 0); /* [rows][dr] */
@@ -429,6 +424,30 @@ static void attention(const ds_model *m, const ds_layer *L, int64_t il, ds_state
         be->ops->mla_store(c, &sp);
     } else {
         be->ops->rmsnorm(c, s->kva, R + dr, L->kv_a_norm, n, R, DS_LATENT_NORM_EPS, s->kva, R + dr);
+        di_rope_op_params rk = {.x = s->kva + R,
+                                .n_tokens = n,
+                                .n_heads = 1,
+                                .rope_dim = dr,
+                                .tstride = R + dr,
+                                .hstride = 0,
+                                .cos = s->cos,
+                                .sin = s->sin,
+                                .interleaved = m->rope_interleaved};
+        be->ops->rope(c, &rk);
+        /* The new tokens' rows (not the replayed ones) into the pool: a gather-scatter each. */
+        be->ops->copy_rows(c, ckv, R, s->wdst, s->kva, R + dr, s->wsrc, s->nw, R);
+        be->ops->copy_rows(c, kr, dr, s->wdst, s->kva + R, R + dr, s->wsrc, s->nw, dr);
+    }
+    if (beside) be->ops->side_end(c);
+
+    /* Queries: [n][nh][dn + dr], their rope parts rotated. */
+    if (hp->q_lora_rank > 0) {
+        be->ops->matmul(c, &L->q_a_proj, s->xn, n, s->qa);
+        be->ops->rmsnorm(c, s->qa, hp->q_lora_rank, L->q_a_norm, n, hp->q_lora_rank,
+                         DS_LATENT_NORM_EPS, s->qa, hp->q_lora_rank);
+        be->ops->matmul(c, &L->q_b_proj, s->qa, n, s->q);
+    } else {
+        be->ops->matmul(c, &L->q_proj, s->xn, n, s->q);
     }
     di_rope_op_params rq = {.x = s->q + dn,
                             .n_tokens = n,
@@ -440,17 +459,6 @@ static void attention(const ds_model *m, const ds_layer *L, int64_t il, ds_state
                             .sin = s->sin,
                             .interleaved = m->rope_interleaved};
     be->ops->rope(c, &rq);
-    if (!store) {
-        di_rope_op_params rk = rq;
-        rk.x = s->kva + R;
-        rk.n_heads = 1;
-        rk.tstride = R + dr;
-        rk.hstride = 0;
-        be->ops->rope(c, &rk);
-        /* The new tokens' rows (not the replayed ones) into the pool: a gather-scatter each. */
-        be->ops->copy_rows(c, ckv, R, s->wdst, s->kva, R + dr, s->wsrc, s->nw, R);
-        be->ops->copy_rows(c, kr, dr, s->wdst, s->kva + R, R + dr, s->wsrc, s->nw, dr);
-    }
 
     /* Absorb W_UK over all rows: q_lat(h, t) = W_UK_h^T q_nope(h, t)  ([dn] -> [R]). */
     di_head_matmul_params uk = {.w = L->w_uk,
@@ -467,6 +475,7 @@ static void attention(const ds_model *m, const ds_layer *L, int64_t il, ds_state
 
     /* Attention per sequence, over its own rows of the pool; a decode chunk (one row per
      * sequence) in one call, positions and block tables read from backend memory. */
+    if (beside) be->ops->side_join(c); /* the new rows are in the pool */
     if (s->decode) {
         di_mla_attn_params ap = {.n_tokens = n,
                                  .n_heads = nh,

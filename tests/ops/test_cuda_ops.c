@@ -358,6 +358,7 @@ TEST(head_matmul) {
         const di_dtype dt = iter % 8 < 4 ? DI_DTYPE_BF16 : DI_DTYPE_F8_E4M3;
         int64_t nh = rnd_int(1, 6), n = rnd_int(1, 7), rows = rnd_int(1, 70),
                 cols = rnd_int(1, 300);
+        if (iter >= 8 && iter < 12) n = rnd_int(8, 20);  /* BF16 blocks of 8 tokens */
         if (iter >= 12) rows = 128, cols = 512, nh = 16; /* V2-Lite's W_UK / W_UV */
         const int64_t in = tr ? rows : cols, out = tr ? cols : rows;
         test_weight t = make_weight(dt, nh * rows, cols, 0, 0, iter % 4);
@@ -605,8 +606,9 @@ TEST(silu_axpy_copy) {
 /* MLA attention                                                                              */
 /* ---------------------------------------------------------------------------------------- */
 
-/* Runs the GPU attention on host-side problem p (pointers replaced by device copies). */
-static float *gpu_attn(const di_mla_attn_params *hp, di_cuda_attn_mode mode) {
+/* Runs the GPU attention on host-side problem p (pointers replaced by device copies), with
+ * `heads` heads per block (0: the backend's choice). */
+static float *gpu_attn_heads(const di_mla_attn_params *hp, di_cuda_attn_mode mode, int heads) {
     const int64_t R = hp->kv_lora_rank, dr = hp->rope_dim, n = hp->n_tokens, nh = hp->n_heads;
     const int64_t L = hp->pos0 + n;
     const int64_t nqr = (n - 1) * hp->q_rope_tstride + (nh - 1) * hp->q_rope_hstride + dr;
@@ -616,11 +618,17 @@ static float *gpu_attn(const di_mla_attn_params *hp, di_cuda_attn_mode mode) {
     float *dout = dev_poison(nh * n * R);
     p.q_lat = dql, p.q_rope = dqr, p.c_kv = dckv, p.k_rope = dkr, p.out = dout;
     di_backend_cuda_set_attn_mode(&g_be, mode);
+    di_backend_cuda_set_attn_heads(&g_be, heads);
     g_be.ops->mla_attention(g_be.ctx, &p);
     di_backend_cuda_set_attn_mode(&g_be, DI_CUDA_ATTN_AUTO);
+    di_backend_cuda_set_attn_heads(&g_be, 0);
     float *out = host_floats(dout, nh * n * R);
     dfree(dql), dfree(dqr), dfree(dckv), dfree(dkr), dfree(dout);
     return out;
+}
+
+static float *gpu_attn(const di_mla_attn_params *hp, di_cuda_attn_mode mode) {
+    return gpu_attn_heads(hp, mode, 0);
 }
 
 static void check_attn(int64_t n, int64_t nh, int64_t R, int64_t dr, int64_t pos0) {
@@ -649,6 +657,16 @@ static void check_attn(int64_t n, int64_t nh, int64_t R, int64_t dr, int64_t pos
     CHECK_MSG(memcmp(ys, yq, (size_t)(nh * n * R) * sizeof(float)) == 0,
               "n=%lld nh=%lld R=%lld pos0=%lld: split and sequential differ", (long long)n,
               (long long)nh, (long long)R, (long long)pos0);
+    /* 2 or 8 heads per block, either schedule: the same bits */
+    for (int v = 0; v < 4; v++) {
+        float *yv =
+            gpu_attn_heads(&p, v & 1 ? DI_CUDA_ATTN_SEQUENTIAL : DI_CUDA_ATTN_SPLIT, v & 2 ? 8 : 2);
+        CHECK_MSG(memcmp(ys, yv, (size_t)(nh * n * R) * sizeof(float)) == 0,
+                  "n=%lld nh=%lld R=%lld pos0=%lld: %s with %d heads per block differs",
+                  (long long)n, (long long)nh, (long long)R, (long long)pos0,
+                  v & 1 ? "sequential" : "split", v & 2 ? 8 : 2);
+        free(yv);
+    }
     /* batch invariance: the last query alone */
     float *ql1 = malloc((size_t)(nh * R) * sizeof(float));
     for (int64_t h = 0; h < nh; h++)
@@ -750,10 +768,11 @@ static void check_attn_paged(int64_t n, int64_t nh, int64_t R, int64_t dr, int64
         qpos[t] = (int32_t)(pos0 + t), toff[t] = (int32_t)(t % 2 ? nb : 0);
     int32_t *dqpos = dev_from(qpos, (size_t)n * 4), *dtoff = dev_from(toff, (size_t)n * 4);
     int32_t *dtabs = dev_from(tabs, (size_t)(2 * nb) * 4);
-    for (int mode = 0; mode < 3; mode++) {
-        di_backend_cuda_set_attn_mode(&g_be, mode == 0   ? DI_CUDA_ATTN_AUTO
-                                             : mode == 1 ? DI_CUDA_ATTN_SPLIT
-                                                         : DI_CUDA_ATTN_SEQUENTIAL);
+    for (int mode = 0; mode < 9; mode++) { /* schedule mode % 3, heads per block 0, 2, 8 */
+        di_backend_cuda_set_attn_mode(&g_be, mode % 3 == 0   ? DI_CUDA_ATTN_AUTO
+                                             : mode % 3 == 1 ? DI_CUDA_ATTN_SPLIT
+                                                             : DI_CUDA_ATTN_SEQUENTIAL);
+        di_backend_cuda_set_attn_heads(&g_be, mode < 3 ? 0 : mode < 6 ? 2 : 8);
         di_mla_attn_params pq = pp;
         pq.pos0 = 12345, pq.block_table = NULL; /* ignored */
         pq.q_pos = dqpos, pq.q_tables = dtabs, pq.q_table_off = dtoff;
@@ -767,6 +786,7 @@ static void check_attn_paged(int64_t n, int64_t nh, int64_t R, int64_t dr, int64
     dfree(dqpos), dfree(dtoff), dfree(dtabs);
     free(qpos), free(toff), free(tabs);
     di_backend_cuda_set_attn_mode(&g_be, DI_CUDA_ATTN_AUTO);
+    di_backend_cuda_set_attn_heads(&g_be, 0);
     dfree(dql), dfree(dqr), dfree(dckv), dfree(dkr), dfree(dtab), dfree(dqw), dfree(dow);
     dfree(dout);
     free(ql), free(qr), free(ckv), free(kr), free(pckv), free(pkr), free(table), free(yc);

@@ -4,7 +4,7 @@
  *
  * The math is backend.h's: for head h and query t (key count L = pos0 + t + 1)
  *     s_j = scale * (q_lat . c_kv[j] + q_rope . k_rope[j]),   out = sum_j softmax(s)_j c_kv[j]
- * The keys are the cached latents themselves, so a block takes ATT_HG heads of one query
+ * The keys are the cached latents themselves, so a block takes HG heads of one query
  * and reads each key tile once for all of them (the latent cache is shared by all heads).
  * Not all heads: in fp32, 128 heads x 512 latent accumulators would fill an SM's whole
  * register file. In fp32 on the SIMT units decode is compute-bound (NOTES.md), so the inner
@@ -16,7 +16,7 @@
  * chunk states of a query are then folded in chunk order by one merge rule (merge_coeffs,
  * merge_acc) and normalized (finalize). Two schedules run that same arithmetic:
  *   split:      one block per (query, head group, chunk) writes its chunk state to scratch,
- *               and a combine kernel folds them -- many blocks, for decode;
+ *               and the query's last block to finish folds them -- many blocks, for decode;
  *   sequential: one block per (query, head group) walks its chunks and folds as it goes --
  *               no scratch, for prefill or when the scratch is too small.
  * Every value that crosses between the two is produced by the same device function with
@@ -34,15 +34,22 @@
 
 #define ATT_THREADS 256
 #define ATT_WARPS   (ATT_THREADS / 32)
-#define ATT_HG      8  /* heads per block; == ATT_WARPS (one warp per head in the softmax) */
 #define ATT_BJ      32 /* keys per tile; == warp size (one lane per key in the softmax) */
 #define ATT_COLS    (DI_CUDA_ATTN_MAX_R / ATT_THREADS) /* latent columns per thread */
-#define ATT_MAXE    (ATT_COLS * ATT_HG)                /* accumulators per thread */
 
-/* Thread x's accumulator k is head k % ATT_HG, latent column x + (k / ATT_HG) * ATT_THREADS:
- * one c_kv element read from shared memory serves all the block's heads. */
-#define ATT_HEAD(k) ((k) % ATT_HG)
-#define ATT_COL(k)  ((int)threadIdx.x + ((k) / ATT_HG) * ATT_THREADS)
+/* Heads per block, HG (a template parameter): 8 (one warp per head in the softmax), or 2 when
+ * the (query, 8-head group) blocks cannot fill the device -- a decode step of a few sequences.
+ * A block's time is mostly its instruction chain (each of its threads computes HG heads'
+ * scores and weighted sums), so at batch 1 eight blocks of 2 heads finish about four times
+ * sooner than two of 8. Every head's arithmetic is the same for any HG (a score's lanes and
+ * butterfly, a head's softmax, a column's key order), so HG never changes the bits (tested).
+ * Thread x's accumulator k is head k % HG, latent column x + (k / HG) * ATT_THREADS: one c_kv
+ * element read from shared memory serves all the block's heads. */
+#define ATT_HG_WIDE   8
+#define ATT_HG_NARROW 2
+#define ATT_MAXE(HG)  (ATT_COLS * (HG)) /* accumulators per thread */
+#define ATT_HEAD(k)   ((k) % HG)
+#define ATT_COL(k)    ((int)threadIdx.x + ((k) / HG) * ATT_THREADS)
 
 /* ---------------------------------------------------------------------------------------- */
 /* The arithmetic shared by both schedules                                                    */
@@ -78,25 +85,25 @@ struct att_smem {
     float *m_run, *l_run, *ca, *cb; /* [HG] running state and merge coefficients */
 };
 
-static __host__ __device__ int64_t att_smem_floats(int64_t R, int64_t dr) {
-    static_assert(ATT_HG == 8 && ATT_HG == ATT_WARPS && ATT_BJ == 32, "layout assumptions");
-    return ATT_HG * R + ATT_HG * dr + ATT_BJ * R + ATT_BJ * dr + ATT_HG * ATT_BJ + 7 * ATT_HG;
+template <int HG> static __host__ __device__ int64_t att_smem_floats(int64_t R, int64_t dr) {
+    static_assert(HG <= ATT_WARPS && ATT_BJ == 32, "layout assumptions");
+    return HG * R + HG * dr + ATT_BJ * R + ATT_BJ * dr + HG * ATT_BJ + 7 * HG;
 }
 
-static __device__ att_smem att_carve(float *base, int64_t R, int64_t dr) {
+template <int HG> static __device__ att_smem att_carve(float *base, int64_t R, int64_t dr) {
     att_smem s;
-    s.p = base; /* first, so that its rows of ATT_HG floats are 16-byte aligned */
-    s.q = s.p + ATT_HG * ATT_BJ;
-    s.qr = s.q + ATT_HG * R;
-    s.ckv = s.qr + ATT_HG * dr;
+    s.p = base; /* first, so that its rows of HG floats are 8- or 16-byte aligned */
+    s.q = s.p + HG * ATT_BJ;
+    s.qr = s.q + HG * R;
+    s.ckv = s.qr + HG * dr;
     s.kr = s.ckv + ATT_BJ * R;
     s.m_c = s.kr + ATT_BJ * dr;
-    s.l_c = s.m_c + ATT_HG;
-    s.alpha = s.l_c + ATT_HG;
-    s.m_run = s.alpha + ATT_HG;
-    s.l_run = s.m_run + ATT_HG;
-    s.ca = s.l_run + ATT_HG;
-    s.cb = s.ca + ATT_HG;
+    s.l_c = s.m_c + HG;
+    s.alpha = s.l_c + HG;
+    s.m_run = s.alpha + HG;
+    s.l_run = s.m_run + HG;
+    s.ca = s.l_run + HG;
+    s.cb = s.ca + HG;
     return s;
 }
 
@@ -176,14 +183,16 @@ static __device__ __forceinline__ int64_t att_out_hs(const di_mla_attn_params &p
 /* One chunk, keys [jb, je), for the block's query and heads (queries already in s.q/s.qr):
  * leaves the chunk's (m, l) in s.m_c / s.l_c and its accumulators in acc (thread x's
  * accumulator k is head ATT_HEAD(k), latent column ATT_COL(k)). */
+template <int HG>
 static __device__ __forceinline__ void attn_chunk(const di_mla_attn_params &p, const att_smem &s,
-                                                  int64_t jb, int64_t je, float (&acc)[ATT_MAXE]) {
+                                                  int64_t jb, int64_t je,
+                                                  float (&acc)[ATT_MAXE(HG)]) {
     const int R = (int)p.kv_lora_rank, dr = (int)p.rope_dim;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 #pragma unroll
-    for (int k = 0; k < ATT_MAXE; k++)
+    for (int k = 0; k < ATT_MAXE(HG); k++)
         acc[k] = 0.0f;
-    if (tid < ATT_HG) {
+    if (tid < HG) {
         s.m_c[tid] = -INFINITY;
         s.l_c[tid] = 0.0f;
     }
@@ -199,11 +208,11 @@ static __device__ __forceinline__ void attn_chunk(const di_mla_attn_params &p, c
          * butterfly. A score's order is the same as one key at a time. */
         {
             constexpr int KPW = ATT_BJ / ATT_WARPS; /* keys per warp */
-            float sc[KPW][ATT_HG];
+            float sc[KPW][HG];
 #pragma unroll
             for (int kk = 0; kk < KPW; kk++)
 #pragma unroll
-                for (int h = 0; h < ATT_HG; h++)
+                for (int h = 0; h < HG; h++)
                     sc[kk][h] = 0.0f;
             for (int i = lane; i < R; i += 32) {
                 float kv[KPW];
@@ -211,7 +220,7 @@ static __device__ __forceinline__ void attn_chunk(const di_mla_attn_params &p, c
                 for (int kk = 0; kk < KPW; kk++) /* rows past nv hold stale data, unused */
                     kv[kk] = s.ckv[(warp + kk * ATT_WARPS) * R + i];
 #pragma unroll
-                for (int h = 0; h < ATT_HG; h++) {
+                for (int h = 0; h < HG; h++) {
                     const float qv = s.q[h * R + i];
 #pragma unroll
                     for (int kk = 0; kk < KPW; kk++)
@@ -224,7 +233,7 @@ static __device__ __forceinline__ void attn_chunk(const di_mla_attn_params &p, c
                 for (int kk = 0; kk < KPW; kk++)
                     kv[kk] = s.kr[(warp + kk * ATT_WARPS) * dr + i];
 #pragma unroll
-                for (int h = 0; h < ATT_HG; h++) {
+                for (int h = 0; h < HG; h++) {
                     const float qv = s.qr[h * dr + i];
 #pragma unroll
                     for (int kk = 0; kk < KPW; kk++)
@@ -235,21 +244,21 @@ static __device__ __forceinline__ void attn_chunk(const di_mla_attn_params &p, c
             for (int kk = 0; kk < KPW; kk++) {
                 const int jj = warp + kk * ATT_WARPS;
 #pragma unroll
-                for (int h = 0; h < ATT_HG; h++) {
+                for (int h = 0; h < HG; h++) {
 #pragma unroll
                     for (int off = 16; off >= 1; off >>= 1)
                         sc[kk][h] += __shfl_xor_sync(0xffffffffu, sc[kk][h], off);
                     if (lane == h)
-                        s.p[jj * ATT_HG + h] = jj < nv ? __fmul_rn(sc[kk][h], p.scale) : -INFINITY;
+                        s.p[jj * HG + h] = jj < nv ? __fmul_rn(sc[kk][h], p.scale) : -INFINITY;
                 }
             }
         }
         __syncthreads();
 
         /* Online softmax: warp h takes head h, lane j key j. */
-        {
+        if (warp < HG) {
             const int h = warp;
-            const float sj = s.p[lane * ATT_HG + h], mc = s.m_c[h], lc = s.l_c[h];
+            const float sj = s.p[lane * HG + h], mc = s.m_c[h], lc = s.l_c[h];
             float mt = sj;
 #pragma unroll
             for (int off = 16; off >= 1; off >>= 1)
@@ -261,7 +270,7 @@ static __device__ __forceinline__ void attn_chunk(const di_mla_attn_params &p, c
             for (int off = 16; off >= 1; off >>= 1)
                 ps += __shfl_xor_sync(0xffffffffu, ps, off);
             __syncwarp();
-            s.p[lane * ATT_HG + h] = pj;
+            s.p[lane * HG + h] = pj;
             if (lane == 0) {
                 const float a = expf(mc - mn);
                 s.alpha[h] = a;
@@ -273,23 +282,31 @@ static __device__ __forceinline__ void attn_chunk(const di_mla_attn_params &p, c
 
         /* acc = acc * alpha + sum_j p_j c_kv[j], keys in order; each key's weights (two
          * 16-byte broadcasts) serve all of the thread's columns. */
-        float v[ATT_COLS][ATT_HG];
+        float v[ATT_COLS][HG];
 #pragma unroll
         for (int c = 0; c < ATT_COLS; c++)
 #pragma unroll
-            for (int h = 0; h < ATT_HG; h++)
-                v[c][h] = __fmul_rn(acc[c * ATT_HG + h], s.alpha[h]);
+            for (int h = 0; h < HG; h++)
+                v[c][h] = __fmul_rn(acc[c * HG + h], s.alpha[h]);
         for (int j = 0; j < nv; j++) {
-            const float4 pa = reinterpret_cast<const float4 *>(s.p + j * ATT_HG)[0];
-            const float4 pb = reinterpret_cast<const float4 *>(s.p + j * ATT_HG)[1];
-            const float pj[ATT_HG] = {pa.x, pa.y, pa.z, pa.w, pb.x, pb.y, pb.z, pb.w};
+            float pj[HG];
+            if constexpr (HG == 8) {
+                const float4 pa = reinterpret_cast<const float4 *>(s.p + j * HG)[0];
+                const float4 pb = reinterpret_cast<const float4 *>(s.p + j * HG)[1];
+                pj[0] = pa.x, pj[1] = pa.y, pj[2] = pa.z, pj[3] = pa.w;
+                pj[4] = pb.x, pj[5] = pb.y, pj[6] = pb.z, pj[7] = pb.w;
+            } else {
+                static_assert(HG == 2, "weights read as one float2");
+                const float2 pa = reinterpret_cast<const float2 *>(s.p + j * HG)[0];
+                pj[0] = pa.x, pj[1] = pa.y;
+            }
 #pragma unroll
             for (int c = 0; c < ATT_COLS; c++) {
                 const int i = (int)threadIdx.x + c * ATT_THREADS;
                 if (i < R) { /* columns past R: v is never stored */
                     const float kv = s.ckv[j * R + i];
 #pragma unroll
-                    for (int h = 0; h < ATT_HG; h++)
+                    for (int h = 0; h < HG; h++)
                         v[c][h] = __fmaf_rn(pj[h], kv, v[c][h]);
                 }
             }
@@ -297,8 +314,8 @@ static __device__ __forceinline__ void attn_chunk(const di_mla_attn_params &p, c
 #pragma unroll
         for (int c = 0; c < ATT_COLS; c++)
 #pragma unroll
-            for (int h = 0; h < ATT_HG; h++)
-                acc[c * ATT_HG + h] = v[c][h];
+            for (int h = 0; h < HG; h++)
+                acc[c * HG + h] = v[c][h];
     }
     __syncthreads(); /* m_c / l_c final for every thread */
 }
@@ -318,20 +335,43 @@ static __device__ __forceinline__ int64_t att_keys(const di_mla_attn_params &p, 
     return p.q_pos ? (int64_t)p.q_pos[t] + 1 : p.pos0 + t + 1;
 }
 
+/* Folds the chunk states (t, h, 0 .. n_chunks) of the split scratch in chunk order for
+ * latent column i: the sequential schedule's merges, so the same bits. The states were
+ * written by other blocks: read through L2 (__ldcg), past this SM's L1. */
+static __device__ __forceinline__ float fold_chunks(const float *partial,
+                                                    const di_mla_attn_params &p, int64_t t,
+                                                    int64_t h, int64_t n_chunks, int64_t cmax,
+                                                    int i) {
+    float m = -INFINITY, l = 0.0f, acc = 0.0f;
+    for (int64_t c = 0; c < n_chunks; c++) {
+        const float *sl = slot(const_cast<float *>(partial), p, t, h, c, cmax);
+        float a, b;
+        merge_coeffs(m, l, __ldcg(sl), __ldcg(sl + 1), &a, &b, &m, &l);
+        acc = merge_acc(acc, __ldcg(sl + 2 + i), a, b);
+    }
+    return finalize(acc, l);
+}
+
 /* blockIdx.x = t * n_groups + head group. Split: blockIdx.y = y of gridDim.y = S takes chunks
  * y, y + S, y + 2S, ... of its query, each written to its own slot (a chunk's state does not
- * depend on which block computed it). Sequential (gridDim.y = 1, split = 0): the block walks
- * all chunks and folds them in order. */
+ * depend on which block computed it); the last of the query's blocks to finish (a counter per
+ * blockIdx.x, reset by that block for the next launch) folds all its chunk states in order
+ * and writes the output -- no second kernel. A query of one chunk has one block, which
+ * folds in place. Sequential (gridDim.y = 1, split = 0): the block walks all chunks and folds
+ * them in order. */
+template <int HG>
 __global__ void __launch_bounds__(ATT_THREADS, 2) /* 2 blocks of ~93 KiB per SM */
-    mla_attn_kernel(const di_mla_attn_params p_in, float *partial, int split, int64_t cmax) {
+    mla_attn_kernel(const di_mla_attn_params p_in, float *partial, int *counters, int split,
+                    int64_t cmax) {
     pdl_wait(); /* programmatic dependent launch: cuda_internal.cuh */
     pdl_trigger();
     extern __shared__ float smem[];
+    __shared__ int last_block;
     di_mla_attn_params p = p_in;
     const int R = (int)p.kv_lora_rank, dr = (int)p.rope_dim, tid = threadIdx.x;
-    const att_smem s = att_carve(smem, R, dr);
-    const int64_t n_groups = (p.n_heads + ATT_HG - 1) / ATT_HG;
-    const int64_t t = blockIdx.x / n_groups, h0 = (blockIdx.x % n_groups) * ATT_HG;
+    const att_smem s = att_carve<HG>(smem, R, dr);
+    const int64_t n_groups = (p.n_heads + HG - 1) / HG;
+    const int64_t t = blockIdx.x / n_groups, h0 = (blockIdx.x % n_groups) * HG;
     const int64_t L = att_keys(p_in, t),
                   n_chunks = (L + DI_CUDA_ATTN_CHUNK - 1) / DI_CUDA_ATTN_CHUNK;
     if (p_in.q_pos) { /* a query of its own sequence: its position and table from memory */
@@ -344,17 +384,18 @@ __global__ void __launch_bounds__(ATT_THREADS, 2) /* 2 blocks of ~93 KiB per SM 
         if (tid == 0) __trap();
         return;
     }
+    const bool to_slots = split && n_chunks > 1; /* else this block folds in place */
 
     /* The queries by asynchronous copies (all in flight, no registers); the first key tile's
      * wait covers them (attn_chunk), its barrier makes them visible to the block. */
-    for (int i = tid; i < ATT_HG * R; i += ATT_THREADS) {
+    for (int i = tid; i < HG * R; i += ATT_THREADS) {
         const int64_t h = h0 + i / R;
         if (h < p.n_heads)
             __pipeline_memcpy_async(s.q + i, p.q_lat + h * att_q_hs(p) + t * R + i % R, 4);
         else
             s.q[i] = 0.0f;
     }
-    for (int i = tid; i < ATT_HG * dr; i += ATT_THREADS) {
+    for (int i = tid; i < HG * dr; i += ATT_THREADS) {
         const int64_t h = h0 + i / dr;
         if (h < p.n_heads)
             __pipeline_memcpy_async(
@@ -363,67 +404,69 @@ __global__ void __launch_bounds__(ATT_THREADS, 2) /* 2 blocks of ~93 KiB per SM 
             s.qr[i] = 0.0f;
     }
     __pipeline_commit();
-    if (tid < ATT_HG) {
+    if (tid < HG) {
         s.m_run[tid] = -INFINITY;
         s.l_run[tid] = 0.0f;
     }
 
-    float run[ATT_MAXE];
+    float run[ATT_MAXE(HG)];
 #pragma unroll
-    for (int k = 0; k < ATT_MAXE; k++)
+    for (int k = 0; k < ATT_MAXE(HG); k++)
         run[k] = 0.0f;
     for (int64_t c = c_first; c < n_chunks; c += c_step) {
-        float acc[ATT_MAXE];
+        float acc[ATT_MAXE(HG)];
         const int64_t jb = c * DI_CUDA_ATTN_CHUNK;
-        attn_chunk(p, s, jb, min(L, jb + DI_CUDA_ATTN_CHUNK), acc);
-        if (split) {
+        attn_chunk<HG>(p, s, jb, min(L, jb + DI_CUDA_ATTN_CHUNK), acc);
+        if (to_slots) {
 #pragma unroll
-            for (int k = 0; k < ATT_MAXE; k++)
+            for (int k = 0; k < ATT_MAXE(HG); k++)
                 if (ATT_COL(k) < R && h0 + ATT_HEAD(k) < p.n_heads)
                     slot(partial, p, t, h0 + ATT_HEAD(k), c, cmax)[2 + ATT_COL(k)] = acc[k];
-            if (tid < ATT_HG && h0 + tid < p.n_heads) {
+            if (tid < HG && h0 + tid < p.n_heads) {
                 float *sl = slot(partial, p, t, h0 + tid, c, cmax);
                 sl[0] = s.m_c[tid];
                 sl[1] = s.l_c[tid];
             }
-            /* The next chunk resets m_c / l_c in the same threads (tid < ATT_HG) that read
+            /* The next chunk resets m_c / l_c in the same threads (tid < HG) that read
              * them here, before any barrier: program order is enough. */
         } else {
-            if (tid < ATT_HG)
+            if (tid < HG)
                 merge_coeffs(s.m_run[tid], s.l_run[tid], s.m_c[tid], s.l_c[tid], &s.ca[tid],
                              &s.cb[tid], &s.m_run[tid], &s.l_run[tid]);
             __syncthreads();
 #pragma unroll
-            for (int k = 0; k < ATT_MAXE; k++)
+            for (int k = 0; k < ATT_MAXE(HG); k++)
                 if (ATT_COL(k) < R)
                     run[k] = merge_acc(run[k], acc[k], s.ca[ATT_HEAD(k)], s.cb[ATT_HEAD(k)]);
         }
     }
-    if (split) return;
+    if (to_slots) {
+        /* The last block of this (query, head group) folds: every thread's slot writes are
+         * fenced before the block's arrival is counted (the threadFenceReduction pattern). */
+        __threadfence();
+        __syncthreads();
+        if (tid == 0) {
+            const int arrivals = (int)min((int64_t)gridDim.y, n_chunks);
+            last_block = atomicAdd(&counters[blockIdx.x], 1) == arrivals - 1;
+            if (last_block) counters[blockIdx.x] = 0; /* for the next launch */
+        }
+        __syncthreads();
+        if (!last_block) return;
+        __threadfence();
 #pragma unroll
-    for (int k = 0; k < ATT_MAXE; k++) {
+        for (int k = 0; k < ATT_MAXE(HG); k++) {
+            const int64_t h = h0 + ATT_HEAD(k);
+            if (ATT_COL(k) < R && h < p.n_heads)
+                p.out[h * att_out_hs(p) + t * R + ATT_COL(k)] =
+                    fold_chunks(partial, p, t, h, n_chunks, cmax, ATT_COL(k));
+        }
+        return;
+    }
+#pragma unroll
+    for (int k = 0; k < ATT_MAXE(HG); k++) {
         const int64_t h = h0 + ATT_HEAD(k);
         if (ATT_COL(k) < R && h < p.n_heads)
             p.out[h * att_out_hs(p) + t * R + ATT_COL(k)] = finalize(run[k], s.l_run[ATT_HEAD(k)]);
-    }
-}
-
-/* blockIdx.x = t * n_heads + h: folds that query's chunk states in order. */
-__global__ void mla_combine_kernel(const di_mla_attn_params p, const float *partial, int64_t cmax) {
-    pdl_wait(); /* programmatic dependent launch: cuda_internal.cuh */
-    pdl_trigger();
-    const int64_t t = blockIdx.x / p.n_heads, h = blockIdx.x % p.n_heads, R = p.kv_lora_rank;
-    const int64_t L = att_keys(p, t), n_chunks = (L + DI_CUDA_ATTN_CHUNK - 1) / DI_CUDA_ATTN_CHUNK;
-    const float *base = partial + (t * p.n_heads + h) * cmax * (R + 2);
-    for (int64_t i = threadIdx.x; i < R; i += blockDim.x) {
-        float m = -INFINITY, l = 0.0f, acc = 0.0f;
-        for (int64_t c = 0; c < n_chunks; c++) {
-            const float *sl = base + c * (R + 2);
-            float a, b;
-            merge_coeffs(m, l, sl[0], sl[1], &a, &b, &m, &l);
-            acc = merge_acc(acc, sl[2 + i], a, b);
-        }
-        p.out[h * att_out_hs(p) + t * R + i] = finalize(acc, l);
     }
 }
 
@@ -443,20 +486,41 @@ int64_t di_cuda_attn_partial_floats(const di_mla_attn_params *p, int64_t max_key
 }
 
 cudaError_t di_cuda_attn_setup(void) {
-    const int64_t bytes =
-        att_smem_floats(DI_CUDA_ATTN_MAX_R, DI_CUDA_ATTN_MAX_DR) * (int64_t)sizeof(float);
-    return cudaFuncSetAttribute(mla_attn_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)bytes);
+    const int64_t wide = att_smem_floats<ATT_HG_WIDE>(DI_CUDA_ATTN_MAX_R, DI_CUDA_ATTN_MAX_DR),
+                  narrow = att_smem_floats<ATT_HG_NARROW>(DI_CUDA_ATTN_MAX_R, DI_CUDA_ATTN_MAX_DR);
+    cudaError_t err = cudaFuncSetAttribute(mla_attn_kernel<ATT_HG_WIDE>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           (int)(wide * (int64_t)sizeof(float)));
+    if (err != cudaSuccess) return err;
+    return cudaFuncSetAttribute(mla_attn_kernel<ATT_HG_NARROW>,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)(narrow * (int64_t)sizeof(float)));
+}
+
+/* Heads per block: narrow while the narrow blocks fit in about two waves of the device (a
+ * decode step of up to ~64 sequences at 16 heads), else 8 (each key tile read from shared
+ * memory serves more heads). From the call's shape only (a captured graph replays it). */
+static int heads_per_block(const di_cuda_attn_launch *a) {
+    if (a->heads_per_block == ATT_HG_WIDE || a->heads_per_block == ATT_HG_NARROW)
+        return a->heads_per_block;
+    const int64_t narrow_blocks =
+        a->p.n_tokens * ((a->p.n_heads + ATT_HG_NARROW - 1) / ATT_HG_NARROW);
+    return narrow_blocks <= 4 * (int64_t)a->n_sms ? ATT_HG_NARROW : ATT_HG_WIDE;
 }
 
 cudaError_t di_cuda_launch_mla_attention(const di_cuda_attn_launch *a) {
     const di_mla_attn_params *p = &a->p;
     if (p->n_tokens <= 0 || p->n_heads <= 0 || p->kv_lora_rank <= 0) return cudaSuccess;
-    const int64_t n_groups = (p->n_heads + ATT_HG - 1) / ATT_HG;
+    const int hg = heads_per_block(a);
+    const int64_t n_groups = (p->n_heads + hg - 1) / hg;
     const int64_t cmax = n_chunks_max(p, a->max_keys);
-    const size_t smem = (size_t)att_smem_floats(p->kv_lora_rank, p->rope_dim) * sizeof(float);
-    const bool split = a->split && a->partial && cmax > 0 &&
-                       di_cuda_attn_partial_floats(p, a->max_keys) <= a->partial_floats;
+    const size_t smem =
+        (size_t)(hg == ATT_HG_WIDE ? att_smem_floats<ATT_HG_WIDE>(p->kv_lora_rank, p->rope_dim)
+                                   : att_smem_floats<ATT_HG_NARROW>(p->kv_lora_rank, p->rope_dim)) *
+        sizeof(float);
+    const bool split = a->split && a->partial && a->counters && cmax > 0 &&
+                       di_cuda_attn_partial_floats(p, a->max_keys) <= a->partial_floats &&
+                       p->n_tokens * n_groups <= a->n_counters;
     /* Split blocks per query: enough for about two waves of the device, never more than
      * the chunks. Depends only on the call's shape (a captured graph replays it). */
     int64_t S = 1;
@@ -466,9 +530,8 @@ cudaError_t di_cuda_launch_mla_attention(const di_cuda_attn_launch *a) {
         S = want < 1 ? 1 : want > cmax ? cmax : want;
     }
     dim3 grid((unsigned)(p->n_tokens * n_groups), (unsigned)S);
-    cudaError_t err = di_cuda_launch(mla_attn_kernel, grid, ATT_THREADS, smem, a->stream, *p,
-                                     a->partial, split ? 1 : 0, cmax);
-    if (err != cudaSuccess || !split) return err;
-    return di_cuda_launch(mla_combine_kernel, (unsigned)(p->n_tokens * p->n_heads), 128, 0,
-                          a->stream, *p, (const float *)a->partial, cmax);
+    void (*k)(const di_mla_attn_params, float *, int *, int, int64_t) =
+        hg == ATT_HG_WIDE ? mla_attn_kernel<ATT_HG_WIDE> : mla_attn_kernel<ATT_HG_NARROW>;
+    return di_cuda_launch(k, grid, ATT_THREADS, smem, a->stream, *p, a->partial, a->counters,
+                          split ? 1 : 0, cmax);
 }

@@ -23,6 +23,10 @@
 int di_cuda_pdl = 0;                   /* cuda_internal.cuh: set by di_backend_cuda_init */
 static int64_t di_cuda_side_forks = 0; /* side_begin calls that forked (a test's check) */
 
+/* Split arrival counters: one per (query, head group) block of a split launch (a split runs
+ * only while those blocks cannot fill the device, far fewer than this). */
+#define DI_CUDA_ATTN_COUNTERS 4096
+
 typedef struct cuda_backend {
     int device;
     cudaStream_t stream;        /* where ops go now: main, or side between side_begin / _end */
@@ -30,6 +34,8 @@ typedef struct cuda_backend {
     cudaEvent_t forked, joined; /* side_begin's and side_join's points (no timing) */
     bool side_open;             /* forked since the last join */
     float *attn_partial;        /* owned: split-KV chunk states, attn_partial_floats floats */
+    int *attn_counters;         /* owned: split arrivals, DI_CUDA_ATTN_COUNTERS ints (zeroed) */
+    int attn_heads;             /* heads per attention block: 0 (by shape), 2 or 8 */
     int64_t attn_partial_floats;
     int n_sms;
     int64_t max_ctx; /* the longest context a call may attend over (init's max_ctx) */
@@ -237,6 +243,9 @@ static void cuda_mla_attention(void *ctx, const di_mla_attn_params *p) {
     a.p = *p;
     a.partial = be->attn_partial;
     a.partial_floats = be->attn_partial_floats;
+    a.counters = be->attn_counters;
+    a.n_counters = DI_CUDA_ATTN_COUNTERS;
+    a.heads_per_block = be->attn_heads;
     a.max_keys = be->max_ctx;
     a.n_sms = be->n_sms;
     a.stream = be->stream;
@@ -579,6 +588,7 @@ static void cuda_free_ctx(void *ctx) {
     if (be->main) cudaStreamSynchronize(be->main);
     if (be->side) cudaStreamSynchronize(be->side);
     cudaFree(be->attn_partial);
+    cudaFree(be->attn_counters);
     if (be->main) cudaStreamDestroy(be->main);
     if (be->side) cudaStreamDestroy(be->side);
     if (be->forked) cudaEventDestroy(be->forked);
@@ -746,6 +756,10 @@ extern "C" di_status di_backend_cuda_init(di_backend *out, int device, int64_t m
     be->tune.tc_wide_grouped = env && strcmp(env, "1") == 0;
     env = getenv("DI_CUDA_TC_RT"); /* 1 or 2 (default) */
     be->tune.tc_rt = env && atoi(env) == 1 ? 1 : 2;
+    env = getenv("DI_CUDA_TC_TARGET");
+    be->tune.tc_target = env && atoll(env) > 0 ? atoll(env) : DI_CUDA_TC_TARGET;
+    env = getenv("DI_CUDA_TC_TARGET_EXPERTS");
+    be->tune.tc_target_experts = env ? atoll(env) : 0;
     be->invariant = true;
     const int64_t chunks = (max_ctx + DI_CUDA_ATTN_CHUNK - 1) / DI_CUDA_ATTN_CHUNK;
     int64_t floats = DI_CUDA_ATTN_SPLIT_TOKENS * 128 * chunks * (DI_CUDA_ATTN_MAX_R + 2);
@@ -756,6 +770,8 @@ extern "C" di_status di_backend_cuda_init(di_backend *out, int device, int64_t m
     /* DI_CUDA_STREAMS=1: no side stream (side_begin .. side_join run in call order; the
      * results are the same bits, test_cuda_model compares them). */
     env = getenv("DI_CUDA_STREAMS");
+    const char *heads = getenv("DI_CUDA_ATTN_HEADS"); /* 2 or 8 heads per attention block */
+    be->attn_heads = heads ? atoi(heads) : 0;
     const bool two_streams = !(env && strcmp(env, "1") == 0);
     env = getenv("DI_CUDA_GRAPH_TIMING");
     be->time_graphs = env && strcmp(env, "1") == 0;
@@ -769,6 +785,10 @@ extern "C" di_status di_backend_cuda_init(di_backend *out, int device, int64_t m
         (be->time_graphs && ((err = cudaEventCreate(&be->replay_start)) != cudaSuccess ||
                              (err = cudaEventCreate(&be->replay_end)) != cudaSuccess)) ||
         (err = cudaMalloc((void **)&be->attn_partial, (size_t)floats * sizeof(float))) !=
+            cudaSuccess ||
+        (err = cudaMalloc((void **)&be->attn_counters, DI_CUDA_ATTN_COUNTERS * sizeof(int))) !=
+            cudaSuccess ||
+        (err = cudaMemset(be->attn_counters, 0, DI_CUDA_ATTN_COUNTERS * sizeof(int))) !=
             cudaSuccess ||
         (err = di_cuda_attn_setup()) != cudaSuccess || (err = di_cuda_v4_setup()) != cudaSuccess ||
         (err = di_cuda_tc_wide_setup(&wide_ok)) != cudaSuccess) {
@@ -831,6 +851,10 @@ extern "C" void di_backend_cuda_set_batch_invariant(const di_backend *dbe, bool 
 
 extern "C" void di_backend_cuda_set_attn_mode(const di_backend *dbe, di_cuda_attn_mode mode) {
     ctx_of(dbe)->attn_mode = mode;
+}
+
+extern "C" void di_backend_cuda_set_attn_heads(const di_backend *dbe, int heads_per_block) {
+    ctx_of(dbe)->attn_heads = heads_per_block;
 }
 
 extern "C" di_status di_cuda_list_devices(di_device_info *out, int32_t cap, int32_t *n) {

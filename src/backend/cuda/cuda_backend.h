@@ -65,10 +65,13 @@ int64_t di_cuda_device_free_bytes(int device);
 void *di_backend_cuda_stream(const di_backend *be);
 
 /* How the attention op schedules its KV chunks: DI_CUDA_ATTN_AUTO picks, SPLIT runs one
- * block per chunk plus a combine pass, SEQUENTIAL walks the chunks inside one block. All
+ * block per chunk and the last one folds them, SEQUENTIAL walks the chunks inside one block. All
  * three give bitwise identical results (the tests check it); this is a tuning knob only. */
 typedef enum { DI_CUDA_ATTN_AUTO, DI_CUDA_ATTN_SPLIT, DI_CUDA_ATTN_SEQUENTIAL } di_cuda_attn_mode;
 void di_backend_cuda_set_attn_mode(const di_backend *be, di_cuda_attn_mode mode);
+/* Heads per attention block: 2 or 8, or 0 to choose from the shape (the default;
+ * DI_CUDA_ATTN_HEADS sets it at creation). Same bits either way (tested): a tuning knob. */
+void di_backend_cuda_set_attn_heads(const di_backend *be, int heads_per_block);
 
 /* Batch invariance (on by default): BF16 products take one path, the tensor cores, for
  * every batch size, so a token's results never depend on the batch. Off (the engine's

@@ -101,6 +101,8 @@ static cudaError_t di_cuda_launch(void (*kernel)(KArgs...), dim3 grid, dim3 bloc
  * head with x_tstride = cols, y_tstride = rows. Weight fields as in di_weight. */
 /* The backend's tuning knobs for products (cuda_backend.cu reads them from the environment
  * once and hands them to every launch). */
+#define DI_CUDA_TC_TARGET 1024 /* tune.tc_target's default */
+
 typedef struct di_cuda_tuning {
     /* FP8 conversion by bit placement (1) or by the conversion instructions (0), same values
      * either way; rows of at least ksplit_min 16-byte vectors split K over 4 warps (this one
@@ -130,6 +132,10 @@ typedef struct di_cuda_tuning {
     /* Row tiles per warp of the grouped tensor-core GEMV for a few tokens per expert (1 or
      * 2): fewer, longer-lived blocks. Same values. */
     int tc_rt;
+    /* Warps of 16 rows a tensor-core product should spread over, which chooses its K runs
+     * (cuda_tc.cuh: tc_ks); expert weights tc_target_experts when set (> 0). A different
+     * value changes the summation order: fixed for a run, like ksplit_min. */
+    int64_t tc_target, tc_target_experts;
 } di_cuda_tuning;
 
 typedef struct di_cuda_mm_params {
@@ -329,7 +335,10 @@ typedef struct di_cuda_attn_launch {
     di_mla_attn_params p; /* device pointers */
     float *partial;       /* split scratch, [capacity] floats (may be NULL) */
     int64_t partial_floats;
-    int split;        /* 1: chunks spread over blocks + combine; 0: chunks walked in-block */
+    int *counters;       /* split: arrival counters, [n_counters] ints, zero between launches */
+    int64_t n_counters;  /* (a split needs one per (query, head group) block) */
+    int heads_per_block; /* 2 or 8; 0: chosen from the shape (a tuning knob, same bits) */
+    int split; /* 1: chunks spread over blocks, folded by the last; 0: chunks walked in-block */
     int64_t max_keys; /* decode batches (q_pos): an upper bound on every query's key count */
     int n_sms;        /* the device's multiprocessors (how many split blocks pay) */
     cudaStream_t stream;

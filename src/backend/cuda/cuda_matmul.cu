@@ -619,11 +619,18 @@ template <di_dtype DT> static cudaError_t launch_dtype(const di_cuda_mm_params *
         if (p->experts || p->glu_data || p->glu_experts || p->accumulate)
             return cudaErrorInvalidValue;
         const int64_t nvec = (p->cols + T::V - 1) / T::V;
-        const int tb = p->n_tokens == 1 ? 1 : 4;
+        /* Tokens per block: each weight vector loaded serves them all (a token's sums do
+         * not depend on the grouping). 8 from 8 tokens for 8-element vectors (BF16; FP8's
+         * 16 would need 64 KiB of partial sums): at 64 tokens (a decode step of 64
+         * sequences, W_UK^T) the blocks of 4 re-read the weights 16 times. */
+        const int tb = p->n_tokens == 1 ? 1 : p->n_tokens < 8 || T::V != 8 ? 4 : 8;
         dim3 grid((unsigned)((nvec + MMT_VECS - 1) / MMT_VECS),
                   (unsigned)((p->n_tokens + tb - 1) / tb), (unsigned)p->n_heads);
-        return di_cuda_launch(tb == 1 ? gemv_t_kernel<DT, 1> : gemv_t_kernel<DT, 4>, grid,
-                              MMT_THREADS, 0, p->stream, *p, wvec);
+        void (*k)(const di_cuda_mm_params, bool) =
+            tb == 1 ? gemv_t_kernel<DT, 1> : gemv_t_kernel<DT, 4>;
+        if constexpr (T::V == 8)
+            if (tb == 8) k = gemv_t_kernel<DT, 8>;
+        return di_cuda_launch(k, grid, MMT_THREADS, 0, p->stream, *p, wvec);
     }
     const bool xvec = aligned16(p->x) && p->x_tstride % 4 == 0 && p->x_hstride % 4 == 0;
     const int64_t n = di_cuda_rows_per_weight(p), nvec = (p->cols + T::V - 1) / T::V;

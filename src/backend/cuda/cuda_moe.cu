@@ -3,116 +3,136 @@
  * di_router_select's rules (src/moe/router.c) and the stable grouping of the (token, slot)
  * entries by expert, so a MoE layer needs no host round trip.
  *
- * Two launches. select_kernel: one block per token; a thread per expert computes the score
- * (double intermediates rounded to float, as the host does: softmax's sum is added by one
- * thread in expert order, so it is the host's sum), the selection key (score + bias), the
- * group limit (one thread per group, the host's loops), then top_k rounds of an argmax
- * (highest key, lowest id on ties: the host's rule) and the weights in double by one thread.
+ * Selection (select_token): one warp per token; lane l takes experts l, l + 32, ... . It
+ * computes the scores (double intermediates rounded to float, as the host does: softmax's sum
+ * is added by one lane in expert order, so it is the host's sum; its max is the host scan's
+ * result, found by a butterfly), the selection keys (score + bias), the group limit (a lane
+ * per group, the host's loops), then top_k rounds of a warp argmax (highest key, lowest id on
+ * ties: the host's rule, as one integer max: order_key; a lane keeps its experts' taken flags
+ * in a bit mask) and the weights in double (each selected slot's lane, the normalising sum
+ * added in slot order by each). Only warp barriers: at one token the selection was a chain
+ * of block barriers and one-thread loops of 9 us on the H200, on the routed experts'
+ * critical path.
  * The scores use the device's double exp, which may differ from the host libm's in the last
  * double bit; after rounding to float that almost never shows, and when it does it moves a
  * weight by one float ulp (or, on an exact tie, which expert wins) -- within the goldens'
  * tolerance, and the tests compare the results with the host's. NaN keys rank lowest here
  * (the host's scan keeps a NaN it starts on); a NaN router logit is a broken model anyway.
  *
- * group_kernel: one block; the threads count the entries per expert (shared-memory atomics),
- * block scans give the offsets and the active list, and one warp then places the entries
- * 32 at a time in entry order (__match_any_sync finds each entry's rank among the same
- * expert's), so tokens stay in order inside an expert (the host's counting sort, the same
- * rows) in nk / 32 steps instead of one thread walking all nk entries per expert.
+ * Grouping (group_entries): one block; the threads count the entries per expert
+ * (shared-memory atomics), block scans give the offsets and the active list, and one warp
+ * then places the entries 32 at a time in entry order (__match_any_sync finds each entry's
+ * rank among the same expert's), so tokens stay in order inside an expert (the host's
+ * counting sort, the same rows) in nk / 32 steps instead of one thread walking all nk entries
+ * per expert.
+ *
+ * Launches: a call of at most one block's warps of tokens (a decode step of a few sequences)
+ * is one kernel, route_small_kernel, which selects and then groups; a larger one is two,
+ * select_kernel (a warp per token) and group_kernel.
  */
 #include "backend/cuda/cuda_internal.cuh"
 
 #include <math.h>
 
-#define RT_THREADS                                                                                 \
-    32 /* select_kernel: experts per pass of a thread loop (one warp: the                          \
-          argmax rounds' barriers cost little, and E is only 64..384) */
+#define RT_MAX_WARPS 8          /* tokens per selection block */
+#define RT_SMEM      (40 << 10) /* its scratch: at most 40 KiB of the 48 KiB of shared memory */
 #define RG_THREADS                                                                                 \
-    1024 /* group_kernel: at most one thread per expert (launched with the                         \
-            power of two >= E, at least a warp) */
+    1024 /* grouping: at least one thread per expert (the power of two >= E, at least a warp) */
 
 struct route_args {
     di_router_params r; /* bias: device memory or NULL */
     int64_t n;
     const float *logits;
-    int32_t *ids; /* [n K] selected ids (the rows_of buffer, overwritten by group_kernel) */
+    int32_t *ids; /* [n K] selected ids (the rows_of buffer, overwritten by the grouping) */
     float *w;
 };
 
-/* Is (ka, ia) ahead of (kb, ib) in the selection order? ib < 0 is "no candidate". NaN keys
- * rank lowest. */
-static __device__ __forceinline__ bool ahead(float ka, int ia, float kb, int ib) {
-    if (ia < 0) return false;
-    if (ib < 0) return true;
-    if (isnan(kb)) return !isnan(ka) || ia < ib;
-    if (isnan(ka)) return false;
-    return ka > kb || (ka == kb && ia < ib);
+/* Expert i with selection key k as one integer whose order is the selection order: a
+ * higher key first, on equal keys (-0 == +0) the lower id, NaN keys last, and 0 ("no
+ * candidate") below all. The key's bits are made monotonic (sign flipped for positive
+ * values, all bits for negative ones), plus one so that NaN's 0 sits below -inf. One
+ * 64-bit max per butterfly step instead of a chain of comparisons. */
+static __device__ __forceinline__ unsigned long long order_key(float k, int i) {
+    uint32_t u = 0;
+    if (!isnan(k)) {
+        const uint32_t b = __float_as_uint(k == 0.0f ? 0.0f : k);
+        u = (b & 0x80000000u ? ~b : b | 0x80000000u) + 1u;
+    }
+    return (unsigned long long)u << 32 | (0xFFFFFFFFu - (uint32_t)i);
 }
 
-__global__ void __launch_bounds__(RT_THREADS) select_kernel(const route_args a) {
-    pdl_wait(); /* programmatic dependent launch: cuda_internal.cuh */
-    pdl_trigger();
-    __shared__ float score[DI_CUDA_ROUTE_MAX_E], key[DI_CUDA_ROUTE_MAX_E];
-    __shared__ double ex[DI_CUDA_ROUTE_MAX_E];
-    __shared__ float gscore[DI_CUDA_ROUTE_MAX_E];
-    __shared__ unsigned char taken[DI_CUDA_ROUTE_MAX_E];
-    __shared__ double red_d;
-    __shared__ float red_k[RT_THREADS / 32];
-    __shared__ int red_i[RT_THREADS / 32];
-    __shared__ int sel[64];
+/* A warp's selection scratch in shared memory, for E experts. */
+struct select_smem {
+    double *ex;    /* [E] softmax numerators */
+    float *score;  /* [E] */
+    float *key;    /* [E] selection keys; past the group limit -inf */
+    float *gscore; /* [E] (the first n_group used) */
+    int *sel;      /* [64] selected ids in slot order */
+};
+
+static __host__ __device__ int64_t select_smem_bytes(int64_t E) {
+    return E * (int64_t)(sizeof(double) + 3 * sizeof(float)) + 64 * (int64_t)sizeof(int);
+}
+
+static __device__ select_smem select_carve(char *base, int64_t E) {
+    select_smem s;
+    s.ex = reinterpret_cast<double *>(base); /* first: 8-byte aligned */
+    s.score = reinterpret_cast<float *>(s.ex + E);
+    s.key = s.score + E;
+    s.gscore = s.key + E;
+    s.sel = reinterpret_cast<int *>(s.gscore + E);
+    return s;
+}
+
+/* Selects token t's experts with the calling warp (router.c's rules; see the top of the
+ * file): ids[j] and a.w[t K + j] for its K slots (ids: global or shared memory). */
+static __device__ void select_token(const route_args &a, int64_t t, const select_smem &s,
+                                    int32_t *ids) {
     const di_router_params &r = a.r;
-    __shared__ float lg[DI_CUDA_ROUTE_MAX_E]; /* the token's logits, read once in parallel */
-    const int E = (int)r.n_experts, K = (int)r.top_k, tid = threadIdx.x;
-    const int64_t t = blockIdx.x;
-    for (int i = tid; i < E; i += RT_THREADS)
-        lg[i] = a.logits[t * E + i];
-    __syncthreads();
+    const int E = (int)r.n_experts, K = (int)r.top_k, lane = threadIdx.x & 31;
+    const float *lg = a.logits + t * E;
 
     /* Scores (router.c: compute_scores). */
     if (r.score == DI_SCORE_SOFTMAX) {
-        if (tid == 0) { /* the host's max scan (its order only matters with NaNs) */
-            double mx = lg[0];
-            for (int i = 1; i < E; i++)
-                if (lg[i] > mx) mx = lg[i];
-            red_d = mx;
-        }
-        __syncthreads();
-        const double mx = red_d;
-        for (int i = tid; i < E; i += RT_THREADS)
-            ex[i] = exp((double)lg[i] - mx);
-        __syncthreads();
-        if (tid == 0) { /* the host's sum, in expert order */
-            double sum = 0.0;
+        /* The host scans mx = lg[0], then takes lg[i] > mx: its result is NaN when lg[0] is
+         * NaN, else the largest non-NaN logit -- which fmax's butterfly finds. */
+        double mx = -INFINITY;
+        for (int i = lane; i < E; i += 32)
+            mx = fmax(mx, (double)lg[i]);
+#pragma unroll
+        for (int off = 16; off >= 1; off >>= 1)
+            mx = fmax(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+        if (isnan(lg[0])) mx = NAN;
+        for (int i = lane; i < E; i += 32)
+            s.ex[i] = exp((double)lg[i] - mx);
+        __syncwarp();
+        double sum = 0.0;
+        if (lane == 0) /* the host's sum, in expert order */
             for (int i = 0; i < E; i++)
-                sum += ex[i];
-            red_d = sum;
-        }
-        __syncthreads();
-        const double sum = red_d;
-        for (int i = tid; i < E; i += RT_THREADS)
-            score[i] = (float)(ex[i] / sum);
+                sum += s.ex[i];
+        sum = __shfl_sync(0xffffffffu, sum, 0);
+        for (int i = lane; i < E; i += 32)
+            s.score[i] = (float)(s.ex[i] / sum);
     } else if (r.score == DI_SCORE_SIGMOID) {
-        for (int i = tid; i < E; i += RT_THREADS)
-            score[i] = (float)(1.0 / (1.0 + exp(-(double)lg[i])));
+        for (int i = lane; i < E; i += 32)
+            s.score[i] = (float)(1.0 / (1.0 + exp(-(double)lg[i])));
     } else {
-        for (int i = tid; i < E; i += RT_THREADS) {
+        for (int i = lane; i < E; i += 32) {
             const double x = lg[i];
             const double sp = x > 0.0 ? x + log1p(exp(-x)) : log1p(exp(x));
-            score[i] = (float)sqrt(sp);
+            s.score[i] = (float)sqrt(sp);
         }
     }
-    for (int i = tid; i < E; i += RT_THREADS) {
-        key[i] = score[i] + (r.bias ? r.bias[i] : 0.0f);
-        taken[i] = 0;
-    }
-    __syncthreads();
+    for (int i = lane; i < E; i += 32)
+        s.key[i] = s.score[i] + (r.bias ? r.bias[i] : 0.0f);
+    __syncwarp();
 
-    /* Group limit (router.c: limit_groups): one thread per group, the host's loops. */
+    /* Group limit (router.c: limit_groups): a lane per group, the host's loops. */
     const bool grouped = r.method != DI_TOPK_GREEDY && r.n_group > 1 && r.topk_group < r.n_group;
     if (grouped) {
         const int G = (int)r.n_group, size = E / G;
-        for (int g = tid; g < G; g += RT_THREADS) {
-            const float *k = key + g * size;
+        for (int g = lane; g < G; g += 32) {
+            const float *k = s.key + g * size;
             float v;
             if (r.method == DI_TOPK_NOAUX_TC) {
                 if (size < 2) {
@@ -134,64 +154,66 @@ __global__ void __launch_bounds__(RT_THREADS) select_kernel(const route_args a) 
                 for (int i = 1; i < size; i++)
                     if (k[i] > v) v = k[i];
             }
-            gscore[g] = v;
+            s.gscore[g] = v;
         }
-        __syncthreads();
-        for (int g = tid; g < G; g += RT_THREADS) {
+        __syncwarp();
+        unsigned dropped = 0; /* bit g / 32 of lane g % 32's groups */
+        for (int g = lane; g < G; g += 32) {
             int rank = 0;
             for (int j = 0; j < G; j++)
-                if (gscore[j] > gscore[g] || (gscore[j] == gscore[g] && j < g)) rank++;
-            taken[g] = rank < r.topk_group; /* reused as "group kept" until the selection */
+                if (s.gscore[j] > s.gscore[g] || (s.gscore[j] == s.gscore[g] && j < g)) rank++;
+            if (rank >= r.topk_group) dropped |= 1u << (g / 32);
         }
-        __syncthreads();
-        for (int i = tid; i < E; i += RT_THREADS)
-            if (!taken[i / size]) key[i] = -INFINITY;
-        __syncthreads();
-        for (int i = tid; i < E; i += RT_THREADS)
-            taken[i] = 0;
-        __syncthreads();
+        __syncwarp(); /* every lane has read the group scores */
+        for (int g = lane; g < G; g += 32)
+            if (dropped >> (g / 32) & 1u)
+                for (int i = g * size; i < (g + 1) * size; i++)
+                    s.key[i] = -INFINITY;
+        __syncwarp();
     }
 
-    /* top_k rounds of an argmax over the untaken experts. */
-    const int lane = tid & 31, warp = tid >> 5;
+    /* top_k rounds of a warp argmax over the untaken experts; lane l's expert l + 32 m is
+     * taken when bit m of its mask is set (E <= 1024: 32 bits). */
+    unsigned taken = 0;
     for (int j = 0; j < K; j++) {
-        float bk = 0.0f;
-        int bi = -1;
-        for (int i = tid; i < E; i += RT_THREADS)
-            if (!taken[i] && ahead(key[i], i, bk, bi)) bk = key[i], bi = i;
-        for (int off = 16; off >= 1; off >>= 1) {
-            const float ok = __shfl_xor_sync(0xffffffffu, bk, off);
-            const int oi = __shfl_xor_sync(0xffffffffu, bi, off);
-            if (ahead(ok, oi, bk, bi)) bk = ok, bi = oi;
-        }
-        if (lane == 0) red_k[warp] = bk, red_i[warp] = bi;
-        __syncthreads();
-        if (tid == 0) {
-            float ck = red_k[0];
-            int ci = red_i[0];
-            for (int w = 1; w < RT_THREADS / 32; w++)
-                if (ahead(red_k[w], red_i[w], ck, ci)) ck = red_k[w], ci = red_i[w];
-            sel[j] = ci;
-            taken[ci] = 1;
-        }
-        __syncthreads();
+        unsigned long long best = 0;
+        for (int i = lane, m = 0; i < E; i += 32, m++)
+            if (!(taken >> m & 1u)) best = max(best, order_key(s.key[i], i));
+#pragma unroll
+        for (int off = 16; off >= 1; off >>= 1)
+            best = max(best, __shfl_xor_sync(0xffffffffu, best, off));
+        const int bi = (int)(0xFFFFFFFFu - (uint32_t)best); /* K <= E: never "none" */
+        if (bi % 32 == lane) taken |= 1u << (bi / 32);
+        if (lane == 0) s.sel[j] = bi;
     }
+    __syncwarp();
 
-    /* Weights (router.c: compute_weights), in double by one thread. */
-    if (tid == 0) {
-        double denom = 1.0;
-        if (r.norm_topk_prob) {
-            double sum = 0.0;
-            for (int j = 0; j < K; j++)
-                sum += score[sel[j]];
-            denom = sum + 1e-20;
-        }
-        for (int j = 0; j < K; j++) {
-            a.ids[t * K + j] = sel[j];
-            a.w[t * K + j] =
-                (float)((double)score[sel[j]] / denom * (double)r.routed_scaling_factor);
-        }
+    /* Weights (router.c: compute_weights), in double; the sum in slot order by every lane. */
+    double denom = 1.0;
+    if (r.norm_topk_prob) {
+        double sum = 0.0;
+        for (int j = 0; j < K; j++)
+            sum += s.score[s.sel[j]];
+        denom = sum + 1e-20;
     }
+    for (int j = lane; j < K; j += 32) {
+        ids[j] = s.sel[j];
+        a.w[t * K + j] =
+            (float)((double)s.score[s.sel[j]] / denom * (double)r.routed_scaling_factor);
+    }
+    __syncwarp(); /* the scratch is reused by the warp's next token */
+}
+
+/* Warp w of block b selects tokens (b W + w) + k gridDim.x W, k = 0, 1, ... */
+__global__ void __launch_bounds__(32 * RT_MAX_WARPS) select_kernel(const route_args a) {
+    pdl_wait(); /* programmatic dependent launch: cuda_internal.cuh */
+    pdl_trigger();
+    extern __shared__ __align__(16) char route_smem[];
+    const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    const select_smem s =
+        select_carve(route_smem + warp * select_smem_bytes(a.r.n_experts), a.r.n_experts);
+    for (int64_t t = (int64_t)blockIdx.x * warps + warp; t < a.n; t += (int64_t)gridDim.x * warps)
+        select_token(a, t, s, a.ids + t * a.r.top_k);
 }
 
 /* Inclusive block scan of v over the block's threads (Hillis-Steele in shared memory). */
@@ -210,18 +232,14 @@ static __device__ int block_scan(int v, int *buf) {
     return r;
 }
 
-__global__ void __launch_bounds__(RG_THREADS)
-    group_kernel(int E, int K, int nk, int32_t *ids_rows, int32_t *offsets, int32_t *active,
-                 int32_t *src) {
-    pdl_wait(); /* programmatic dependent launch: cuda_internal.cuh */
-    pdl_trigger();
-    extern __shared__ int32_t ids[]; /* [nk] */
+/* Groups the nk entries (ids: [nk] expert ids in shared memory) by expert with the whole
+ * block (blockDim.x >= E, at most RG_THREADS): offsets, the active list, src and rows_of. */
+static __device__ void group_entries(int E, int K, int nk, const int32_t *ids, int32_t *rows_of,
+                                     int32_t *offsets, int32_t *active, int32_t *src) {
     __shared__ int buf[RG_THREADS];
     __shared__ int next[RG_THREADS]; /* per expert: its count, then its next free row */
     const int e = threadIdx.x;
     if (e < E) next[e] = 0;
-    for (int i = e; i < nk; i += (int)blockDim.x)
-        ids[i] = ids_rows[i];
     __syncthreads();
     for (int i = e; i < nk; i += (int)blockDim.x) /* counts: the order does not matter */
         atomicAdd(&next[ids[i]], 1);
@@ -251,12 +269,40 @@ __global__ void __launch_bounds__(RG_THREADS)
         if (i < nk) {
             const int g = next[x] + __popc(same & below);
             src[g] = i / K;
-            ids_rows[i] = g;
+            rows_of[i] = g;
         }
         __syncwarp();
         if (i < nk && (same & below) == 0) next[x] += __popc(same);
         __syncwarp();
     }
+}
+
+__global__ void __launch_bounds__(RG_THREADS)
+    group_kernel(int E, int K, int nk, int32_t *ids_rows, int32_t *offsets, int32_t *active,
+                 int32_t *src) {
+    pdl_wait(); /* programmatic dependent launch: cuda_internal.cuh */
+    pdl_trigger();
+    extern __shared__ int32_t ids[]; /* [nk] */
+    for (int i = threadIdx.x; i < nk; i += (int)blockDim.x)
+        ids[i] = ids_rows[i];
+    __syncthreads();
+    group_entries(E, K, nk, ids, ids_rows, offsets, active, src);
+}
+
+/* One block for a call of at most its warps of tokens: warp t selects token t into shared
+ * memory, then the block groups. Shared memory: the warps' selection scratch, then the ids. */
+__global__ void __launch_bounds__(RG_THREADS)
+    route_small_kernel(const route_args a, int32_t *offsets, int32_t *active, int32_t *src) {
+    pdl_wait(); /* programmatic dependent launch: cuda_internal.cuh */
+    pdl_trigger();
+    extern __shared__ __align__(16) char route_smem[];
+    const int E = (int)a.r.n_experts, K = (int)a.r.top_k, warp = threadIdx.x >> 5;
+    const int64_t per_warp = select_smem_bytes(E);
+    int32_t *ids = reinterpret_cast<int32_t *>(route_smem + a.n * per_warp);
+    if (warp < a.n)
+        select_token(a, warp, select_carve(route_smem + warp * per_warp, E), ids + warp * K);
+    __syncthreads();
+    group_entries(E, K, (int)(a.n * K), ids, a.ids, offsets, active, src);
 }
 
 cudaError_t di_cuda_launch_moe_route(const di_moe_route_params *p, cudaStream_t stream) {
@@ -270,11 +316,23 @@ cudaError_t di_cuda_launch_moe_route(const di_moe_route_params *p, cudaStream_t 
     a.logits = p->logits;
     a.ids = p->rows_of;
     a.w = p->w;
-    cudaError_t err = di_cuda_launch(select_kernel, (unsigned)p->n, RT_THREADS, 0, stream, a);
-    if (err != cudaSuccess) return err;
-    int threads = 32;
+    int threads = 32; /* grouping: a thread per expert, a power of two */
     while (threads < E)
         threads *= 2;
-    return di_cuda_launch(group_kernel, 1, threads, (size_t)nk * sizeof(int32_t), stream, (int)E,
-                          (int)K, (int)nk, p->rows_of, p->offsets, p->active, p->src);
+    /* Warps of a selection block: as many as fit the scratch (E <= 1024: at least two). */
+    const int64_t per_warp = select_smem_bytes(E);
+    int64_t warps = RT_SMEM / per_warp;
+    warps = warps > RT_MAX_WARPS ? RT_MAX_WARPS : warps;
+    const size_t ids_bytes = (size_t)nk * sizeof(int32_t);
+    if (p->n <= warps && (size_t)(p->n * per_warp) + ids_bytes <= (size_t)RT_SMEM) {
+        const int block = threads > 32 * (int)p->n ? threads : 32 * (int)p->n;
+        return di_cuda_launch(route_small_kernel, 1, block, (size_t)(p->n * per_warp) + ids_bytes,
+                              stream, a, p->offsets, p->active, p->src);
+    }
+    const int64_t blocks = (p->n + warps - 1) / warps;
+    cudaError_t err = di_cuda_launch(select_kernel, (unsigned)blocks, (unsigned)(32 * warps),
+                                     (size_t)(warps * per_warp), stream, a);
+    if (err != cudaSuccess) return err;
+    return di_cuda_launch(group_kernel, 1, threads, ids_bytes, stream, (int)E, (int)K, (int)nk,
+                          p->rows_of, p->offsets, p->active, p->src);
 }

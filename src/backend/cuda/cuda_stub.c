@@ -83,6 +83,10 @@ void di_backend_cuda_set_attn_mode(const di_backend *be, di_cuda_attn_mode mode)
     (void)be, (void)mode;
 }
 
+void di_backend_cuda_set_attn_heads(const di_backend *be, int heads_per_block) {
+    (void)be, (void)heads_per_block;
+}
+
 double di_cuda_measure_copy_bandwidth(const di_backend *be, size_t bytes) {
     (void)be, (void)bytes;
     return 0.0;

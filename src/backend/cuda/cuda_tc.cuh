@@ -12,10 +12,9 @@
 
 #include <cuda_bf16.h>
 
-#define TC_CHUNK      32   /* K elements per chunk: two m16n8k16 steps */
-#define TC_MAX_KS     8    /* K runs a row's chunks are dealt to */
-#define TC_TARGET     1024 /* warps of 16 rows a product should spread over (chooses ks) */
-#define TC_MIN_CHUNKS 4    /* fewest chunks per K run */
+#define TC_CHUNK      32 /* K elements per chunk: two m16n8k16 steps */
+#define TC_MAX_KS     8  /* K runs a row's chunks are dealt to */
+#define TC_MIN_CHUNKS 4  /* fewest chunks per K run */
 
 /* d += A B for one m16n8k16 step (bf16 inputs, fp32 accumulation). */
 static __device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1,
@@ -70,13 +69,16 @@ static __device__ __forceinline__ void load_x8(const di_cuda_mm_params &p, int64
 }
 
 /* K runs per row: the smallest power of two that spreads the product's 16-row tiles over
- * TC_TARGET warps, keeping TC_MIN_CHUNKS chunks per run. From rows and K only, so the plain,
- * GLU and grouped products of one weight, at any n and in either kernel, share their K
- * order. Run kw takes chunks [C kw / ks, C (kw + 1) / ks). */
-static inline int tc_ks(int64_t rows, int64_t cols) {
-    const int64_t tiles = (rows + 15) / 16, chunks = (cols + TC_CHUNK - 1) / TC_CHUNK;
+ * the target's warps (tune.tc_target, DI_CUDA_TC_TARGET by default; expert weights
+ * tune.tc_target_experts where set), keeping TC_MIN_CHUNKS chunks per run. From the weight's
+ * shape and kind only, so the products of one weight, at any n and in either kernel, share
+ * their K order. Run kw takes chunks [C kw / ks, C (kw + 1) / ks). */
+static inline int tc_ks(const di_cuda_mm_params *p) {
+    const int64_t target =
+        p->experts && p->tune.tc_target_experts > 0 ? p->tune.tc_target_experts : p->tune.tc_target;
+    const int64_t tiles = (p->rows + 15) / 16, chunks = (p->cols + TC_CHUNK - 1) / TC_CHUNK;
     int ks = 1;
-    while (ks < TC_MAX_KS && tiles * ks < TC_TARGET && chunks / (2 * ks) >= TC_MIN_CHUNKS)
+    while (ks < TC_MAX_KS && tiles * ks < target && chunks / (2 * ks) >= TC_MIN_CHUNKS)
         ks *= 2;
     return ks;
 }

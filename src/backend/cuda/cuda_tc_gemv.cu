@@ -263,7 +263,7 @@ static cudaError_t launch_tc_grouped(const di_cuda_mm_params *p, int ks, bool xv
 cudaError_t di_cuda_launch_matmul_tc(const di_cuda_mm_params *p) {
     if (di_cuda_tc_wide_fits(p)) return di_cuda_launch_matmul_tc_wide(p);
     const bool glu = p->glu_data || p->glu_experts;
-    const int ks = tc_ks(p->rows, p->cols);
+    const int ks = tc_ks(p);
     const bool xvec = ((uintptr_t)p->x & 15u) == 0 && p->x_tstride % 4 == 0;
     const int64_t n = di_cuda_rows_per_weight(p);
     /* Token groups of 8 per block as n needs, at most 4 (32 tokens: the registers of two

@@ -279,7 +279,7 @@ bool di_cuda_tc_wide_fits(const di_cuda_mm_params *p) {
 
 cudaError_t di_cuda_launch_matmul_tc_wide(const di_cuda_mm_params *p) {
     const bool grouped = p->experts != NULL, glu = p->glu_data || p->glu_experts;
-    const int ks = tc_ks(p->rows, p->cols);
+    const int ks = tc_ks(p);
     const bool xvec = ((uintptr_t)p->x & 15u) == 0 && p->x_tstride % 4 == 0;
     const int row_blocks = (int)((p->rows + tw_block_rows(p) - 1) / tw_block_rows(p));
     /* plain: one block per token chunk; grouped: one per slot, walking its expert's chunks */
