@@ -48,7 +48,8 @@ static di_model *load_on(const char *dir, const char *device) {
     return m;
 }
 
-/* The V2/V3 MoE layers with the shared experts on the backend's second stream (the default)
+/* The V2/V3 layers with a branch on the backend's second stream (the default: the latent
+ * projection and store beside the queries, the shared experts beside the routed ones)
  * against one stream (DI_CUDA_STREAMS=1, read when a context makes its backend): the same
  * bits, for the prompt in one call (lg) and token by token (graphs, where the backend has
  * them); a race between the streams would show here. */
@@ -61,7 +62,7 @@ static void check_streams(const char *name, di_model *m, const golden *g, const 
     float *one = eval_prompt(m, g, 0, 2), *one1 = eval_prompt(m, g, 1, 2);
     unsetenv("DI_CUDA_STREAMS");
     CHECK(two1 && one && one1);
-    CHECK_MSG(forked, "%s: no MoE layer used the second stream", name);
+    CHECK_MSG(forked, "%s: no layer used the second stream", name);
     CHECK_MSG(di_backend_cuda_side_forks() == forks_two, "%s: DI_CUDA_STREAMS=1 forked", name);
     const size_t bytes = (size_t)(g->n_prompt * g->vocab) * sizeof(float);
     if (two1 && one && one1) {

@@ -694,9 +694,12 @@ TEST(mla_attention) {
     check_attn(4, 16, 512, 64, 700);
     check_attn(1, 128, 512, 64, 257);
     check_attn(33, 8, 512, 64, 230);
-    /* split blocks walking several chunks each (S = 1 and S = 4 blocks per query) */
+    /* split blocks walking several chunks each (with 8 heads per block, as forced in
+     * check_attn: S = 1 and S = 4 blocks per query), and 2-head blocks with 1 < S < chunks
+     * (batch 1 at 128 heads: S = 5 over 12 chunks) */
     check_attn(32, 128, 512, 64, 1500);
     check_attn(40, 16, 512, 64, 2000);
+    check_attn(1, 128, 512, 64, 3000);
 }
 
 /* Paged cache on the GPU: the same problem through a shuffled block table gives bitwise the
@@ -886,44 +889,59 @@ static int32_t *host_ints(const int32_t *dev, int64_t n) {
     return (int32_t *)host_floats((const float *)dev, n);
 }
 
+/* One moe_route call of n tokens on the device against the CPU backend: selection,
+ * weights and grouping, bitwise. ties: logits on a few levels. */
+static void check_route(di_backend *cpu, di_router_params r, int64_t n, bool ties,
+                        const char *what_config) {
+    const int64_t E = r.n_experts, K = r.top_k, nk = n * K;
+    float *bias = rnd_vec(E, 0.5f), *lg = rnd_vec(n * E, 4.0f);
+    if (ties)
+        for (int64_t i = 0; i < n * E; i++)
+            lg[i] = (float)rnd_int(-3, 3) * 0.5f;
+    float *dbias = dev_floats(bias, E), *dlg = dev_floats(lg, n * E);
+    di_router_params rc = r, rg = r;
+    if (r.score == DI_SCORE_SIGMOID) rc.bias = bias, rg.bias = dbias;
+    route_bufs hb = route_host_alloc(E, nk), db = route_dev_alloc(E, nk);
+    route_run(cpu, &rc, n, lg, &hb);
+    route_run(&g_be, &rg, n, dlg, &db);
+    int32_t *off = host_ints(db.off, E + 1), *act = host_ints(db.act, E + 1);
+    int32_t *src = host_ints(db.src, nk), *rows = host_ints(db.rows, nk);
+    float *w = host_floats(db.w, nk);
+    const char *what = memcmp(off, hb.off, (size_t)(E + 1) * 4)           ? "offsets"
+                       : memcmp(act, hb.act, (size_t)(hb.act[0] + 1) * 4) ? "active"
+                       : memcmp(src, hb.src, (size_t)nk * 4)              ? "src"
+                       : memcmp(rows, hb.rows, (size_t)nk * 4)            ? "rows_of"
+                       : memcmp(w, hb.w, (size_t)nk * 4)                  ? "weights"
+                                                                          : NULL;
+    CHECK_MSG(what == NULL, "%s E=%lld K=%lld n=%lld%s: %s differ from the CPU", what_config,
+              (long long)E, (long long)K, (long long)n, ties ? " (ties)" : "", what ? what : "");
+    CHECK(di_backend_cuda_sync(&g_be) == DI_OK);
+    route_host_free(&hb), route_dev_free(&db);
+    dfree(dbias), dfree(dlg);
+    free(off), free(act), free(src), free(rows), free(w), free(bias), free(lg);
+}
+
 /* moe_route on the device: the CPU backend's selection, weights and grouping, bitwise
  * (the scores use the device's double exp: equal after rounding to float in practice, see
- * cuda_moe.cu). Logits on a few levels make ties, which must go to the lower id. */
+ * cuda_moe.cu). Logits on a few levels make ties, which must go to the lower id. Up to 8
+ * tokens (fewer past 243 experts) select and group in one kernel, more in two. */
 TEST(moe_route) {
     if (!g_have_gpu) SKIP("no CUDA device");
     di_pool *pool = di_pool_create(1);
     di_backend cpu;
     CHECK(di_backend_cpu_init(&cpu, pool, 16) == DI_OK);
     static const int64_t ns[] = {1, 2, 7, 64, 200, 256};
-    for (int iter = 0; iter < 32; iter++) {
-        di_router_params r = test_router_config(iter % 4);
-        const int64_t E = r.n_experts, K = r.top_k, n = ns[(iter / 4) % 6], nk = n * K;
-        float *bias = rnd_vec(E, 0.5f), *lg = rnd_vec(n * E, 4.0f);
-        if (iter % 3 == 0)
-            for (int64_t i = 0; i < n * E; i++)
-                lg[i] = (float)rnd_int(-3, 3) * 0.5f;
-        float *dbias = dev_floats(bias, E), *dlg = dev_floats(lg, n * E);
-        di_router_params rc = r, rg = r;
-        if (r.score == DI_SCORE_SIGMOID) rc.bias = bias, rg.bias = dbias;
-        route_bufs hb = route_host_alloc(E, nk), db = route_dev_alloc(E, nk);
-        route_run(&cpu, &rc, n, lg, &hb);
-        route_run(&g_be, &rg, n, dlg, &db);
-        int32_t *off = host_ints(db.off, E + 1), *act = host_ints(db.act, E + 1);
-        int32_t *src = host_ints(db.src, nk), *rows = host_ints(db.rows, nk);
-        float *w = host_floats(db.w, nk);
-        const char *what = memcmp(off, hb.off, (size_t)(E + 1) * 4)           ? "offsets"
-                           : memcmp(act, hb.act, (size_t)(hb.act[0] + 1) * 4) ? "active"
-                           : memcmp(src, hb.src, (size_t)nk * 4)              ? "src"
-                           : memcmp(rows, hb.rows, (size_t)nk * 4)            ? "rows_of"
-                           : memcmp(w, hb.w, (size_t)nk * 4)                  ? "weights"
-                                                                              : NULL;
-        CHECK_MSG(what == NULL, "config %d n=%lld%s: %s differ from the CPU", iter % 4,
-                  (long long)n, iter % 3 == 0 ? " (ties)" : "", what ? what : "");
-        CHECK(di_backend_cuda_sync(&g_be) == DI_OK);
-        route_host_free(&hb), route_dev_free(&db);
-        dfree(dbias), dfree(dlg);
-        free(off), free(act), free(src), free(rows), free(w), free(bias), free(lg);
-    }
+    static const char *configs[] = {"softmax greedy", "group-limited", "noaux_tc", "sqrt-softplus"};
+    for (int iter = 0; iter < 32; iter++)
+        check_route(&cpu, test_router_config(iter % 4), ns[(iter / 4) % 6], iter % 3 == 0,
+                    configs[iter % 4]);
+    /* an odd expert count (each warp's scratch rounded to 16 bytes for its doubles), the
+     * most experts (one warp per selection block), 8 tokens at 256 experts (two kernels) */
+    static const int64_t odd[][3] = {{63, 5, 1},   {63, 5, 3},  {63, 5, 64}, {1024, 8, 1},
+                                     {1024, 8, 9}, {256, 8, 8}, {256, 8, 7}};
+    for (size_t i = 0; i < DI_ARRAY_LEN(odd); i++)
+        for (int ties = 0; ties < 2; ties++)
+            check_route(&cpu, test_router_plain(odd[i][0], odd[i][1]), odd[i][2], ties, "plain");
     di_backend_free(&cpu);
     di_pool_free(pool);
 }

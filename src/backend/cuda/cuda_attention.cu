@@ -45,11 +45,11 @@
  * butterfly, a head's softmax, a column's key order), so HG never changes the bits (tested).
  * Thread x's accumulator k is head k % HG, latent column x + (k / HG) * ATT_THREADS: one c_kv
  * element read from shared memory serves all the block's heads. */
-#define ATT_HG_WIDE   8
-#define ATT_HG_NARROW 2
-#define ATT_MAXE(HG)  (ATT_COLS * (HG)) /* accumulators per thread */
-#define ATT_HEAD(k)   ((k) % HG)
-#define ATT_COL(k)    ((int)threadIdx.x + ((k) / HG) * ATT_THREADS)
+#define ATT_HG_WIDE     8
+#define ATT_HG_NARROW   2
+#define ATT_MAXE(HG)    (ATT_COLS * (HG)) /* accumulators per thread */
+#define ATT_HEAD(k, HG) ((k) % (HG))
+#define ATT_COL(k, HG)  ((int)threadIdx.x + ((k) / (HG)) * ATT_THREADS)
 
 /* ---------------------------------------------------------------------------------------- */
 /* The arithmetic shared by both schedules                                                    */
@@ -182,7 +182,7 @@ static __device__ __forceinline__ int64_t att_out_hs(const di_mla_attn_params &p
 
 /* One chunk, keys [jb, je), for the block's query and heads (queries already in s.q/s.qr):
  * leaves the chunk's (m, l) in s.m_c / s.l_c and its accumulators in acc (thread x's
- * accumulator k is head ATT_HEAD(k), latent column ATT_COL(k)). */
+ * accumulator k is head ATT_HEAD(k, HG), latent column ATT_COL(k, HG)). */
 template <int HG>
 static __device__ __forceinline__ void attn_chunk(const di_mla_attn_params &p, const att_smem &s,
                                                   int64_t jb, int64_t je,
@@ -325,9 +325,13 @@ static __device__ __forceinline__ void attn_chunk(const di_mla_attn_params &p, c
 /* ---------------------------------------------------------------------------------------- */
 
 /* Chunk-state slot (t, h, c) of the split scratch: [m, l, acc[R]]. */
+static __device__ __forceinline__ int64_t slot_at(const di_mla_attn_params &p, int64_t t, int64_t h,
+                                                  int64_t c, int64_t cmax) {
+    return ((t * p.n_heads + h) * cmax + c) * (p.kv_lora_rank + 2);
+}
 static __device__ __forceinline__ float *slot(float *partial, const di_mla_attn_params &p,
                                               int64_t t, int64_t h, int64_t c, int64_t cmax) {
-    return partial + ((t * p.n_heads + h) * cmax + c) * (p.kv_lora_rank + 2);
+    return partial + slot_at(p, t, h, c, cmax);
 }
 
 /* Key count of query t (its position from memory for a decode batch). */
@@ -344,7 +348,7 @@ static __device__ __forceinline__ float fold_chunks(const float *partial,
                                                     int i) {
     float m = -INFINITY, l = 0.0f, acc = 0.0f;
     for (int64_t c = 0; c < n_chunks; c++) {
-        const float *sl = slot(const_cast<float *>(partial), p, t, h, c, cmax);
+        const float *sl = partial + slot_at(p, t, h, c, cmax);
         float a, b;
         merge_coeffs(m, l, __ldcg(sl), __ldcg(sl + 1), &a, &b, &m, &l);
         acc = merge_acc(acc, __ldcg(sl + 2 + i), a, b);
@@ -360,7 +364,7 @@ static __device__ __forceinline__ float fold_chunks(const float *partial,
  * folds in place. Sequential (gridDim.y = 1, split = 0): the block walks all chunks and folds
  * them in order. */
 template <int HG>
-__global__ void __launch_bounds__(ATT_THREADS, 2) /* 2 blocks of ~93 KiB per SM */
+__global__ void __launch_bounds__(ATT_THREADS, 2) /* 2 blocks of <= 93 KiB per SM */
     mla_attn_kernel(const di_mla_attn_params p_in, float *partial, int *counters, int split,
                     int64_t cmax) {
     pdl_wait(); /* programmatic dependent launch: cuda_internal.cuh */
@@ -420,8 +424,8 @@ __global__ void __launch_bounds__(ATT_THREADS, 2) /* 2 blocks of ~93 KiB per SM 
         if (to_slots) {
 #pragma unroll
             for (int k = 0; k < ATT_MAXE(HG); k++)
-                if (ATT_COL(k) < R && h0 + ATT_HEAD(k) < p.n_heads)
-                    slot(partial, p, t, h0 + ATT_HEAD(k), c, cmax)[2 + ATT_COL(k)] = acc[k];
+                if (ATT_COL(k, HG) < R && h0 + ATT_HEAD(k, HG) < p.n_heads)
+                    slot(partial, p, t, h0 + ATT_HEAD(k, HG), c, cmax)[2 + ATT_COL(k, HG)] = acc[k];
             if (tid < HG && h0 + tid < p.n_heads) {
                 float *sl = slot(partial, p, t, h0 + tid, c, cmax);
                 sl[0] = s.m_c[tid];
@@ -436,8 +440,9 @@ __global__ void __launch_bounds__(ATT_THREADS, 2) /* 2 blocks of ~93 KiB per SM 
             __syncthreads();
 #pragma unroll
             for (int k = 0; k < ATT_MAXE(HG); k++)
-                if (ATT_COL(k) < R)
-                    run[k] = merge_acc(run[k], acc[k], s.ca[ATT_HEAD(k)], s.cb[ATT_HEAD(k)]);
+                if (ATT_COL(k, HG) < R)
+                    run[k] =
+                        merge_acc(run[k], acc[k], s.ca[ATT_HEAD(k, HG)], s.cb[ATT_HEAD(k, HG)]);
         }
     }
     if (to_slots) {
@@ -448,25 +453,28 @@ __global__ void __launch_bounds__(ATT_THREADS, 2) /* 2 blocks of ~93 KiB per SM 
         if (tid == 0) {
             const int arrivals = (int)min((int64_t)gridDim.y, n_chunks);
             last_block = atomicAdd(&counters[blockIdx.x], 1) == arrivals - 1;
-            if (last_block) counters[blockIdx.x] = 0; /* for the next launch */
+            if (last_block) {
+                counters[blockIdx.x] = 0; /* for the next launch */
+                __threadfence();          /* the others' states before this block's reads */
+            }
         }
         __syncthreads();
         if (!last_block) return;
-        __threadfence();
 #pragma unroll
         for (int k = 0; k < ATT_MAXE(HG); k++) {
-            const int64_t h = h0 + ATT_HEAD(k);
-            if (ATT_COL(k) < R && h < p.n_heads)
-                p.out[h * att_out_hs(p) + t * R + ATT_COL(k)] =
-                    fold_chunks(partial, p, t, h, n_chunks, cmax, ATT_COL(k));
+            const int64_t h = h0 + ATT_HEAD(k, HG);
+            if (ATT_COL(k, HG) < R && h < p.n_heads)
+                p.out[h * att_out_hs(p) + t * R + ATT_COL(k, HG)] =
+                    fold_chunks(partial, p, t, h, n_chunks, cmax, ATT_COL(k, HG));
         }
         return;
     }
 #pragma unroll
     for (int k = 0; k < ATT_MAXE(HG); k++) {
-        const int64_t h = h0 + ATT_HEAD(k);
-        if (ATT_COL(k) < R && h < p.n_heads)
-            p.out[h * att_out_hs(p) + t * R + ATT_COL(k)] = finalize(run[k], s.l_run[ATT_HEAD(k)]);
+        const int64_t h = h0 + ATT_HEAD(k, HG);
+        if (ATT_COL(k, HG) < R && h < p.n_heads)
+            p.out[h * att_out_hs(p) + t * R + ATT_COL(k, HG)] =
+                finalize(run[k], s.l_run[ATT_HEAD(k, HG)]);
     }
 }
 
@@ -518,17 +526,19 @@ cudaError_t di_cuda_launch_mla_attention(const di_cuda_attn_launch *a) {
         (size_t)(hg == ATT_HG_WIDE ? att_smem_floats<ATT_HG_WIDE>(p->kv_lora_rank, p->rope_dim)
                                    : att_smem_floats<ATT_HG_NARROW>(p->kv_lora_rank, p->rope_dim)) *
         sizeof(float);
-    const bool split = a->split && a->partial && a->counters && cmax > 0 &&
-                       di_cuda_attn_partial_floats(p, a->max_keys) <= a->partial_floats &&
-                       p->n_tokens * n_groups <= a->n_counters;
+    bool split = a->split && a->partial && a->counters && cmax > 0 &&
+                 di_cuda_attn_partial_floats(p, a->max_keys) <= a->partial_floats &&
+                 p->n_tokens * n_groups <= a->n_counters;
     /* Split blocks per query: enough for about two waves of the device, never more than
-     * the chunks. Depends only on the call's shape (a captured graph replays it). */
+     * the chunks. Depends only on the call's shape (a captured graph replays it). One block
+     * per query walks its chunks in place: the same bits without the scratch's traffic. */
     int64_t S = 1;
     if (split) {
         const int64_t want =
             (2 * (int64_t)a->n_sms + p->n_tokens * n_groups - 1) / (p->n_tokens * n_groups);
         S = want < 1 ? 1 : want > cmax ? cmax : want;
     }
+    if (S == 1) split = false;
     dim3 grid((unsigned)(p->n_tokens * n_groups), (unsigned)S);
     void (*k)(const di_mla_attn_params, float *, int *, int, int64_t) =
         hg == ATT_HG_WIDE ? mla_attn_kernel<ATT_HG_WIDE> : mla_attn_kernel<ATT_HG_NARROW>;

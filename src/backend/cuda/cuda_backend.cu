@@ -766,12 +766,12 @@ extern "C" di_status di_backend_cuda_init(di_backend *out, int device, int64_t m
     if (floats * (int64_t)sizeof(float) > DI_CUDA_ATTN_SCRATCH_MAX)
         floats = DI_CUDA_ATTN_SCRATCH_MAX / (int64_t)sizeof(float);
     be->attn_partial_floats = floats;
+    env = getenv("DI_CUDA_ATTN_HEADS"); /* 2 or 8 heads per attention block (0: by shape) */
+    be->attn_heads = env ? atoi(env) : 0;
 
     /* DI_CUDA_STREAMS=1: no side stream (side_begin .. side_join run in call order; the
      * results are the same bits, test_cuda_model compares them). */
     env = getenv("DI_CUDA_STREAMS");
-    const char *heads = getenv("DI_CUDA_ATTN_HEADS"); /* 2 or 8 heads per attention block */
-    be->attn_heads = heads ? atoi(heads) : 0;
     const bool two_streams = !(env && strcmp(env, "1") == 0);
     env = getenv("DI_CUDA_GRAPH_TIMING");
     be->time_graphs = env && strcmp(env, "1") == 0;
@@ -788,8 +788,8 @@ extern "C" di_status di_backend_cuda_init(di_backend *out, int device, int64_t m
             cudaSuccess ||
         (err = cudaMalloc((void **)&be->attn_counters, DI_CUDA_ATTN_COUNTERS * sizeof(int))) !=
             cudaSuccess ||
-        (err = cudaMemset(be->attn_counters, 0, DI_CUDA_ATTN_COUNTERS * sizeof(int))) !=
-            cudaSuccess ||
+        (err = cudaMemsetAsync(be->attn_counters, 0, DI_CUDA_ATTN_COUNTERS * sizeof(int),
+                               be->main)) != cudaSuccess ||
         (err = di_cuda_attn_setup()) != cudaSuccess || (err = di_cuda_v4_setup()) != cudaSuccess ||
         (err = di_cuda_tc_wide_setup(&wide_ok)) != cudaSuccess) {
         cuda_free_ctx(be);

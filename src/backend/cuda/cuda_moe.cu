@@ -26,9 +26,10 @@
  * counting sort, the same rows) in nk / 32 steps instead of one thread walking all nk entries
  * per expert.
  *
- * Launches: a call of at most one block's warps of tokens (a decode step of a few sequences)
- * is one kernel, route_small_kernel, which selects and then groups; a larger one is two,
- * select_kernel (a warp per token) and group_kernel.
+ * Launches: a call of at most one block's warps of tokens (a decode step of a few sequences:
+ * 8 for up to 243 experts, fewer for more, as the warps' scratch allows) is one kernel,
+ * route_small_kernel, which selects and then groups; a larger one is two, select_kernel (a
+ * warp per token) and group_kernel.
  */
 #include "backend/cuda/cuda_internal.cuh"
 
@@ -37,7 +38,7 @@
 #define RT_MAX_WARPS 8          /* tokens per selection block */
 #define RT_SMEM      (40 << 10) /* its scratch: at most 40 KiB of the 48 KiB of shared memory */
 #define RG_THREADS                                                                                 \
-    1024 /* grouping: at least one thread per expert (the power of two >= E, at least a warp) */
+    1024 /* grouping: at most this many threads, at least one per expert and a warp */
 
 struct route_args {
     di_router_params r; /* bias: device memory or NULL */
@@ -71,7 +72,11 @@ struct select_smem {
 };
 
 static __host__ __device__ int64_t select_smem_bytes(int64_t E) {
-    return E * (int64_t)(sizeof(double) + 3 * sizeof(float)) + 64 * (int64_t)sizeof(int);
+    /* rounded to 16 bytes: the next warp's slice starts with doubles (an odd E would
+     * misalign them) */
+    const int64_t bytes =
+        E * (int64_t)(sizeof(double) + 3 * sizeof(float)) + 64 * (int64_t)sizeof(int);
+    return (bytes + 15) / 16 * 16;
 }
 
 static __device__ select_smem select_carve(char *base, int64_t E) {
@@ -164,7 +169,6 @@ static __device__ void select_token(const route_args &a, int64_t t, const select
                 if (s.gscore[j] > s.gscore[g] || (s.gscore[j] == s.gscore[g] && j < g)) rank++;
             if (rank >= r.topk_group) dropped |= 1u << (g / 32);
         }
-        __syncwarp(); /* every lane has read the group scores */
         for (int g = lane; g < G; g += 32)
             if (dropped >> (g / 32) & 1u)
                 for (int i = g * size; i < (g + 1) * size; i++)
@@ -319,7 +323,8 @@ cudaError_t di_cuda_launch_moe_route(const di_moe_route_params *p, cudaStream_t 
     int threads = 32; /* grouping: a thread per expert, a power of two */
     while (threads < E)
         threads *= 2;
-    /* Warps of a selection block: as many as fit the scratch (E <= 1024: at least two). */
+    /* Warps of a selection block: as many as fit the scratch, at most 8 (7 at 256 experts,
+     * one at 1024). */
     const int64_t per_warp = select_smem_bytes(E);
     int64_t warps = RT_SMEM / per_warp;
     warps = warps > RT_MAX_WARPS ? RT_MAX_WARPS : warps;

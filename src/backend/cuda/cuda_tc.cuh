@@ -72,7 +72,10 @@ static __device__ __forceinline__ void load_x8(const di_cuda_mm_params &p, int64
  * the target's warps (tune.tc_target, DI_CUDA_TC_TARGET by default; expert weights
  * tune.tc_target_experts where set), keeping TC_MIN_CHUNKS chunks per run. From the weight's
  * shape and kind only, so the products of one weight, at any n and in either kernel, share
- * their K order. Run kw takes chunks [C kw / ks, C (kw + 1) / ks). */
+ * their K order (with the experts' knob set, an expert weight's grouped products -- the only
+ * ones the models run on it -- leave the K order of a plain product of the same weight, which
+ * the op tests compare bitwise: they assume the knob unset). Run kw takes chunks
+ * [C kw / ks, C (kw + 1) / ks). */
 static inline int tc_ks(const di_cuda_mm_params *p) {
     const int64_t target =
         p->experts && p->tune.tc_target_experts > 0 ? p->tune.tc_target_experts : p->tune.tc_target;
