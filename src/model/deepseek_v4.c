@@ -235,10 +235,11 @@ static di_status ctx_create(const v4_model *m, v4_kv *kv, bool own_kv, int64_t m
         {(void **)&c->xe, C * K * D * f},
         {(void **)&c->moe_out, C * K * D * f},
         {(void **)&c->eo, C * K * D * f},
+        {(void **)&c->route, 3 * C * K * i32},
         {(void **)&c->ids_d, C * i32},
         {(void **)&c->logits, same ? 0 : C * V * f},
     };
-    /* Host-side buffers; the mirrors (last nine) only when backend memory is not host. */
+    /* Host-side buffers; the mirrors (the last ten) only when backend memory is not host. */
     const v4_buf host[] = {
         {(void **)&c->ids, C * i32},
         {(void **)&c->pos, C * i64},
@@ -258,8 +259,9 @@ static di_status ctx_create(const v4_model *m, v4_kv *kv, bool own_kv, int64_t m
         {(void **)&c->slot_c_h, 2 * m_max * pz},
         {(void **)&c->slot_z_h, 2 * m_max * pz},
         {(void **)&c->rlogits_h, C * E * f},
+        {(void **)&c->route_h, 3 * C * K * i32},
     };
-    const int n_dev = (int)DI_ARRAY_LEN(dev), n_host = (int)DI_ARRAY_LEN(host) - (same ? 9 : 0);
+    const int n_dev = (int)DI_ARRAY_LEN(dev), n_host = (int)DI_ARRAY_LEN(host) - (same ? 10 : 0);
     const size_t dev_bytes = bufs_total(dev, n_dev), host_bytes = bufs_total(host, n_host);
     c->dev = mem->ops->buf_alloc(mem->ctx, dev_bytes); /* zero-filled */
     c->host = di_aligned_alloc(host_bytes);
@@ -282,6 +284,7 @@ static di_status ctx_create(const v4_model *m, v4_kv *kv, bool own_kv, int64_t m
         c->slot_c_h = c->slot_c;
         c->slot_z_h = c->slot_z;
         c->rlogits_h = c->rlogits;
+        c->route_h = c->route;
         c->ids_d = c->ids;
     }
     float **tabs[6] = {&c->cos_m, &c->sin_m, &c->nsin_m, &c->cos_c, &c->sin_c, &c->nsin_c};
@@ -344,7 +347,10 @@ static void route_hash(const v4_model *m, const v4_block *L, const float *logits
 }
 
 /* MoE over c->xn -> c->y. Tokens are grouped by expert so each expert's weights are read
- * once per chunk; each token sums its experts in slot order (batch invariance). */
+ * once per chunk; each token sums its experts in slot order (batch invariance). The routing
+ * runs on the host (hash layers read tid2eid by token id); the rows move in three ops -- one
+ * gather into expert order, each expert writing its grouped rows, one combine in slot order
+ * -- instead of a copy per row and an axpy per (token, slot): on a GPU each was a launch. */
 static void moe(const v4_model *m, const v4_block *L, v4_ctx *c, const di_backend *be,
                 const int32_t *tok, int64_t n) {
     const di_hparams *hp = m->hp;
@@ -369,21 +375,24 @@ static void moe(const v4_model *m, const v4_block *L, v4_ctx *c, const di_backen
         c->cnt[e + 1] += c->cnt[e];
     for (int64_t i = 0; i < n * K; i++)
         c->ent[c->cnt[c->sel_id[i]]++] = (int32_t)i;
+    const int64_t nk = n * K;
+    int32_t *src = c->route_h, *rows_of = src + nk;
+    float *w = (float *)(rows_of + nk);
+    for (int64_t g = 0; g < nk; g++) {
+        src[g] = c->ent[g] / (int32_t)K;
+        rows_of[c->ent[g]] = (int32_t)g;
+    }
+    memcpy(w, c->sel_w, (size_t)nk * sizeof(float));
+    v4_up(be, c->route, c->route_h, (size_t)(3 * nk) * sizeof(int32_t));
+    const int32_t *src_d = c->route, *rows_d = src_d + nk;
+    const float *w_d = (const float *)(rows_d + nk);
+    be->ops->copy_rows(bc, c->xe, D, NULL, c->xn, D, src_d, nk, D);
     for (int64_t e = 0, begin = 0; e < E; begin = c->cnt[e], e++) {
-        int64_t ne = c->cnt[e] - begin;
-        if (ne == 0) continue;
-        const int32_t *ent = c->ent + begin;
-        for (int64_t i = 0; i < ne; i++)
-            be->ops->copy2d(bc, c->xe + i * D, D, c->xn + (ent[i] / K) * D, D, 1, D);
-        expert(m, &L->experts[e], c, be, c->xe, ne, c->moe_out);
-        for (int64_t i = 0; i < ne; i++)
-            be->ops->copy2d(bc, c->eo + (int64_t)ent[i] * D, D, c->moe_out + i * D, D, 1, D);
+        const int64_t ne = c->cnt[e] - begin;
+        if (ne > 0) expert(m, &L->experts[e], c, be, c->xe + begin * D, ne, c->eo + begin * D);
     }
     expert(m, &L->shared, c, be, c->xn, n, c->y);
-    be->ops->fill_zero(bc, c->moe_out, (size_t)(n * D) * sizeof(float));
-    for (int64_t t = 0; t < n; t++)
-        for (int64_t k = 0; k < K; k++)
-            be->ops->axpy(bc, c->sel_w[t * K + k], c->eo + (t * K + k) * D, D, c->moe_out + t * D);
+    be->ops->moe_combine(bc, c->eo, rows_d, w_d, n, K, D, c->moe_out);
     be->ops->axpy(bc, 1.0f, c->moe_out, n * D, c->y);
 }
 

@@ -176,7 +176,10 @@ typedef struct v4_ctx {
     /* an expert may get every (token, slot) pair if tid2eid repeats ids: K C rows */
     float *gate, *up;    /* [K C][I] */
     float *xe, *moe_out; /* [K C][D] */
-    float *eo;           /* [C][K][D] */
+    float *eo;           /* [K C][D] expert outputs, grouped by expert */
+    /* [3 K C] words: grouped row g's token (src), entry i's grouped row (rows_of), entry i's
+     * weight -- the gather and combine lists, uploaded in one transfer */
+    int32_t *route, *route_h;
     float *logits;       /* [C][V] head output, unless backend memory is host memory (NULL) */
     int32_t *sel_id;     /* [C][K] (host) */
     int64_t *cnt;        /* [E + 1] (host) */
