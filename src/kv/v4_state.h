@@ -113,19 +113,20 @@ di_status di_v4_pool_init(di_v4_pool *p, const di_backend *be, int64_t n_layers,
                           int64_t index_dim, int64_t n_blocks, int64_t block_size);
 void di_v4_pool_free(di_v4_pool *p);
 
-/* Entry w of layer il of the sequence with block table `table` (d floats), and its indexer
- * key (dI floats, CSA layers). */
+/* The row of entry w of layer il of the sequence with block table `table`, in that layer's
+ * entries (d floats each) and indexer keys (dI floats each, CSA layers). */
+static inline int64_t di_v4_pool_row(const di_v4_pool *p, int64_t il, const int32_t *table,
+                                     int64_t w) {
+    const di_v4_pool_layer *L = &p->layers[il];
+    return (int64_t)table[w / L->per_block] * L->per_block + w % L->per_block;
+}
 static inline float *di_v4_pool_entry(const di_v4_pool *p, int64_t il, const int32_t *table,
                                       int64_t w) {
-    const di_v4_pool_layer *L = &p->layers[il];
-    return L->entries +
-           ((int64_t)table[w / L->per_block] * L->per_block + w % L->per_block) * p->dim;
+    return p->layers[il].entries + di_v4_pool_row(p, il, table, w) * p->dim;
 }
 static inline float *di_v4_pool_ientry(const di_v4_pool *p, int64_t il, const int32_t *table,
                                        int64_t w) {
-    const di_v4_pool_layer *L = &p->layers[il];
-    return L->ientries +
-           ((int64_t)table[w / L->per_block] * L->per_block + w % L->per_block) * p->index_dim;
+    return p->layers[il].ientries + di_v4_pool_row(p, il, table, w) * p->index_dim;
 }
 
 /* Cache accounting for `deepinfer info` (bytes of float32 rows, per layer):

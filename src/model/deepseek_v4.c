@@ -222,6 +222,7 @@ static di_status ctx_create(const v4_model *m, v4_kv *kv, bool own_kv, int64_t m
         {(void **)&c->qi, C * nI * dI * f},
         {(void **)&c->iw, C * nI * f},
         {(void **)&c->ikeys, ME * dI * f},
+        {(void **)&c->irows, ME * i32},
         {(void **)&c->iscore, C * ME * f},
         {(void **)&c->ascratch, c->scratch_rows * MK * f},
         {(void **)&c->keys, C * MK * pz},
@@ -239,7 +240,7 @@ static di_status ctx_create(const v4_model *m, v4_kv *kv, bool own_kv, int64_t m
         {(void **)&c->ids_d, C * i32},
         {(void **)&c->logits, same ? 0 : C * V * f},
     };
-    /* Host-side buffers; the mirrors (the last ten) only when backend memory is not host. */
+    /* Host-side buffers; the mirrors (the last eleven) only when backend memory is not host. */
     const v4_buf host[] = {
         {(void **)&c->ids, C * i32},
         {(void **)&c->pos, C * i64},
@@ -260,8 +261,9 @@ static di_status ctx_create(const v4_model *m, v4_kv *kv, bool own_kv, int64_t m
         {(void **)&c->slot_z_h, 2 * m_max * pz},
         {(void **)&c->rlogits_h, C * E * f},
         {(void **)&c->route_h, 3 * C * K * i32},
+        {(void **)&c->irows_h, ME * i32},
     };
-    const int n_dev = (int)DI_ARRAY_LEN(dev), n_host = (int)DI_ARRAY_LEN(host) - (same ? 10 : 0);
+    const int n_dev = (int)DI_ARRAY_LEN(dev), n_host = (int)DI_ARRAY_LEN(host) - (same ? 11 : 0);
     const size_t dev_bytes = bufs_total(dev, n_dev), host_bytes = bufs_total(host, n_host);
     c->dev = mem->ops->buf_alloc(mem->ctx, dev_bytes); /* zero-filled */
     c->host = di_aligned_alloc(host_bytes);
@@ -285,6 +287,7 @@ static di_status ctx_create(const v4_model *m, v4_kv *kv, bool own_kv, int64_t m
         c->slot_z_h = c->slot_z;
         c->rlogits_h = c->rlogits;
         c->route_h = c->route;
+        c->irows_h = c->irows;
         c->ids_d = c->ids;
     }
     float **tabs[6] = {&c->cos_m, &c->sin_m, &c->nsin_m, &c->cos_c, &c->sin_c, &c->nsin_c};

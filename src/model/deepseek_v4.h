@@ -168,6 +168,7 @@ typedef struct v4_ctx {
     int32_t *n_keys, *n_keys_h;     /* [C] */
     int64_t *n_vis, *n_vis_h;       /* [C] entries visible to each query */
     int32_t *sel;                   /* [MK] indexer top-k scratch (host) */
+    int32_t *irows, *irows_h;       /* [ME] pool rows of one sequence's indexer keys */
     const float **slot_c, **slot_z; /* [2 m_max] compressor pooling slots */
     const float **slot_c_h, **slot_z_h;
     float *rlogits, *rlogits_h; /* [C][E] */

@@ -26,9 +26,10 @@
  * Backend memory (CUDA): the rows (activations, pool, slots) live where the ops run; the
  * host keeps the bookkeeping and computes row addresses, never reading a row. Per layer it
  * downloads the indexer scores (CSA) for the top-k and uploads the key lists (row pointers),
- * their counts and the visible counts; each emitted entry uploads its pooling slots and
- * rope angles. Row copies (compressor rows, ring, gathered index keys) are copy2d ops. On
- * the CPU the mirrors are the buffers, nothing moves, and the arithmetic is unchanged.
+ * their counts and the visible counts, and the pool rows of the indexer keys it gathers (one
+ * copy_rows per sequence); each emitted entry uploads its pooling slots and rope angles. The
+ * other row copies (compressor rows, ring) are copy2d ops. On the CPU the mirrors are the
+ * buffers, nothing moves, and the arithmetic is unchanged.
  */
 #include "model/deepseek_v4.h"
 
@@ -233,9 +234,13 @@ void v4_attention(const v4_model *m, const v4_block *L, int64_t il, v4_ctx *c, c
         for (int64_t gi = 0; gi < c->n_segs; gi++) {
             const v4_seg *sg = &c->segs[gi];
             const int64_t nv = c->n_vis_h[sg->row0 + sg->n - 1]; /* the most any row sees */
+            /* The keys gathered in one op (their pool rows up in one transfer): a copy per
+             * key was a launch per visible entry on a GPU, every layer, every token. */
             for (int64_t w = 0; w < nv; w++)
-                be->ops->copy2d(bc, c->ikeys + w * dI, dI,
-                                di_v4_pool_ientry(pool, il, sg->table, w), dI, 1, dI);
+                c->irows_h[w] = (int32_t)di_v4_pool_row(pool, il, sg->table, w);
+            v4_up(be, c->irows, c->irows_h, (size_t)nv * sizeof(int32_t));
+            be->ops->copy_rows(bc, c->ikeys, dI, NULL, pool->layers[il].ientries, dI, c->irows,
+                               nv, dI);
             di_v4_index_params ip = {.n_tokens = sg->n,
                                      .n_heads = nI,
                                      .dim = dI,
