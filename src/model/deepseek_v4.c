@@ -200,6 +200,7 @@ static di_status ctx_create(const v4_model *m, v4_kv *kv, bool own_kv, int64_t m
 
     const size_t f = sizeof(float), pz = sizeof(void *), i32 = sizeof(int32_t);
     const size_t i64 = sizeof(int64_t);
+    c->emit_bytes = 4 * m_max * pz + 2 * rd2 * f;
     const v4_buf dev[] = {
         {(void **)&c->x, C * n * D * f},
         {(void **)&c->x2, C * n * D * f},
@@ -214,7 +215,6 @@ static di_status ctx_create(const v4_model *m, v4_kv *kv, bool own_kv, int64_t m
         {(void **)&c->kvr, C * d * f},
         {(void **)&c->z, C * v->o_groups * v->o_lora_rank * f},
         {(void **)&c->rope, 6 * C * rd2 * f},
-        {(void **)&c->ecs, 2 * rd2 * f},
         {(void **)&c->cc, C * 2 * d * f},
         {(void **)&c->zz, C * 2 * d * f},
         {(void **)&c->ic, C * 2 * dI * f},
@@ -228,8 +228,7 @@ static di_status ctx_create(const v4_model *m, v4_kv *kv, bool own_kv, int64_t m
         {(void **)&c->keys, C * MK * pz},
         {(void **)&c->n_keys, C * i32},
         {(void **)&c->n_vis, C * i64},
-        {(void **)&c->slot_c, 2 * m_max * pz},
-        {(void **)&c->slot_z, 2 * m_max * pz},
+        {(void **)&c->emit, c->emit_bytes},
         {(void **)&c->rlogits, C * E * f},
         {(void **)&c->gate, C * K * I * f},
         {(void **)&c->up, C * K * I * f},
@@ -240,7 +239,7 @@ static di_status ctx_create(const v4_model *m, v4_kv *kv, bool own_kv, int64_t m
         {(void **)&c->ids_d, C * i32},
         {(void **)&c->logits, same ? 0 : C * V * f},
     };
-    /* Host-side buffers; the mirrors (the last eleven) only when backend memory is not host. */
+    /* Host-side buffers; the mirrors (the last nine) only when backend memory is not host. */
     const v4_buf host[] = {
         {(void **)&c->ids, C * i32},
         {(void **)&c->pos, C * i64},
@@ -252,18 +251,16 @@ static di_status ctx_create(const v4_model *m, v4_kv *kv, bool own_kv, int64_t m
         {(void **)&c->cnt, (E + 1) * i64},
         {(void **)&c->ent, C * K * i32},
         {(void **)&c->rope_h, 6 * C * rd2 * f},
-        {(void **)&c->ecs_h, 2 * rd2 * f},
         {(void **)&c->iscore_h, C * ME * f},
         {(void **)&c->keys_h, C * MK * pz},
         {(void **)&c->n_keys_h, C * i32},
         {(void **)&c->n_vis_h, C * i64},
-        {(void **)&c->slot_c_h, 2 * m_max * pz},
-        {(void **)&c->slot_z_h, 2 * m_max * pz},
+        {(void **)&c->emit_h, c->emit_bytes},
         {(void **)&c->rlogits_h, C * E * f},
         {(void **)&c->route_h, 3 * C * K * i32},
         {(void **)&c->irows_h, ME * i32},
     };
-    const int n_dev = (int)DI_ARRAY_LEN(dev), n_host = (int)DI_ARRAY_LEN(host) - (same ? 11 : 0);
+    const int n_dev = (int)DI_ARRAY_LEN(dev), n_host = (int)DI_ARRAY_LEN(host) - (same ? 9 : 0);
     const size_t dev_bytes = bufs_total(dev, n_dev), host_bytes = bufs_total(host, n_host);
     c->dev = mem->ops->buf_alloc(mem->ctx, dev_bytes); /* zero-filled */
     c->host = di_aligned_alloc(host_bytes);
@@ -278,18 +275,22 @@ static di_status ctx_create(const v4_model *m, v4_kv *kv, bool own_kv, int64_t m
     if (same) {
         c->logits = NULL;
         c->rope_h = c->rope;
-        c->ecs_h = c->ecs;
         c->iscore_h = c->iscore;
         c->keys_h = c->keys;
         c->n_keys_h = c->n_keys;
         c->n_vis_h = c->n_vis;
-        c->slot_c_h = c->slot_c;
-        c->slot_z_h = c->slot_z;
+        c->emit_h = c->emit;
         c->rlogits_h = c->rlogits;
         c->route_h = c->route;
         c->irows_h = c->irows;
         c->ids_d = c->ids;
     }
+    c->slot_c = (const float **)c->emit;
+    c->slot_z = c->slot_c + 2 * m_max;
+    c->ecs = (float *)(c->slot_z + 2 * m_max);
+    c->slot_c_h = (const float **)c->emit_h;
+    c->slot_z_h = c->slot_c_h + 2 * m_max;
+    c->ecs_h = (float *)(c->slot_z_h + 2 * m_max);
     float **tabs[6] = {&c->cos_m, &c->sin_m, &c->nsin_m, &c->cos_c, &c->sin_c, &c->nsin_c};
     for (int i = 0; i < 6; i++)
         *tabs[i] = c->rope + i * C * rd2;

@@ -156,7 +156,11 @@ typedef struct v4_ctx {
     float *rope, *rope_h;           /* the six tables below, contiguous, and their host mirror */
     float *cos_m, *sin_m, *nsin_m;  /* [C][rd2] main rope (nsin: inverse rotation) */
     float *cos_c, *sin_c, *nsin_c;  /* [C][rd2] compress rope */
-    float *ecs, *ecs_h;             /* [2][rd2] cos, sin of one compressed entry */
+    /* One emitted entry's inputs, contiguous so that one upload moves them (emit, emit_h:
+     * emit_bytes): its pooling slots (slot_c, slot_z) and rope angles (ecs). */
+    void *emit, *emit_h;
+    size_t emit_bytes;
+    float *ecs, *ecs_h; /* [2][rd2] cos, sin of one compressed entry */
     float *cc, *zz;                 /* [C][2 d] main compressor projections */
     float *ic, *iz;                 /* [C][2 dI] indexer compressor projections */
     float *qi, *iw;                 /* [C][nI dI], [C][nI] indexer queries and head weights */

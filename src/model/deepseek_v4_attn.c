@@ -27,7 +27,8 @@
  * host keeps the bookkeeping and computes row addresses, never reading a row. Per layer it
  * downloads the indexer scores (CSA) for the top-k and uploads the key lists (row pointers),
  * their counts and the visible counts, and the pool rows of the indexer keys it gathers (one
- * copy_rows per sequence); each emitted entry uploads its pooling slots and rope angles. The
+ * copy_rows per sequence); each emitted entry uploads its pooling slots and rope angles (one
+ * transfer). The
  * other row copies (compressor rows, ring) are copy2d ops. On the CPU the mirrors are the
  * buffers, nothing moves, and the arithmetic is unchanged.
  */
@@ -82,20 +83,18 @@ static void emit_entry(const v4_model *m, const v4_compressor *cw, const di_v4_c
         c->slot_c_h[ns] = di_v4_comp_c(cs, w * mm + i) + off;
         c->slot_z_h[ns] = di_v4_comp_z(cs, w * mm + i) + off;
     }
-    v4_up(be, c->slot_c, c->slot_c_h, (size_t)ns * sizeof(float *));
-    v4_up(be, c->slot_z, c->slot_z_h, (size_t)ns * sizeof(float *));
-    di_v4_pool_params pp = {
-        .n_slots = ns, .width = width, .c = c->slot_c, .z = c->slot_z, .out = out};
-    be->ops->v4_pool(be->ctx, &pp);
-    be->ops->rmsnorm(be->ctx, out, width, cw->norm, 1, width, (float)m->hp->rms_norm_eps, out,
-                     width);
     const int64_t rd2 = m->v->rope_dim / 2;
     for (int64_t i = 0; i < rd2; i++) {
         float ang = (float)(w * mm) * m->inv_comp[i];
         c->ecs_h[i] = (float)cos((double)ang);
         c->ecs_h[rd2 + i] = (float)sin((double)ang);
     }
-    v4_up(be, c->ecs, c->ecs_h, (size_t)(2 * rd2) * sizeof(float));
+    v4_up(be, c->emit, c->emit_h, c->emit_bytes); /* slots and angles: one transfer */
+    di_v4_pool_params pp = {
+        .n_slots = ns, .width = width, .c = c->slot_c, .z = c->slot_z, .out = out};
+    be->ops->v4_pool(be->ctx, &pp);
+    be->ops->rmsnorm(be->ctx, out, width, cw->norm, 1, width, (float)m->hp->rms_norm_eps, out,
+                     width);
     rope(m, be, out, 1, 1, width, width, c->ecs, c->ecs + rd2);
 }
 
