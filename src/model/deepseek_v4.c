@@ -201,6 +201,7 @@ static di_status ctx_create(const v4_model *m, v4_kv *kv, bool own_kv, int64_t m
     const size_t f = sizeof(float), pz = sizeof(void *), i32 = sizeof(int32_t);
     const size_t i64 = sizeof(int64_t);
     c->emit_bytes = 4 * m_max * pz + 2 * rd2 * f;
+    c->klist_head = (C * i32 + 7) & ~(size_t)7;
     const v4_buf dev[] = {
         {(void **)&c->x, C * n * D * f},
         {(void **)&c->x2, C * n * D * f},
@@ -225,8 +226,7 @@ static di_status ctx_create(const v4_model *m, v4_kv *kv, bool own_kv, int64_t m
         {(void **)&c->irows, ME * i32},
         {(void **)&c->iscore, C * ME * f},
         {(void **)&c->ascratch, c->scratch_rows * MK * f},
-        {(void **)&c->keys, C * MK * pz},
-        {(void **)&c->n_keys, C * i32},
+        {(void **)&c->klist, c->klist_head + C * MK * pz},
         {(void **)&c->n_vis, C * i64},
         {(void **)&c->emit, c->emit_bytes},
         {(void **)&c->rlogits, C * E * f},
@@ -239,7 +239,7 @@ static di_status ctx_create(const v4_model *m, v4_kv *kv, bool own_kv, int64_t m
         {(void **)&c->ids_d, C * i32},
         {(void **)&c->logits, same ? 0 : C * V * f},
     };
-    /* Host-side buffers; the mirrors (the last nine) only when backend memory is not host. */
+    /* Host-side buffers; the mirrors (the last eight) only when backend memory is not host. */
     const v4_buf host[] = {
         {(void **)&c->ids, C * i32},
         {(void **)&c->pos, C * i64},
@@ -252,15 +252,14 @@ static di_status ctx_create(const v4_model *m, v4_kv *kv, bool own_kv, int64_t m
         {(void **)&c->ent, C * K * i32},
         {(void **)&c->rope_h, 6 * C * rd2 * f},
         {(void **)&c->iscore_h, C * ME * f},
-        {(void **)&c->keys_h, C * MK * pz},
-        {(void **)&c->n_keys_h, C * i32},
+        {(void **)&c->klist_h, c->klist_head + C * MK * pz},
         {(void **)&c->n_vis_h, C * i64},
         {(void **)&c->emit_h, c->emit_bytes},
         {(void **)&c->rlogits_h, C * E * f},
         {(void **)&c->route_h, 3 * C * K * i32},
         {(void **)&c->irows_h, ME * i32},
     };
-    const int n_dev = (int)DI_ARRAY_LEN(dev), n_host = (int)DI_ARRAY_LEN(host) - (same ? 9 : 0);
+    const int n_dev = (int)DI_ARRAY_LEN(dev), n_host = (int)DI_ARRAY_LEN(host) - (same ? 8 : 0);
     const size_t dev_bytes = bufs_total(dev, n_dev), host_bytes = bufs_total(host, n_host);
     c->dev = mem->ops->buf_alloc(mem->ctx, dev_bytes); /* zero-filled */
     c->host = di_aligned_alloc(host_bytes);
@@ -276,8 +275,7 @@ static di_status ctx_create(const v4_model *m, v4_kv *kv, bool own_kv, int64_t m
         c->logits = NULL;
         c->rope_h = c->rope;
         c->iscore_h = c->iscore;
-        c->keys_h = c->keys;
-        c->n_keys_h = c->n_keys;
+        c->klist_h = c->klist;
         c->n_vis_h = c->n_vis;
         c->emit_h = c->emit;
         c->rlogits_h = c->rlogits;
@@ -285,6 +283,10 @@ static di_status ctx_create(const v4_model *m, v4_kv *kv, bool own_kv, int64_t m
         c->irows_h = c->irows;
         c->ids_d = c->ids;
     }
+    c->n_keys = (int32_t *)c->klist;
+    c->keys = (const float **)((char *)c->klist + c->klist_head);
+    c->n_keys_h = (int32_t *)c->klist_h;
+    c->keys_h = (const float **)((char *)c->klist_h + c->klist_head);
     c->slot_c = (const float **)c->emit;
     c->slot_z = c->slot_c + 2 * m_max;
     c->ecs = (float *)(c->slot_z + 2 * m_max);

@@ -168,8 +168,12 @@ typedef struct v4_ctx {
     float *iscore, *iscore_h;       /* [C][ME] indexer scores */
     float *ascratch;                /* [scratch_rows][MK] attention score rows */
     int64_t scratch_rows;           /* max(C, 64): also one row per worker for up to 64 workers */
-    const float **keys, **keys_h;   /* [C][MK] key rows per query */
-    int32_t *n_keys, *n_keys_h;     /* [C] */
+    /* The key lists, one upload per layer (klist, klist_h: klist_bytes): each query's count
+     * (n_keys, [C], padded to 8 bytes), then its key rows (keys, [C][MK]). */
+    void *klist, *klist_h;
+    size_t klist_head;            /* bytes before keys */
+    const float **keys, **keys_h; /* [C][MK] key rows per query */
+    int32_t *n_keys, *n_keys_h;   /* [C] */
     int64_t *n_vis, *n_vis_h;       /* [C] entries visible to each query */
     int32_t *sel;                   /* [MK] indexer top-k scratch (host) */
     int32_t *irows, *irows_h;       /* [ME] pool rows of one sequence's indexer keys */

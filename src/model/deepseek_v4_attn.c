@@ -25,8 +25,8 @@
  *
  * Backend memory (CUDA): the rows (activations, pool, slots) live where the ops run; the
  * host keeps the bookkeeping and computes row addresses, never reading a row. Per layer it
- * downloads the indexer scores (CSA) for the top-k and uploads the key lists (row pointers),
- * their counts and the visible counts, and the pool rows of the indexer keys it gathers (one
+ * downloads the indexer scores (CSA) for the top-k and uploads the key lists (row pointers)
+ * with their counts (one transfer) and the visible counts, and the pool rows of the indexer keys it gathers (one
  * copy_rows per sequence); each emitted entry uploads its pooling slots and rope angles (one
  * transfer). The
  * other row copies (compressor rows, ring) are copy2d ops. On the CPU the mirrors are the
@@ -279,8 +279,7 @@ void v4_attention(const v4_model *m, const v4_block *L, int64_t il, v4_ctx *c, c
             c->n_keys_h[row] = (int32_t)nk;
         }
     }
-    v4_up(be, c->keys, c->keys_h, (size_t)(n * c->max_keys) * sizeof(float *));
-    v4_up(be, c->n_keys, c->n_keys_h, (size_t)n * sizeof(int32_t));
+    v4_up(be, c->klist, c->klist_h, c->klist_head + (size_t)(n * c->max_keys) * sizeof(float *));
 
     di_v4_attn_params ap = {.n_tokens = n,
                             .n_heads = H,
