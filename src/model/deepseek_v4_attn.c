@@ -221,7 +221,8 @@ void v4_attention(const v4_model *m, const v4_block *L, int64_t il, v4_ctx *c, c
                                c->iz + sg->row0 * icw, NULL);
             }
         }
-        v4_up(be, c->n_vis, c->n_vis_h, (size_t)n * sizeof(int64_t));
+        /* only the indexer reads them on the backend (HCA key lists are built here) */
+        if (csa) v4_up(be, c->n_vis, c->n_vis_h, (size_t)n * sizeof(int64_t));
     }
 
     /* 4. Indexer scores of the visible entries (CSA), per sequence over its gathered keys. */
