@@ -233,7 +233,7 @@ static di_status ctx_create(const v4_model *m, v4_kv *kv, bool own_kv, int64_t m
         {(void **)&c->gate, C * K * I * f},
         {(void **)&c->up, C * K * I * f},
         {(void **)&c->xe, C * K * D * f},
-        {(void **)&c->moe_out, C * K * D * f},
+        {(void **)&c->moe_out, C * D * f},
         {(void **)&c->eo, C * K * D * f},
         {(void **)&c->route, 3 * C * K * i32},
         {(void **)&c->ids_d, C * i32},

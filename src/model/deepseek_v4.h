@@ -168,8 +168,8 @@ typedef struct v4_ctx {
     float *iscore, *iscore_h;       /* [C][ME] indexer scores */
     float *ascratch;                /* [scratch_rows][MK] attention score rows */
     int64_t scratch_rows;           /* max(C, 64): also one row per worker for up to 64 workers */
-    /* The key lists, one upload per layer (klist, klist_h: klist_bytes): each query's count
-     * (n_keys, [C], padded to 8 bytes), then its key rows (keys, [C][MK]). */
+    /* The key lists, one upload per layer (klist, klist_h): each query's count (n_keys, [C],
+     * klist_head bytes with the padding to 8), then its key rows (keys, [C][MK]). */
     void *klist, *klist_h;
     size_t klist_head;            /* bytes before keys */
     const float **keys, **keys_h; /* [C][MK] key rows per query */
@@ -184,7 +184,8 @@ typedef struct v4_ctx {
     float *rscratch;            /* [3 E] (host) */
     /* an expert may get every (token, slot) pair if tid2eid repeats ids: K C rows */
     float *gate, *up;    /* [K C][I] */
-    float *xe, *moe_out; /* [K C][D] */
+    float *xe;           /* [K C][D] the routed rows, grouped by expert */
+    float *moe_out;      /* [C][D] the combined routed experts */
     float *eo;           /* [K C][D] expert outputs, grouped by expert */
     /* [3 K C] words: grouped row g's token (src), entry i's grouped row (rows_of), entry i's
      * weight -- the gather and combine lists, uploaded in one transfer */

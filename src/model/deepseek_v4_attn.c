@@ -25,12 +25,12 @@
  *
  * Backend memory (CUDA): the rows (activations, pool, slots) live where the ops run; the
  * host keeps the bookkeeping and computes row addresses, never reading a row. Per layer it
- * downloads the indexer scores (CSA) for the top-k and uploads the key lists (row pointers)
- * with their counts (one transfer) and the visible counts, and the pool rows of the indexer keys it gathers (one
- * copy_rows per sequence); each emitted entry uploads its pooling slots and rope angles (one
- * transfer). The
- * other row copies (compressor rows, ring) are copy2d ops. On the CPU the mirrors are the
- * buffers, nothing moves, and the arithmetic is unchanged.
+ * uploads the key lists (row pointers) with their counts in one transfer; a CSA layer also
+ * uploads the visible counts and, per sequence, the pool rows of the indexer keys it gathers
+ * (one copy_rows), and downloads the indexer scores for the top-k; each emitted entry uploads
+ * its pooling slots and rope angles in one transfer. The other row copies (compressor rows,
+ * ring) are copy2d ops. On the CPU the mirrors are the buffers, nothing moves, and the
+ * arithmetic is unchanged.
  */
 #include "model/deepseek_v4.h"
 
@@ -236,8 +236,11 @@ void v4_attention(const v4_model *m, const v4_block *L, int64_t il, v4_ctx *c, c
             const int64_t nv = c->n_vis_h[sg->row0 + sg->n - 1]; /* the most any row sees */
             /* The keys gathered in one op (their pool rows up in one transfer): a copy per
              * key was a launch per visible entry on a GPU, every layer, every token. */
-            for (int64_t w = 0; w < nv; w++)
-                c->irows_h[w] = (int32_t)di_v4_pool_row(pool, il, sg->table, w);
+            for (int64_t w = 0; w < nv; w++) {
+                const int64_t row = di_v4_pool_row(pool, il, sg->table, w);
+                assert(row <= INT32_MAX); /* copy_rows takes 32-bit rows */
+                c->irows_h[w] = (int32_t)row;
+            }
             v4_up(be, c->irows, c->irows_h, (size_t)nv * sizeof(int32_t));
             be->ops->copy_rows(bc, c->ikeys, dI, NULL, pool->layers[il].ientries, dI, c->irows,
                                nv, dI);
