@@ -399,9 +399,9 @@ typedef struct di_backend_ops {
      * run alongside what is enqueued there next; side_join: the ops enqueued next also wait
      * for everything enqueued on the side. Between side_begin and side_join the two streams
      * must not write what the other reads or writes; no sync, download or graph_end in
-     * between. The V2/V3 runner puts a MoE layer's shared experts there, beside the routing
-     * and the routed experts. Inside a graph capture the fork and the join become edges of
-     * the graph. */
+     * between. The V2/V3 runner puts an attention layer's latent projection and store there,
+     * beside the queries, and a MoE layer's shared experts, beside the routing and the routed
+     * experts. Inside a graph capture the fork and the join become edges of the graph. */
     void (*side_begin)(void *ctx);
     void (*side_end)(void *ctx);
     void (*side_join)(void *ctx);

@@ -107,7 +107,7 @@ static void check_case(const char *name) {
     /* 3b. 300 tokens (more than the internal chunk) in one call vs calls of 50: bitwise */
     check_long_input(name, m, &g);
 
-    /* 4. V2/V3: the shared experts beside the routed ones vs one stream, bitwise */
+    /* 4. V2/V3: the second stream's branches vs one stream, bitwise */
     if (lg && name[1] != '4') check_streams(name, m, &g, lg);
     printf("  %-16s cuda: max error ratio %.3g, vs cpu %.3g, greedy %lld/%lld, chunked diff "
            "%.3g\n",

@@ -3,7 +3,8 @@
  * C helpers of cuda_backend.h (weight upload, device memory, sync).
  *
  * The backend owns a non-blocking main stream, a second one for the ops a caller puts beside
- * the main ones (side_begin .. side_join: a MoE layer's shared experts) and the attention's
+ * the main ones (side_begin .. side_join: an attention layer's latent projection and store, a
+ * MoE layer's shared experts) and the attention's
  * split-KV scratch; every op fills a params struct and enqueues one or two kernels on the
  * current stream, never synchronizes and never allocates. Ops cannot return errors
  * (backend.h), so the first failed launch is kept in the context and reported by
@@ -249,11 +250,9 @@ static void cuda_mla_attention(void *ctx, const di_mla_attn_params *p) {
     a.max_keys = be->max_ctx;
     a.n_sms = be->n_sms;
     a.stream = be->stream;
-    /* Splitting pays when (query, head group) blocks alone cannot fill the device. The
-     * schedule does not change the result's bits. */
-    const int64_t blocks = p->n_tokens * ((p->n_heads + 7) / 8);
-    a.split = be->attn_mode == DI_CUDA_ATTN_SPLIT ||
-              (be->attn_mode == DI_CUDA_ATTN_AUTO && blocks < 2 * (int64_t)be->n_sms);
+    /* The launcher splits where that gives a query more than one block (its blocks alone
+     * cannot fill the device); the schedule does not change the result's bits. */
+    a.split = be->attn_mode != DI_CUDA_ATTN_SEQUENTIAL;
     note(be, di_cuda_launch_mla_attention(&a));
 }
 

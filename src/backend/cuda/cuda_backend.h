@@ -64,9 +64,10 @@ int64_t di_cuda_device_free_bytes(int device);
 /* The backend's cudaStream_t, as an opaque pointer (for interop: CUDA graphs, NCCL). */
 void *di_backend_cuda_stream(const di_backend *be);
 
-/* How the attention op schedules its KV chunks: DI_CUDA_ATTN_AUTO picks, SPLIT runs one
- * block per chunk and the last one folds them, SEQUENTIAL walks the chunks inside one block. All
- * three give bitwise identical results (the tests check it); this is a tuning knob only. */
+/* How the attention op schedules its KV chunks: DI_CUDA_ATTN_AUTO (or SPLIT, the same) spreads
+ * a query's chunks over blocks, the last one folding them, wherever that gives the query more
+ * than one block; SEQUENTIAL always walks the chunks inside one block. Both give bitwise
+ * identical results (the tests check it); this is a tuning knob only. */
 typedef enum { DI_CUDA_ATTN_AUTO, DI_CUDA_ATTN_SPLIT, DI_CUDA_ATTN_SEQUENTIAL } di_cuda_attn_mode;
 void di_backend_cuda_set_attn_mode(const di_backend *be, di_cuda_attn_mode mode);
 /* Heads per attention block: 2 or 8, or 0 to choose from the shape (the default;

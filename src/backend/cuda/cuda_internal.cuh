@@ -93,12 +93,6 @@ static cudaError_t di_cuda_launch(void (*kernel)(KArgs...), dim3 grid, dim3 bloc
 /* Matmul family                                                                              */
 /* ---------------------------------------------------------------------------------------- */
 
-/* One product per head h < n_heads, all heads of the same shape, head h's weight starting
- * head_elem_stride elements (and head_row_offset_stride stored rows) after head 0's:
- *   transposed == false:  y(h, t)[r] = sum_c W_h[r][c] x(h, t)[c]
- *   transposed == true:   y(h, t)[c] = sum_r W_h[r][c] x(h, t)[r]
- * x(h, t) = x + h * x_hstride + t * x_tstride (floats), likewise y. A plain matmul is one
- * head with x_tstride = cols, y_tstride = rows. Weight fields as in di_weight. */
 /* The backend's tuning knobs for products (cuda_backend.cu reads them from the environment
  * once and hands them to every launch). */
 #define DI_CUDA_TC_TARGET 1024 /* tune.tc_target's default */
@@ -138,6 +132,12 @@ typedef struct di_cuda_tuning {
     int64_t tc_target, tc_target_experts;
 } di_cuda_tuning;
 
+/* One product per head h < n_heads, all heads of the same shape, head h's weight starting
+ * head_elem_stride elements (and head_row_offset_stride stored rows) after head 0's:
+ *   transposed == false:  y(h, t)[r] = sum_c W_h[r][c] x(h, t)[c]
+ *   transposed == true:   y(h, t)[c] = sum_r W_h[r][c] x(h, t)[r]
+ * x(h, t) = x + h * x_hstride + t * x_tstride (floats), likewise y. A plain matmul is one
+ * head with x_tstride = cols, y_tstride = rows. Weight fields as in di_weight. */
 typedef struct di_cuda_mm_params {
     di_dtype dtype;
     int64_t rows, cols, row_stride;
@@ -338,7 +338,8 @@ typedef struct di_cuda_attn_launch {
     int *counters;       /* split: arrival counters, [n_counters] ints, zero between launches */
     int64_t n_counters;  /* (a split needs one per (query, head group) block) */
     int heads_per_block; /* 2 or 8; 0: chosen from the shape (a tuning knob, same bits) */
-    int split; /* 1: chunks spread over blocks, folded by the last; 0: chunks walked in-block */
+    int split; /* 1: chunks spread over blocks where a query gets more than one, folded by the
+                * last; 0: chunks walked in-block */
     int64_t max_keys; /* decode batches (q_pos): an upper bound on every query's key count */
     int n_sms;        /* the device's multiprocessors (how many split blocks pay) */
     cudaStream_t stream;

@@ -21,7 +21,6 @@
 #define SR_THREADS 256
 
 int64_t di_cuda_sample_launches; /* cuda_backend.h: draws launched (for tests) */
-#define SR_GREEDY 1e-5f          /* sampler.h's DI_SAMPLING_GREEDY_EPS: below it, greedy */
 
 __global__ void __launch_bounds__(SR_THREADS)
     sample_rows_kernel(const float *x, int64_t V, const di_sample_row *rows, int32_t *out) {
