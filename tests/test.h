@@ -23,8 +23,19 @@ static const char *test_cur_name;
 
 #define TEST(name) static void test_##name(void)
 
+/* DI_TEST_ONLY=a,b: run only the tests named (a quick rerun of a few on a GPU machine). */
+static inline int test_selected(const char *name) {
+    const char *only = getenv("DI_TEST_ONLY");
+    if (!only || !*only) return 1;
+    const size_t n = strlen(name);
+    for (const char *p = only; (p = strstr(p, name)) != NULL; p += n)
+        if ((p == only || p[-1] == ',') && (p[n] == ',' || p[n] == '\0')) return 1;
+    return 0;
+}
+
 #define RUN(name)                                                                              \
     do {                                                                                       \
+        if (!test_selected(#name)) break;                                                      \
         test_cur_failed = 0;                                                                   \
         test_cur_skipped = 0;                                                                  \
         test_cur_name = #name;                                                                 \

@@ -1151,6 +1151,55 @@ TEST(matmul_tc) {
         check_tc(&g_be, shapes[si][0], shapes[si][1], 1e-5);
     /* batches of 9+ tokens took the wide kernel (the device runs its clusters) */
     CHECK_MSG(di_backend_cuda_wide_launches(false) > wide, "no wide product ran");
+    /* The GEMV's activations split once per block into shared memory (DI_CUDA_TC_XS=100,
+     * room for every shape below) or by every warp (the default): the same bits, plain and
+     * GLU, 1..8 tokens, K runs of whole and partial U groups (K = 1408: 44 chunks over 8
+     * runs), rows not a tile multiple; the grouped products in matmul_experts (g_xbe), a
+     * token alone against a batch (the wide kernel) in check_tc, with 3 and 2 parts. */
+    di_backend bx = backend_with("DI_CUDA_TC_XS", "100");
+    if (!bx.ctx) return;
+    static const int64_t xs_shapes[][2] = {{1408, 2048}, {2048, 1408}, {37, 2056}, {300, 520}};
+    for (size_t si = 0; si < DI_ARRAY_LEN(xs_shapes); si++)
+        for (int64_t n = 1; n <= 8; n += 3 + (n == 4)) {
+            const int64_t rows = xs_shapes[si][0], cols = xs_shapes[si][1];
+            test_weight t = make_weight(DI_DTYPE_BF16, rows, cols, 0, 0, 0);
+            di_weight dw = upload(&t.w);
+            float *x = rnd_vec(n * cols, 1.0f), *dx = dev_floats(x, n * cols);
+            float *dy[4];
+            for (int v = 0; v < 4; v++) {
+                const di_backend *b = v % 2 ? &bx : &g_be;
+                dy[v] = dev_poison(n * rows);
+                if (v < 2)
+                    b->ops->matmul(b->ctx, &dw, dx, n, dy[v]);
+                else
+                    b->ops->matmul_glu(b->ctx, &dw, &dw, dx, n, dy[v]);
+                CHECK(di_backend_cuda_sync(b) == DI_OK);
+            }
+            for (int v = 0; v < 4; v += 2) {
+                float *a = host_floats(dy[v], n * rows), *b = host_floats(dy[v + 1], n * rows);
+                CHECK_MSG(memcmp(a, b, (size_t)(n * rows) * 4) == 0,
+                          "%lldx%lld n=%lld%s: split activations in shared memory change the bits",
+                          (long long)rows, (long long)cols, (long long)n, v ? " (glu)" : "");
+                free(a), free(b);
+            }
+            for (int v = 0; v < 4; v++)
+                dfree(dy[v]);
+            di_cuda_weight_free(&g_be, &dw);
+            dfree(dx), free(x), free_weight(&t);
+        }
+    g_xbe = &bx;
+    check_experts(DI_DTYPE_BF16, 64, 6, 1, 1408, 2048);
+    check_experts(DI_DTYPE_BF16, 64, 6, 64, 2048, 1408);
+    check_experts(DI_DTYPE_BF16, 16, 4, 16, 200, 256);
+    g_xbe = &g_be;
+    check_tc(&bx, 1408, 2048, 1e-5);
+    check_tc(&bx, 37, 2056, 1e-5);
+    di_backend_free(&bx);
+    setenv("DI_CUDA_TC_TERMS", "2", 1);
+    di_backend bx2 = backend_with("DI_CUDA_TC_XS", "100");
+    unsetenv("DI_CUDA_TC_TERMS");
+    if (bx2.ctx) check_tc(&bx2, 1408, 2048, 5e-5);
+    di_backend_free(&bx2);
     di_backend b2 = backend_with("DI_CUDA_TC_TERMS", "2");
     if (!b2.ctx) return;
     check_tc(&b2, 1408, 2048, 5e-5);

@@ -759,6 +759,10 @@ extern "C" di_status di_backend_cuda_init(di_backend *out, int device, int64_t m
     be->tune.tc_target = env && atoll(env) > 0 ? atoll(env) : DI_CUDA_TC_TARGET;
     env = getenv("DI_CUDA_TC_TARGET_EXPERTS");
     be->tune.tc_target_experts = env ? atoll(env) : 0;
+    /* DI_CUDA_TC_XS=<KiB>: the GEMV splits its activations once per block where the parts
+     * fit in that much shared memory (cuda_tc_gemv.cu); off by default (measured below). */
+    env = getenv("DI_CUDA_TC_XS");
+    be->tune.tc_xs = env ? atoi(env) : 0;
     be->invariant = true;
     const int64_t chunks = (max_ctx + DI_CUDA_ATTN_CHUNK - 1) / DI_CUDA_ATTN_CHUNK;
     int64_t floats = DI_CUDA_ATTN_SPLIT_TOKENS * 128 * chunks * (DI_CUDA_ATTN_MAX_R + 2);
@@ -790,7 +794,8 @@ extern "C" di_status di_backend_cuda_init(di_backend *out, int device, int64_t m
         (err = cudaMemsetAsync(be->attn_counters, 0, DI_CUDA_ATTN_COUNTERS * sizeof(int),
                                be->main)) != cudaSuccess ||
         (err = di_cuda_attn_setup()) != cudaSuccess || (err = di_cuda_v4_setup()) != cudaSuccess ||
-        (err = di_cuda_tc_wide_setup(&wide_ok)) != cudaSuccess) {
+        (err = di_cuda_tc_wide_setup(&wide_ok)) != cudaSuccess ||
+        (err = di_cuda_tc_gemv_setup()) != cudaSuccess) {
         cuda_free_ctx(be);
         return di_error(DI_ERR_OUT_OF_MEMORY, "cuda backend: device %d: %s", device,
                         cudaGetErrorString(err));

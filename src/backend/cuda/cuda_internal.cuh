@@ -130,6 +130,10 @@ typedef struct di_cuda_tuning {
      * (cuda_tc.cuh: tc_ks); expert weights tc_target_experts when set (> 0). A different
      * value changes the summation order: fixed for a run, like ksplit_min. */
     int64_t tc_target, tc_target_experts;
+    /* The tensor-core GEMV's one-token-group variants split the token chunk's activations
+     * into bf16 parts once per block, in shared memory, where the parts fit in tc_xs KiB
+     * (DI_CUDA_TC_XS; 0, the default: each warp loads and splits its own). Same values. */
+    int tc_xs;
 } di_cuda_tuning;
 
 /* One product per head h < n_heads, all heads of the same shape, head h's weight starting
@@ -205,6 +209,8 @@ bool di_cuda_tc_wide_fits(const di_cuda_mm_params *p);
 /* Once per backend: the kernels' shared memory; *usable: whether the device can run their
  * clusters (if not, the backend leaves the wide product off). */
 cudaError_t di_cuda_tc_wide_setup(bool *usable);
+/* Once per backend: the GEMV's shared-memory limit for its staged activations. */
+cudaError_t di_cuda_tc_gemv_setup(void);
 extern int64_t di_cuda_wide_launches[2]; /* di_backend_cuda_wide_launches: plain, grouped */
 cudaError_t di_cuda_launch_matmul_tc_wide(const di_cuda_mm_params *p);
 

@@ -25,7 +25,8 @@
  * and row: the mma's k slots are a permutation of the chunk's 32 columns, the same one for A
  * and B (lane tig holds columns 8 tig .. 8 tig + 7 of rows g and g + 8; the first mma takes
  * columns 8 tig + 0..3, the second 8 tig + 4..7), which changes no sum. Activations are read
- * as fp32 (L1 / L2 resident: every row tile reads the same x) and split in registers.
+ * as fp32 (L1 / L2 resident: every row tile reads the same x) and split in registers; in the
+ * one-token-group variants the block splits them once into shared memory (stage_xsplit).
  *
  * Modes as the SIMT GEMV's (di_cuda_mm_params): plain (one head), grouped (matmul_experts:
  * blockIdx.z an active-expert slot), GLU (a warp's two 16-row tiles are the gate's and the
@@ -37,6 +38,40 @@
 #include "backend/cuda/cuda_tc.cuh"
 
 #define TC_THREADS (32 * TC_MAX_KS)
+/* Largest shared-memory copy of a token chunk's split activations (below): 8 tokens of
+ * K = 2048 in 3 parts, two blocks per SM. */
+#define TC_XS_MAX (100 * 1024)
+
+/* Split activations in shared memory (xs_v > 0; the one-token-group variants). At a few
+ * tokens the GEMV is bound by its warps' instruction chains, not by DRAM (Nsight Compute,
+ * o_proj 2048 x 2048 at one token: 2,300 instructions per warp at 7.5 cycles each, 20 % of
+ * the DRAM bandwidth; with the weights already in L2 it took as long): and every warp of
+ * every row tile loaded its chunk of x and split it into `terms` bf16 parts again, about 70
+ * instructions per chunk. Here the block splits its token chunk's activations once -- the
+ * same split_pair calls on the same floats, so the same parts -- into
+ * xs[(t * terms + s) * xs_v + v], the mma's B registers of token t, part s, columns 8 v ..
+ * 8 v + 7 (one 16-byte load per lane and part). xs_v = K / 8 rounded up to 4 mod 8, which
+ * puts the two tokens of a quarter warp's loads in different banks. */
+static __device__ __forceinline__ void stage_xsplit(const di_cuda_mm_params &p, uint4 *xs,
+                                                    int64_t t0, int nt, int terms, int xs_v) {
+    const int V = (int)(p.cols / 8);
+    for (int i = threadIdx.x; i < nt * V; i += blockDim.x) {
+        const int t = i / V, v = i - t * V;
+        const float4 *src =
+            reinterpret_cast<const float4 *>(p.x + (t0 + t) * p.x_tstride + 8 * (int64_t)v);
+        const float4 q0 = __ldg(src), q1 = __ldg(src + 1);
+        float xv[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+        for (int s = 0; s < terms; s++) {
+            uint4 b;
+            b.x = split_pair(xv[0], xv[1]);
+            b.y = split_pair(xv[2], xv[3]);
+            b.z = split_pair(xv[4], xv[5]);
+            b.w = split_pair(xv[6], xv[7]);
+            xs[(t * terms + s) * xs_v + v] = b;
+        }
+    }
+    __syncthreads();
+}
 
 /* Block: max(4, ks) warps, ks per row tile (warp = tile * ks + kw). A warp's row tile is MT
  * m-tiles of 16 rows (GLU: MT = 2, the gate's and the up projection's same 16 rows); a warp
@@ -44,10 +79,12 @@
  * loads running on from one tile into the next, and reduces and stores them at the end;
  * grid y: token chunks of 8 NG (grouped: one, the block walks its expert's chunks); grid z:
  * the active-expert slot (grouped). U chunks of weights are requested before any is used.
- * MT, NG, U and RT only choose how much runs side by side, never a sum's order. */
+ * MT, NG, U and RT only choose how much runs side by side, never a sum's order; nor does
+ * xs_v (0: each warp loads and splits its activations; else split once per block, above). */
 template <int MT, int NG, int U, bool PIPE, bool G, bool GLU, int RT>
 __global__ void __launch_bounds__(TC_THREADS)
-    tc_kernel(const di_cuda_mm_params p, int ks, int terms, bool xvec) {
+    tc_kernel(const di_cuda_mm_params p, int ks, int terms, bool xvec, int xs_v) {
+    extern __shared__ uint4 xs[]; /* [8][terms][xs_v] when staged (NG == 1) */
     static_assert(!GLU || MT == 2, "GLU pairs a gate tile with an up tile");
     constexpr int RO = GLU ? 16 : 16 * MT; /* output rows per tile */
     __shared__ float red[TC_MAX_KS][32][4 * MT];
@@ -123,6 +160,11 @@ __global__ void __launch_bounds__(TC_THREADS)
             pdl_wait();     /* (a plain block runs this loop once) */
             pdl_trigger();
         }
+        if constexpr (NG == 1)
+            if (xs_v) {
+                if constexpr (G) __syncthreads(); /* the last chunk's reads are done */
+                stage_xsplit(p, xs, t0, nt, terms, xs_v);
+            }
 #pragma unroll
         for (int rt = 0; rt < RT; rt++) {
             if (tile_r0(rt) >= p.rows) break; /* this and the later tiles are past the end */
@@ -144,6 +186,19 @@ __global__ void __launch_bounds__(TC_THREADS)
                         const int64_t t = t0 + 8 * j + g;
                         const bool tok = t < t_end && k < K;
                         /* B: token 8 j + g, columns k .. k + 7 (zero past K or the tokens) */
+                        if (NG == 1 && xs_v) { /* the block's split parts */
+                            const uint4 *b = xs + (int64_t)(t - t0) * terms * xs_v + k / 8;
+#pragma unroll
+                            for (int s = 0; s < 3; s++) {
+                                if (s >= terms) break;
+                                const uint4 q = tok ? b[s * xs_v] : make_uint4(0, 0, 0, 0);
+#pragma unroll
+                                for (int mt = 0; mt < MT; mt++)
+                                    mma_chunk(acc[rt][mt][j], a[u][mt][0], a[u][mt][1], q.x, q.y,
+                                              q.z, q.w);
+                            }
+                            continue;
+                        }
                         float xv[8];
                         load_x8(p, t, k, tok, xvec, xv);
                         for (int s = 0; s < terms; s++) {
@@ -231,19 +286,65 @@ bool di_cuda_tc_fits(const di_cuda_mm_params *p) {
            ((uintptr_t)p->data & 15u) == 0 && (!p->glu_data || ((uintptr_t)p->glu_data & 15u) == 0);
 }
 
+/* Rows of split activations a block stages: its token chunk's (8 for a grouped product,
+ * whose experts' row counts the host does not know). */
+static int64_t xs_rows(const di_cuda_mm_params *p) {
+    return p->experts ? 8 : (p->n_tokens < 8 ? p->n_tokens : 8);
+}
+
+/* xs_v of a launch (0: not staged): one token group per block, x in 16-byte aligned rows, the
+ * parts within tune.tc_xs KiB and TC_XS_MAX. Off by default. H200, 4-layer V2-Lite-shaped
+ * model, one token (Nsight Compute; staged with any size): instructions per product -17 to
+ * -29 %, lm_head 163 -> 134 us, the shared experts' GLU 14.4 -> 12.9, o_proj 10.2 -> 9.6,
+ * the grouped down projection 21.2 -> 19.9; but the grouped gate / up 28 -> 33 us, whose
+ * blocks stage 8 rows (100 KB: the host does not know an expert's rows), and at 64
+ * sequences the step's device time 2.65 -> 2.97 ms. Large shared-memory blocks cost the
+ * streaming loads more than the split saved; a cap of about 32 KiB keeps the plain products
+ * at one or two tokens (not yet measured on its own). */
+static int xs_v_for(const di_cuda_mm_params *p, int ng, bool xvec) {
+    if (ng != 1 || !xvec || p->tune.tc_xs <= 0) return 0;
+    const int64_t V = p->cols / 8, xs_v = V + (12 - V % 8) % 8; /* = 4 mod 8 */
+    const int64_t bytes = xs_rows(p) * p->tune.tc_terms * xs_v * (int64_t)sizeof(uint4);
+    return bytes <= TC_XS_MAX && bytes <= (int64_t)p->tune.tc_xs * 1024 ? (int)xs_v : 0;
+}
+
+/* The kernels that may stage x: their shared-memory limit raised once per device. */
+template <int MT, int U, bool GLU, int RT> static cudaError_t allow_xs(void) {
+    cudaError_t err = cudaFuncSetAttribute(tc_kernel<MT, 1, U, true, true, GLU, RT>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, TC_XS_MAX);
+    if constexpr (RT == 1) /* plain products too */
+        if (err == cudaSuccess)
+            err = cudaFuncSetAttribute(tc_kernel<MT, 1, U, true, false, GLU, RT>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, TC_XS_MAX);
+    return err;
+}
+
+cudaError_t di_cuda_tc_gemv_setup(void) {
+    cudaError_t err = allow_xs<1, 4, false, 1>();
+    if (err == cudaSuccess) err = allow_xs<2, 2, true, 1>();
+    if (err == cudaSuccess) err = allow_xs<2, 2, false, 1>();
+    if (err == cudaSuccess) err = allow_xs<2, 2, true, 2>();
+    if (err == cudaSuccess) err = allow_xs<2, 2, false, 2>();
+    return err;
+}
+
 /* One launch of tc_kernel<MT, NG, U, PIPE, grouped or not, GLU, RT>. */
 template <int MT, int NG, int U, bool PIPE, bool GLU, int RT = 1>
 static cudaError_t launch_tc(const di_cuda_mm_params *p, int ks, bool xvec) {
-    void (*k)(const di_cuda_mm_params, int, int, bool) = tc_kernel<MT, NG, U, PIPE, true, GLU, RT>;
+    void (*k)(const di_cuda_mm_params, int, int, bool, int) =
+        tc_kernel<MT, NG, U, PIPE, true, GLU, RT>;
     if constexpr (RT == 1) /* several row tiles per warp: grouped products only */
         if (!p->experts) k = tc_kernel<MT, NG, U, PIPE, false, GLU, RT>;
+    const int xs_v = PIPE ? xs_v_for(p, NG, xvec) : 0;
+    const size_t smem = (size_t)(xs_rows(p) * p->tune.tc_terms * xs_v) * sizeof(uint4);
     const int64_t ro = GLU ? 16 : 16 * MT, tiles = (p->rows + ro - 1) / ro;
     const int warps = ks > 4 ? ks : 4, per_block = warps / ks * RT; /* row tiles */
     const int64_t tokens_per_block = 8 * NG;
     dim3 grid((unsigned)((tiles + per_block - 1) / per_block),
               p->experts ? 1u : (unsigned)((p->n_tokens + tokens_per_block - 1) / tokens_per_block),
               p->experts ? (unsigned)p->n_heads : 1u);
-    return di_cuda_launch(k, grid, dim3(32 * warps), 0, p->stream, *p, ks, p->tune.tc_terms, xvec);
+    return di_cuda_launch(k, grid, dim3(32 * warps), smem, p->stream, *p, ks, p->tune.tc_terms,
+                          xvec, xs_v);
 }
 
 /* Grouped experts with a few tokens each: two row tiles per warp (p->tune.tc_rt = 2, the
