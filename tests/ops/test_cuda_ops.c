@@ -1097,6 +1097,45 @@ TEST(matmul_experts) {
     check_experts(DI_DTYPE_F8_E4M3, 16, 8, 9, 256, 7168);
 }
 
+/* Backend b's one-token-group products (an opt-in variant, `what`) bitwise the default
+ * backend's: plain, GLU with distinct gate and up weights, accumulate (onto the same y), 1..8
+ * tokens, over shapes with K runs of whole and partial load groups (K = 1408: 44 chunks over
+ * 8 runs), a last chunk short of 32 columns (K = 2056, K = 8), rows not a tile multiple. */
+static void check_same_bits(const di_backend *b, const char *what) {
+    static const int64_t shapes[][2] = {
+        {1408, 2048}, {2048, 1408}, {37, 2056}, {300, 520}, {16, 8}};
+    static const int64_t ns[] = {1, 2, 5, 8};
+    for (size_t si = 0; si < DI_ARRAY_LEN(shapes); si++)
+        for (size_t ni = 0; ni < DI_ARRAY_LEN(ns); ni++) {
+            const int64_t rows = shapes[si][0], cols = shapes[si][1], n = ns[ni];
+            test_weight tg = make_weight(DI_DTYPE_BF16, rows, cols, 0, 0, 0);
+            test_weight tu = make_weight(DI_DTYPE_BF16, rows, cols, 0, 0, 0);
+            di_weight dg = upload(&tg.w), du = upload(&tu.w);
+            float *x = rnd_vec(n * cols, 1.0f), *dx = dev_floats(x, n * cols);
+            float *y0 = rnd_vec(n * rows, 1.0f);
+            static const char *kinds[] = {"plain", "glu", "accumulate"};
+            for (int k = 0; k < 3; k++) {
+                float *dy[2];
+                for (int v = 0; v < 2; v++) {
+                    const di_backend *e = v ? b : &g_be;
+                    dy[v] = k == 2 ? dev_floats(y0, n * rows) : dev_poison(n * rows);
+                    if (k == 0) e->ops->matmul(e->ctx, &dg, dx, n, dy[v]);
+                    if (k == 1) e->ops->matmul_glu(e->ctx, &dg, &du, dx, n, dy[v]);
+                    if (k == 2) e->ops->matmul_add(e->ctx, &dg, dx, n, dy[v]);
+                    CHECK(di_backend_cuda_sync(e) == DI_OK);
+                }
+                float *ya = host_floats(dy[0], n * rows), *yb = host_floats(dy[1], n * rows);
+                CHECK_MSG(memcmp(ya, yb, (size_t)(n * rows) * 4) == 0,
+                          "%s: %lldx%lld n=%lld %s: not the default's bits", what, (long long)rows,
+                          (long long)cols, (long long)n, kinds[k]);
+                free(ya), free(yb);
+                dfree(dy[0]), dfree(dy[1]);
+            }
+            di_cuda_weight_free(&g_be, &dg), di_cuda_weight_free(&g_be, &du);
+            dfree(dx), free(x), free(y0), free_weight(&tg), free_weight(&tu);
+        }
+}
+
 /* BF16 products on the tensor cores (cuda_tc_gemv.cu, the default, and from 9 tokens
  * cuda_tc_wide.cu): the reference's accuracy and the same bits for a token alone (the GEMV)
  * and in batches of any size (the wide kernel), over the kernels' cases: 1-8 K runs,
@@ -1151,55 +1190,29 @@ TEST(matmul_tc) {
         check_tc(&g_be, shapes[si][0], shapes[si][1], 1e-5);
     /* batches of 9+ tokens took the wide kernel (the device runs its clusters) */
     CHECK_MSG(di_backend_cuda_wide_launches(false) > wide, "no wide product ran");
-    /* The GEMV's activations split once per block into shared memory (DI_CUDA_TC_XS=100,
-     * room for every shape below) or by every warp (the default): the same bits, plain and
-     * GLU, 1..8 tokens, K runs of whole and partial U groups (K = 1408: 44 chunks over 8
-     * runs), rows not a tile multiple; the grouped products in matmul_experts (g_xbe), a
-     * token alone against a batch (the wide kernel) in check_tc, with 3 and 2 parts. */
-    di_backend bx = backend_with("DI_CUDA_TC_XS", "100");
-    if (!bx.ctx) return;
-    static const int64_t xs_shapes[][2] = {{1408, 2048}, {2048, 1408}, {37, 2056}, {300, 520}};
-    for (size_t si = 0; si < DI_ARRAY_LEN(xs_shapes); si++)
-        for (int64_t n = 1; n <= 8; n += 3 + (n == 4)) {
-            const int64_t rows = xs_shapes[si][0], cols = xs_shapes[si][1];
-            test_weight t = make_weight(DI_DTYPE_BF16, rows, cols, 0, 0, 0);
-            di_weight dw = upload(&t.w);
-            float *x = rnd_vec(n * cols, 1.0f), *dx = dev_floats(x, n * cols);
-            float *dy[4];
-            for (int v = 0; v < 4; v++) {
-                const di_backend *b = v % 2 ? &bx : &g_be;
-                dy[v] = dev_poison(n * rows);
-                if (v < 2)
-                    b->ops->matmul(b->ctx, &dw, dx, n, dy[v]);
-                else
-                    b->ops->matmul_glu(b->ctx, &dw, &dw, dx, n, dy[v]);
-                CHECK(di_backend_cuda_sync(b) == DI_OK);
-            }
-            for (int v = 0; v < 4; v += 2) {
-                float *a = host_floats(dy[v], n * rows), *b = host_floats(dy[v + 1], n * rows);
-                CHECK_MSG(memcmp(a, b, (size_t)(n * rows) * 4) == 0,
-                          "%lldx%lld n=%lld%s: split activations in shared memory change the bits",
-                          (long long)rows, (long long)cols, (long long)n, v ? " (glu)" : "");
-                free(a), free(b);
-            }
-            for (int v = 0; v < 4; v++)
-                dfree(dy[v]);
-            di_cuda_weight_free(&g_be, &dw);
-            dfree(dx), free(x), free_weight(&t);
-        }
-    g_xbe = &bx;
-    check_experts(DI_DTYPE_BF16, 64, 6, 1, 1408, 2048);
-    check_experts(DI_DTYPE_BF16, 64, 6, 64, 2048, 1408);
-    check_experts(DI_DTYPE_BF16, 16, 4, 16, 200, 256);
-    g_xbe = &g_be;
-    check_tc(&bx, 1408, 2048, 1e-5);
-    check_tc(&bx, 37, 2056, 1e-5);
-    di_backend_free(&bx);
-    setenv("DI_CUDA_TC_TERMS", "2", 1);
-    di_backend bx2 = backend_with("DI_CUDA_TC_XS", "100");
-    unsetenv("DI_CUDA_TC_TERMS");
-    if (bx2.ctx) check_tc(&bx2, 1408, 2048, 5e-5);
-    di_backend_free(&bx2);
+    /* The opt-in one-token-group variants: the same bits as the default GEMV (plain, GLU,
+     * accumulate), grouped (matmul_experts on g_xbe against the default's plain products),
+     * and a token alone against a batch on the wide kernel (check_tc), with 3 and 2 parts. */
+    static const char *opt_in[][2] = {{"DI_CUDA_TC_XS", "100"}, {"DI_CUDA_TC_LEAN", "1"}};
+    for (size_t oi = 0; oi < DI_ARRAY_LEN(opt_in); oi++) {
+        di_backend bo = backend_with(opt_in[oi][0], opt_in[oi][1]);
+        if (!bo.ctx) return;
+        check_same_bits(&bo, opt_in[oi][0]);
+        g_xbe = &bo;
+        check_experts(DI_DTYPE_BF16, 64, 6, 1, 1408, 2048);
+        check_experts(DI_DTYPE_BF16, 64, 6, 64, 2048, 1408);
+        check_experts(DI_DTYPE_BF16, 16, 4, 16, 200, 256);
+        check_experts(DI_DTYPE_BF16, 8, 2, 3, 300, 520);
+        g_xbe = &g_be;
+        check_tc(&bo, 1408, 2048, 1e-5);
+        check_tc(&bo, 37, 2056, 1e-5);
+        di_backend_free(&bo);
+        setenv("DI_CUDA_TC_TERMS", "2", 1);
+        bo = backend_with(opt_in[oi][0], opt_in[oi][1]);
+        unsetenv("DI_CUDA_TC_TERMS");
+        if (bo.ctx) check_tc(&bo, 1408, 2048, 5e-5);
+        di_backend_free(&bo);
+    }
     di_backend b2 = backend_with("DI_CUDA_TC_TERMS", "2");
     if (!b2.ctx) return;
     check_tc(&b2, 1408, 2048, 5e-5);

@@ -763,6 +763,8 @@ extern "C" di_status di_backend_cuda_init(di_backend *out, int device, int64_t m
      * fit in that much shared memory (cuda_tc_gemv.cu); off by default (measured below). */
     env = getenv("DI_CUDA_TC_XS");
     be->tune.tc_xs = env ? atoi(env) : 0;
+    env = getenv("DI_CUDA_TC_LEAN"); /* 1: the short-chain GEMV for up to 8 tokens */
+    be->tune.tc_lean = env && strcmp(env, "1") == 0;
     be->invariant = true;
     const int64_t chunks = (max_ctx + DI_CUDA_ATTN_CHUNK - 1) / DI_CUDA_ATTN_CHUNK;
     int64_t floats = DI_CUDA_ATTN_SPLIT_TOKENS * 128 * chunks * (DI_CUDA_ATTN_MAX_R + 2);

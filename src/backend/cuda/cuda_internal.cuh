@@ -134,6 +134,9 @@ typedef struct di_cuda_tuning {
      * into bf16 parts once per block, in shared memory, where the parts fit in tc_xs KiB
      * (DI_CUDA_TC_XS; 0, the default: each warp loads and splits its own). Same values. */
     int tc_xs;
+    /* The one-token-group products on the short-chain kernel (cuda_tc_lean.cu) instead of
+     * tc_kernel: DI_CUDA_TC_LEAN=1, opt-in until it has run on a GPU. Same values. */
+    int tc_lean;
 } di_cuda_tuning;
 
 /* One product per head h < n_heads, all heads of the same shape, head h's weight starting
@@ -211,6 +214,10 @@ bool di_cuda_tc_wide_fits(const di_cuda_mm_params *p);
 cudaError_t di_cuda_tc_wide_setup(bool *usable);
 /* Once per backend: the GEMV's shared-memory limit for its staged activations. */
 cudaError_t di_cuda_tc_gemv_setup(void);
+/* The one-token-group GEMV with a short chain per chunk (cuda_tc_lean.cu; p->tune.tc_lean):
+ * the same sums as the GEMV's one-token-group variants, for up to 8 tokens per weight whose
+ * activations lie in 16-byte aligned rows. */
+cudaError_t di_cuda_launch_matmul_tc_lean(const di_cuda_mm_params *p, int ks);
 extern int64_t di_cuda_wide_launches[2]; /* di_backend_cuda_wide_launches: plain, grouped */
 cudaError_t di_cuda_launch_matmul_tc_wide(const di_cuda_mm_params *p);
 

@@ -372,6 +372,7 @@ cudaError_t di_cuda_launch_matmul_tc(const di_cuda_mm_params *p) {
      * two for more (each activation fragment serves twice the weights) and for grouped
      * experts with few tokens each (many small matrices: enough warps either way). One
      * token group: the next weights are requested before the current ones are used (PIPE). */
+    if (n <= 8 && xvec && p->tune.tc_lean) return di_cuda_launch_matmul_tc_lean(p, ks);
     if (glu) {
         if (n <= 8 && p->experts) return launch_tc_grouped<true>(p, ks, xvec);
         if (n <= 8) return launch_tc<2, 1, 2, true, true>(p, ks, xvec);
