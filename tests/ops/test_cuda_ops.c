@@ -1100,11 +1100,14 @@ TEST(matmul_experts) {
 /* Backend b's one-token-group products (an opt-in variant, `what`) bitwise the default
  * backend's: plain, GLU with distinct gate and up weights, accumulate (onto the same y), 1..8
  * tokens, over shapes with K runs of whole and partial load groups (K = 1408: 44 chunks over
- * 8 runs), a last chunk short of 32 columns (K = 2056, K = 8), rows not a tile multiple. */
+ * 8 runs), 2 K runs (K = 296), a last chunk short of 32 columns by 24, 16 or 8 (K = 2056,
+ * 2064, 2072, 8), rows not a tile multiple. Nothing may be written past the n rows of y: a
+ * poisoned tail of 8 rows must come back untouched. */
 static void check_same_bits(const di_backend *b, const char *what) {
-    static const int64_t shapes[][2] = {
-        {1408, 2048}, {2048, 1408}, {37, 2056}, {300, 520}, {16, 8}};
+    static const int64_t shapes[][2] = {{1408, 2048}, {2048, 1408}, {37, 2056}, {40, 2064},
+                                        {24, 2072},   {100, 296},   {300, 520}, {16, 8}};
     static const int64_t ns[] = {1, 2, 5, 8};
+    static const char *kinds[] = {"plain", "glu", "accumulate"};
     for (size_t si = 0; si < DI_ARRAY_LEN(shapes); si++)
         for (size_t ni = 0; ni < DI_ARRAY_LEN(ns); ni++) {
             const int64_t rows = shapes[si][0], cols = shapes[si][1], n = ns[ni];
@@ -1113,21 +1116,29 @@ static void check_same_bits(const di_backend *b, const char *what) {
             di_weight dg = upload(&tg.w), du = upload(&tu.w);
             float *x = rnd_vec(n * cols, 1.0f), *dx = dev_floats(x, n * cols);
             float *y0 = rnd_vec(n * rows, 1.0f);
-            static const char *kinds[] = {"plain", "glu", "accumulate"};
             for (int k = 0; k < 3; k++) {
                 float *dy[2];
                 for (int v = 0; v < 2; v++) {
                     const di_backend *e = v ? b : &g_be;
-                    dy[v] = k == 2 ? dev_floats(y0, n * rows) : dev_poison(n * rows);
+                    dy[v] = dev_poison((n + 8) * rows);
+                    if (k == 2)
+                        CHECK(di_cuda_upload(&g_be, dy[v], y0, (size_t)(n * rows) * 4) == DI_OK);
                     if (k == 0) e->ops->matmul(e->ctx, &dg, dx, n, dy[v]);
                     if (k == 1) e->ops->matmul_glu(e->ctx, &dg, &du, dx, n, dy[v]);
                     if (k == 2) e->ops->matmul_add(e->ctx, &dg, dx, n, dy[v]);
                     CHECK(di_backend_cuda_sync(e) == DI_OK);
                 }
-                float *ya = host_floats(dy[0], n * rows), *yb = host_floats(dy[1], n * rows);
+                float *ya = host_floats(dy[0], (n + 8) * rows);
+                float *yb = host_floats(dy[1], (n + 8) * rows);
                 CHECK_MSG(memcmp(ya, yb, (size_t)(n * rows) * 4) == 0,
                           "%s: %lldx%lld n=%lld %s: not the default's bits", what, (long long)rows,
                           (long long)cols, (long long)n, kinds[k]);
+                int64_t past = 0;
+                for (int64_t i = n * rows; i < (n + 8) * rows; i++)
+                    past += !isnan(ya[i]) || !isnan(yb[i]);
+                CHECK_MSG(past == 0, "%s: %lldx%lld n=%lld %s: %lld values written past y", what,
+                          (long long)rows, (long long)cols, (long long)n, kinds[k],
+                          (long long)past);
                 free(ya), free(yb);
                 dfree(dy[0]), dfree(dy[1]);
             }
@@ -1197,7 +1208,10 @@ TEST(matmul_tc) {
     for (size_t oi = 0; oi < DI_ARRAY_LEN(opt_in); oi++) {
         di_backend bo = backend_with(opt_in[oi][0], opt_in[oi][1]);
         if (!bo.ctx) return;
+        const int64_t ran = oi ? di_backend_cuda_lean_launches() : di_backend_cuda_xs_launches();
         check_same_bits(&bo, opt_in[oi][0]);
+        CHECK_MSG((oi ? di_backend_cuda_lean_launches() : di_backend_cuda_xs_launches()) > ran,
+                  "%s: the variant never ran", opt_in[oi][0]);
         g_xbe = &bo;
         check_experts(DI_DTYPE_BF16, 64, 6, 1, 1408, 2048);
         check_experts(DI_DTYPE_BF16, 64, 6, 64, 2048, 1408);
@@ -1369,6 +1383,9 @@ int main(void) {
     /* Every BF16 weight on the tensor cores, however few its rows (the default sends
      * weights of < 1024 rows to the SIMT GEMV): the odd small shapes below test that path. */
     setenv("DI_CUDA_TC_MIN_ROWS", "1", 1);
+    /* The default backend must be the default: the opt-in variants are compared with it. */
+    unsetenv("DI_CUDA_TC_LEAN");
+    unsetenv("DI_CUDA_TC_XS");
     di_status st = di_backend_cuda_init(&g_be, 0, 8192);
     g_have_gpu = st == DI_OK;
     if (!g_have_gpu)

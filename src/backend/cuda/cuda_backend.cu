@@ -838,6 +838,14 @@ extern "C" int64_t di_backend_cuda_side_forks(void) {
     return di_cuda_side_forks;
 }
 
+extern "C" int64_t di_backend_cuda_lean_launches(void) {
+    return di_cuda_lean_launches;
+}
+
+extern "C" int64_t di_backend_cuda_xs_launches(void) {
+    return di_cuda_xs_launches;
+}
+
 extern "C" int64_t di_backend_cuda_wide_launches(bool grouped) {
     return di_cuda_wide_launches[grouped ? 1 : 0];
 }

@@ -89,6 +89,12 @@ int64_t di_backend_cuda_sample_launches(void);
  * the two-stream path ran. */
 int64_t di_backend_cuda_side_forks(void);
 
+/* How many products this process has launched on the opt-in one-token-group variants:
+ * the swapped-operand GEMV (DI_CUDA_TC_LEAN=1) and the GEMV with its activations split once
+ * per block (DI_CUDA_TC_XS); 0 without CUDA. Lets a test see that they ran. */
+int64_t di_backend_cuda_lean_launches(void);
+int64_t di_backend_cuda_xs_launches(void);
+
 /* How many wide tensor-core products of many tokens this process has launched, grouped
  * (expert) ones or plain ones (0 without CUDA): lets a test see that they ran. */
 int64_t di_backend_cuda_wide_launches(bool grouped);

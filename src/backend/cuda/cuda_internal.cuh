@@ -219,6 +219,8 @@ cudaError_t di_cuda_tc_gemv_setup(void);
  * activations lie in 16-byte aligned rows. */
 cudaError_t di_cuda_launch_matmul_tc_lean(const di_cuda_mm_params *p, int ks);
 extern int64_t di_cuda_wide_launches[2]; /* di_backend_cuda_wide_launches: plain, grouped */
+extern int64_t di_cuda_lean_launches;    /* di_backend_cuda_lean_launches */
+extern int64_t di_cuda_xs_launches;      /* di_backend_cuda_xs_launches */
 cudaError_t di_cuda_launch_matmul_tc_wide(const di_cuda_mm_params *p);
 
 /* silu(g) * u, rounded as silu_mul_kernel rounds it (the fused and the separate SwiGLU agree). */

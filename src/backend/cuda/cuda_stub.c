@@ -65,6 +65,14 @@ int64_t di_backend_cuda_side_forks(void) {
     return 0;
 }
 
+int64_t di_backend_cuda_lean_launches(void) {
+    return 0;
+}
+
+int64_t di_backend_cuda_xs_launches(void) {
+    return 0;
+}
+
 int64_t di_backend_cuda_wide_launches(bool grouped) {
     (void)grouped;
     return 0;

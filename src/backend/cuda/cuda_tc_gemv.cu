@@ -42,6 +42,8 @@
  * K = 2048 in 3 parts, two blocks per SM. */
 #define TC_XS_MAX (100 * 1024)
 
+int64_t di_cuda_xs_launches; /* cuda_backend.h: launches with staged parts (for tests) */
+
 /* Split activations in shared memory (xs_v > 0; the one-token-group variants). At a few
  * tokens the GEMV is bound by its warps' instruction chains, not by DRAM (Nsight Compute,
  * o_proj 2048 x 2048 at one token: 2,300 instructions per warp at 7.5 cycles each, 20 % of
@@ -337,6 +339,7 @@ static cudaError_t launch_tc(const di_cuda_mm_params *p, int ks, bool xvec) {
         if (!p->experts) k = tc_kernel<MT, NG, U, PIPE, false, GLU, RT>;
     const int xs_v = PIPE ? xs_v_for(p, NG, xvec) : 0;
     const size_t smem = (size_t)(xs_rows(p) * p->tune.tc_terms * xs_v) * sizeof(uint4);
+    if (xs_v) di_cuda_xs_launches++;
     const int64_t ro = GLU ? 16 : 16 * MT, tiles = (p->rows + ro - 1) / ro;
     const int warps = ks > 4 ? ks : 4, per_block = warps / ks * RT; /* row tiles */
     const int64_t tokens_per_block = 8 * NG;
@@ -372,7 +375,8 @@ cudaError_t di_cuda_launch_matmul_tc(const di_cuda_mm_params *p) {
      * two for more (each activation fragment serves twice the weights) and for grouped
      * experts with few tokens each (many small matrices: enough warps either way). One
      * token group: the next weights are requested before the current ones are used (PIPE). */
-    if (n <= 8 && xvec && p->tune.tc_lean) return di_cuda_launch_matmul_tc_lean(p, ks);
+    if (n <= 8 && xvec && p->tune.tc_lean && p->rows < INT32_MAX && p->n_tokens < INT32_MAX)
+        return di_cuda_launch_matmul_tc_lean(p, ks); /* (its row and token counts: 32-bit) */
     if (glu) {
         if (n <= 8 && p->experts) return launch_tc_grouped<true>(p, ks, xvec);
         if (n <= 8) return launch_tc<2, 1, 2, true, true>(p, ks, xvec);

@@ -32,6 +32,8 @@
 
 #define TCL_THREADS (32 * TC_MAX_KS)
 
+int64_t di_cuda_lean_launches; /* cuda_backend.h: launches of this kernel (for tests) */
+
 /* d += A B for one m16n8k16 step with the tokens' parts as A (rows 8..15 zero: a1 = a3 = 0)
  * and a weight row's two words as B. */
 static __device__ __forceinline__ void mma_xa(float (&d)[4], uint32_t a0, uint32_t a2, uint32_t b0,
@@ -71,6 +73,7 @@ static __device__ __forceinline__ void chunk_mma(float (&acc)[NT][4], const uint
 template <int NT, int U, bool G, bool GLU, int RT, int TERMS>
 __global__ void __launch_bounds__(TCL_THREADS, 2) tcl_kernel(const di_cuda_mm_params p, int ks) {
     static_assert(!GLU || NT % 2 == 0, "GLU pairs gate tiles with up tiles");
+    static_assert(RT == 1 || RT == 2, "a group's tile selects acc[0] or acc[RT - 1]");
     constexpr int NO = GLU ? NT / 2 : NT; /* output n-tiles */
     constexpr int RO = 8 * NO;            /* output rows per tile */
     __shared__ float red[TC_MAX_KS][32][2 * NT];
@@ -214,17 +217,16 @@ __global__ void __launch_bounds__(TCL_THREADS, 2) tcl_kernel(const di_cuda_mm_pa
     }
 }
 
-/* One launch of tcl_kernel<NT, U, grouped or not, GLU, RT, TERMS>. */
-template <int NT, int U, bool GLU, int RT, int TERMS>
+/* One launch of tcl_kernel<NT, U, G, GLU, RT, TERMS>. */
+template <int NT, int U, bool G, bool GLU, int RT, int TERMS>
 static cudaError_t launch_tcl(const di_cuda_mm_params *p, int ks) {
-    void (*k)(const di_cuda_mm_params, int) = tcl_kernel<NT, U, true, GLU, RT, TERMS>;
-    if constexpr (RT == 1) /* several row tiles per warp: grouped products only */
-        if (!p->experts) k = tcl_kernel<NT, U, false, GLU, RT, TERMS>;
-    const int64_t ro = GLU ? 4 * NT : 8 * NT, tiles = (p->rows + ro - 1) / ro;
-    const int warps = ks > 4 ? ks : 4, per_block = warps / ks * RT; /* row tiles */
+    void (*k)(const di_cuda_mm_params, int) = tcl_kernel<NT, U, G, GLU, RT, TERMS>;
+    const int64_t ro = GLU ? 4 * NT : 8 * NT, tiles = (p->rows + ro - 1) / ro; /* RO */
+    const int warps = ks > 4 ? ks : 4, per_block = warps / ks * RT;            /* row tiles */
     dim3 grid((unsigned)((tiles + per_block - 1) / per_block),
               p->experts ? 1u : (unsigned)((p->n_tokens + 7) / 8),
               p->experts ? (unsigned)p->n_heads : 1u);
+    di_cuda_lean_launches++;
     return di_cuda_launch(k, grid, dim3(32 * warps), 0, p->stream, *p, ks);
 }
 
@@ -234,9 +236,11 @@ static cudaError_t launch_tcl(const di_cuda_mm_params *p, int ks) {
  * tc_kernel, spilled 60-100 bytes here: the 32 accumulators of each tile). */
 template <int TERMS> static cudaError_t launch_lean(const di_cuda_mm_params *p, int ks) {
     const bool glu = p->glu_data || p->glu_experts;
-    if (glu) return launch_tcl<4, 2, true, 1, TERMS>(p, ks);
-    if (p->experts) return launch_tcl<4, 2, false, 1, TERMS>(p, ks);
-    return launch_tcl<2, 4, false, 1, TERMS>(p, ks);
+    if (p->experts)
+        return glu ? launch_tcl<4, 2, true, true, 1, TERMS>(p, ks)
+                   : launch_tcl<4, 2, true, false, 1, TERMS>(p, ks);
+    return glu ? launch_tcl<4, 2, false, true, 1, TERMS>(p, ks)
+               : launch_tcl<2, 4, false, false, 1, TERMS>(p, ks);
 }
 
 /* The one-token-group products of di_cuda_launch_matmul_tc (up to 8 tokens per weight), for
