@@ -48,6 +48,36 @@ static __device__ __forceinline__ uint32_t split_pair(float &a, float &b) {
     return u;
 }
 
+/* One part of eight activations (a lane's columns of a chunk) as the mma's four registers:
+ * the pairs (x0, x1), (x2, x3), (x4, x5), (x6, x7), each left with what remains. */
+static __device__ __forceinline__ uint4 split_quad(float (&xv)[8]) {
+    uint4 b;
+    b.x = split_pair(xv[0], xv[1]);
+    b.y = split_pair(xv[2], xv[3]);
+    b.z = split_pair(xv[4], xv[5]);
+    b.w = split_pair(xv[6], xv[7]);
+    return b;
+}
+
+/* A grouped launch's block (blockIdx.z an active-expert slot), once the routing's kernels
+ * are done (PDL): its expert's weights (and GLU's up weights) and its rows, t0 and t_end
+ * moved by the expert's offset. False for a slot past the active experts or an expert with
+ * no rows left for this block: the whole block exits. */
+template <bool GLU, typename T>
+static __device__ __forceinline__ bool tc_grouped_block(const di_cuda_mm_params &p,
+                                                        const void *&wdata, const void *&udata,
+                                                        T &t0, T &t_end) {
+    pdl_wait();
+    pdl_trigger();
+    if ((int)blockIdx.z >= p.g_active[0]) return false;
+    const int e = p.g_active[1 + blockIdx.z];
+    wdata = p.experts[e].data;
+    if constexpr (GLU) udata = p.glu_experts[e].data;
+    t0 += p.g_off[e];
+    t_end = p.g_off[e + 1];
+    return t0 < t_end;
+}
+
 /* x(t)[k .. k + 8) as floats (zeros unless ok). */
 static __device__ __forceinline__ void load_x8(const di_cuda_mm_params &p, int64_t t, int64_t k,
                                                bool ok, bool xvec, float (&xv)[8]) {
@@ -86,6 +116,30 @@ static inline int tc_ks(const di_cuda_mm_params *p) {
     while (ks < TC_MAX_KS && tiles * ks < target && chunks / (2 * ks) >= TC_MIN_CHUNKS)
         ks *= 2;
     return ks;
+}
+
+/* A tile's ks K runs' partial sums (NV per lane, in v) added in shared memory by the GEMV's
+ * fixed tree: warp kw adds warp kw + s for s = ks / 2, ..., 1. Every warp of the block calls
+ * it (it holds barriers); afterwards v holds the tile's sums (those the run-0 warp stores). */
+template <int NV>
+static __device__ __forceinline__ void tc_tree_reduce(float (&v)[NV],
+                                                      float (&red)[TC_MAX_KS][32][NV], int warp,
+                                                      int lane, int kw, int ks) {
+#pragma unroll
+    for (int i = 0; i < NV; i++)
+        red[warp][lane][i] = v[i];
+    __syncthreads();
+    for (int s = ks / 2; s >= 1; s /= 2) {
+        if (kw < s)
+#pragma unroll
+            for (int i = 0; i < NV; i++)
+                red[warp][lane][i] = red[warp][lane][i] + red[warp + s][lane][i];
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < NV; i++)
+        v[i] = red[warp - kw][lane][i];
+    __syncthreads(); /* red is written again by the next tile or token group */
 }
 
 /* The K runs' partial sums added as the GEMV's shared-memory tree adds them: run kw takes

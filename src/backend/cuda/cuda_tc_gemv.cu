@@ -63,14 +63,8 @@ static __device__ __forceinline__ void stage_xsplit(const di_cuda_mm_params &p, 
             reinterpret_cast<const float4 *>(p.x + (t0 + t) * p.x_tstride + 8 * (int64_t)v);
         const float4 q0 = __ldg(src), q1 = __ldg(src + 1);
         float xv[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
-        for (int s = 0; s < terms; s++) {
-            uint4 b;
-            b.x = split_pair(xv[0], xv[1]);
-            b.y = split_pair(xv[2], xv[3]);
-            b.z = split_pair(xv[4], xv[5]);
-            b.w = split_pair(xv[6], xv[7]);
-            xs[(t * terms + s) * xs_v + v] = b;
-        }
+        for (int s = 0; s < terms; s++)
+            xs[(t * terms + s) * xs_v + v] = split_quad(xv);
     }
     __syncthreads();
 }
@@ -99,17 +93,8 @@ __global__ void __launch_bounds__(TC_THREADS)
     };
     const void *wdata = p.data, *udata = p.glu_data;
     int64_t t0 = (int64_t)blockIdx.y * 8 * NG, t_end = p.n_tokens;
-    if constexpr (G) {
-        pdl_wait(); /* the routing (active list, offsets) comes from earlier kernels */
-        pdl_trigger();
-        if ((int)blockIdx.z >= p.g_active[0]) return; /* block-uniform exits */
-        const int e = p.g_active[1 + blockIdx.z];
-        wdata = p.experts[e].data;
-        if constexpr (GLU) udata = p.glu_experts[e].data;
-        t0 += p.g_off[e];
-        t_end = p.g_off[e + 1];
-        if (t0 >= t_end) return;
-    }
+    if constexpr (G) /* the routing (active list, offsets) comes from earlier kernels */
+        if (!tc_grouped_block<GLU>(p, wdata, udata, t0, t_end)) return; /* block-uniform */
     const int64_t K = p.cols, C = (K + TC_CHUNK - 1) / TC_CHUNK;
     const int64_t c_begin = C * kw / ks, c_end = C * (kw + 1) / ks;
     const int64_t kl = 8 * tig; /* this lane's first column inside a chunk */
@@ -204,13 +189,11 @@ __global__ void __launch_bounds__(TC_THREADS)
                         float xv[8];
                         load_x8(p, t, k, tok, xvec, xv);
                         for (int s = 0; s < terms; s++) {
-                            const uint32_t b0 = split_pair(xv[0], xv[1]);
-                            const uint32_t b1 = split_pair(xv[2], xv[3]);
-                            const uint32_t b2 = split_pair(xv[4], xv[5]);
-                            const uint32_t b3 = split_pair(xv[6], xv[7]);
+                            const uint4 b = split_quad(xv);
 #pragma unroll
                             for (int mt = 0; mt < MT; mt++)
-                                mma_chunk(acc[rt][mt][j], a[u][mt][0], a[u][mt][1], b0, b1, b2, b3);
+                                mma_chunk(acc[rt][mt][j], a[u][mt][0], a[u][mt][1], b.x, b.y, b.z,
+                                          b.w);
                         }
                     }
                 }
@@ -229,7 +212,6 @@ __global__ void __launch_bounds__(TC_THREADS)
         /* Result (rt, mt, j): c0, c1 = row g, tokens 2 tig, 2 tig + 1; c2, c3 = row g + 8.
          * With ks > 1 the warps' partial sums meet in shared memory first: warp kw adds warp
          * kw + s for s = ks / 2, ..., 1 (a fixed tree), and warp kw = 0 stores. */
-        const int w0 = warp - kw; /* the tile's first warp */
 #pragma unroll
         for (int rt = 0; rt < RT; rt++) {
             const int64_t r0 = tile_r0(rt);
@@ -237,28 +219,14 @@ __global__ void __launch_bounds__(TC_THREADS)
 #pragma unroll
             for (int j = 0; j < NG; j++) {
                 if (8 * j >= nt) break; /* uniform over the block */
-                float v[MT][4];
+                float v[4 * MT];        /* m-tile mt's c0..c3 at 4 mt */
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++)
 #pragma unroll
                     for (int i = 0; i < 4; i++)
-                        v[mt][i] = acc[rt][mt][j][i];
+                        v[4 * mt + i] = acc[rt][mt][j][i];
                 if (ks > 1) {
-#pragma unroll
-                    for (int i = 0; i < 4 * MT; i++)
-                        red[warp][lane][i] = v[i / 4][i % 4];
-                    __syncthreads();
-                    for (int s = ks / 2; s >= 1; s /= 2) {
-                        if (kw < s)
-#pragma unroll
-                            for (int i = 0; i < 4 * MT; i++)
-                                red[warp][lane][i] = red[warp][lane][i] + red[warp + s][lane][i];
-                        __syncthreads();
-                    }
-#pragma unroll
-                    for (int i = 0; i < 4 * MT; i++)
-                        v[i / 4][i % 4] = red[w0][lane][i];
-                    __syncthreads(); /* red is written again by the next token group */
+                    tc_tree_reduce<4 * MT>(v, red, warp, lane, kw, ks);
                     if (kw != 0) continue;
                 }
                 if (!live) continue;
@@ -271,7 +239,7 @@ __global__ void __launch_bounds__(TC_THREADS)
                     for (int mt = 0; mt < (GLU ? 1 : MT); mt++) {
                         const int64_t r = r0 + 16 * mt + row;
                         if (r >= p.rows) continue;
-                        const float val = GLU ? silu_times(v[0][i], v[1][i]) : v[mt][i];
+                        const float val = GLU ? silu_times(v[i], v[4 + i]) : v[4 * mt + i];
                         store_y(p.y + t * p.y_tstride + r, val, p.accumulate);
                     }
                 }

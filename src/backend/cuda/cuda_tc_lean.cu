@@ -53,14 +53,11 @@ static __device__ __forceinline__ void chunk_mma(float (&acc)[NT][4], const uint
     float xv[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
 #pragma unroll
     for (int s = 0; s < TERMS; s++) {
-        const uint32_t p01 = split_pair(xv[0], xv[1]);
-        const uint32_t p23 = split_pair(xv[2], xv[3]);
-        const uint32_t p45 = split_pair(xv[4], xv[5]);
-        const uint32_t p67 = split_pair(xv[6], xv[7]);
+        const uint4 q = split_quad(xv); /* pairs of columns 8 tig + 0..1, 2..3, 4..5, 6..7 */
 #pragma unroll
         for (int j = 0; j < NT; j++) {
-            mma_xa(acc[j], p01, p23, w[j].x, w[j].y); /* columns 8 tig + 0..3 */
-            mma_xa(acc[j], p45, p67, w[j].z, w[j].w); /* columns 8 tig + 4..7 */
+            mma_xa(acc[j], q.x, q.y, w[j].x, w[j].y); /* columns 8 tig + 0..3 */
+            mma_xa(acc[j], q.z, q.w, w[j].z, w[j].w); /* columns 8 tig + 4..7 */
         }
     }
 }
@@ -82,17 +79,8 @@ __global__ void __launch_bounds__(TCL_THREADS, 2) tcl_kernel(const di_cuda_mm_pa
     const int kw = warp % ks, tiles_per_block = (int)(blockDim.x >> 5) / ks;
     const void *wdata = p.data, *udata = p.glu_data;
     int t0 = (int)blockIdx.y * 8, t_end = (int)p.n_tokens;
-    if constexpr (G) {
-        pdl_wait(); /* the routing (active list, offsets) comes from earlier kernels */
-        pdl_trigger();
-        if ((int)blockIdx.z >= p.g_active[0]) return; /* block-uniform exits */
-        const int e = p.g_active[1 + blockIdx.z];
-        wdata = p.experts[e].data;
-        if constexpr (GLU) udata = p.glu_experts[e].data;
-        t0 += p.g_off[e];
-        t_end = p.g_off[e + 1];
-        if (t0 >= t_end) return;
-    }
+    if constexpr (G) /* the routing (active list, offsets) comes from earlier kernels */
+        if (!tc_grouped_block<GLU>(p, wdata, udata, t0, t_end)) return; /* block-uniform */
     const int C = (int)((p.cols + TC_CHUNK - 1) / TC_CHUNK);
     const int c_begin = C * kw / ks, nc = C * (kw + 1) / ks - c_begin; /* this warp's run */
     /* The lane's columns of the last chunk exist (K % 8 == 0: whole vectors or none). */
@@ -176,29 +164,14 @@ __global__ void __launch_bounds__(TCL_THREADS, 2) tcl_kernel(const di_cuda_mm_pa
         /* Result (rt, j): c0, c1 = token g, rows 2 tig, 2 tig + 1 of n-tile j (c2, c3: the
          * zero tokens 8..15). The ks runs' partial sums meet in shared memory: warp kw adds
          * warp kw + s for s = ks / 2, ..., 1 (tc_kernel's tree), and warp kw = 0 stores. */
-        const int w0 = warp - kw;
 #pragma unroll
         for (int rt = 0; rt < RT; rt++) {
-            float v[NT][2];
+            float v[2 * NT]; /* n-tile j's c0, c1 at 2 j */
 #pragma unroll
             for (int j = 0; j < NT; j++)
-                v[j][0] = acc[rt][j][0], v[j][1] = acc[rt][j][1];
+                v[2 * j] = acc[rt][j][0], v[2 * j + 1] = acc[rt][j][1];
             if (ks > 1) {
-#pragma unroll
-                for (int i = 0; i < 2 * NT; i++)
-                    red[warp][lane][i] = v[i / 2][i % 2];
-                __syncthreads();
-                for (int s = ks / 2; s >= 1; s /= 2) {
-                    if (kw < s)
-#pragma unroll
-                        for (int i = 0; i < 2 * NT; i++)
-                            red[warp][lane][i] = red[warp][lane][i] + red[warp + s][lane][i];
-                    __syncthreads();
-                }
-#pragma unroll
-                for (int i = 0; i < 2 * NT; i++)
-                    v[i / 2][i % 2] = red[w0][lane][i];
-                __syncthreads(); /* red is written again by the next tile or token chunk */
+                tc_tree_reduce<2 * NT>(v, red, warp, lane, kw, ks);
                 if (kw != 0) continue;
             }
             const int r0 = rbase + rt * rstep;
@@ -209,7 +182,8 @@ __global__ void __launch_bounds__(TCL_THREADS, 2) tcl_kernel(const di_cuda_mm_pa
                 for (int j = 0; j < NO; j++) {
                     const int r = r0 + 8 * j + 2 * tig + i;
                     if (r >= rows) continue;
-                    const float val = GLU ? silu_times(v[j][i], v[j + NO][i]) : v[j][i];
+                    const float val =
+                        GLU ? silu_times(v[2 * j + i], v[2 * (j + NO) + i]) : v[2 * j + i];
                     store_y(p.y + (int64_t)t * p.y_tstride + r, val, p.accumulate);
                 }
         }

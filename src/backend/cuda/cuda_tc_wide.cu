@@ -130,14 +130,8 @@ __global__ void __launch_bounds__(TW_THREADS, 2)
                 float xv[8];
                 load_x8(p, t, k, t < t_end && k < K, xvec, xv);
                 uint4 *dst = sb + (j * TW_SLAB + cc) * TW_TERMS * 32 + ln;
-                for (int s = 0; s < terms; s++) {
-                    uint4 b;
-                    b.x = split_pair(xv[0], xv[1]);
-                    b.y = split_pair(xv[2], xv[3]);
-                    b.z = split_pair(xv[4], xv[5]);
-                    b.w = split_pair(xv[6], xv[7]);
-                    dst[s * 32] = b;
-                }
+                for (int s = 0; s < terms; s++)
+                    dst[s * 32] = split_quad(xv);
             }
             __syncthreads();
             for (int cc = 0; cc < sl; cc++) {
