@@ -446,9 +446,8 @@ static int64_t forward_chunk(const v4_model *m, v4_ctx *c, const di_backend *be,
 
     v4_up(be, c->ids_d, c->ids, (size_t)n * sizeof(int32_t));
     be->ops->embed(bc, &m->embed, c->ids_d, n, c->y);
-    for (int64_t t = 0; t < n; t++)
-        for (int64_t j = 0; j < nh; j++)
-            be->ops->copy2d(bc, c->x + (t * nh + j) * D, D, c->y + t * D, D, 1, D);
+    for (int64_t j = 0; j < nh; j++) /* every token's embedding into its stream j */
+        be->ops->copy2d(bc, c->x + j * D, nh * D, c->y, D, n, D);
     /* The rope tables are built on the host and moved in one upload. */
     const int64_t tab = c->chunk * rd2;
     float *rt = c->rope_h;
