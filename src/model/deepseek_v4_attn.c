@@ -301,13 +301,16 @@ void v4_attention(const v4_model *m, const v4_block *L, int64_t il, v4_ctx *c, c
                             .scratch_rows = c->scratch_rows};
     be->ops->v4_attention(bc, &ap);
 
-    /* Each ring now takes its segment's last W rows (after every query has read it). */
+    /* Each ring now takes its segment's last W rows (after every query has read it): at most
+     * two copies, the rows up to the ring's end and those wrapping to its start. */
     for (int64_t gi = 0; gi < c->n_segs; gi++) {
         const v4_seg *sg = &c->segs[gi];
         float *ring = sg->slot->layers[il].ring;
-        for (int64_t t = DI_MAX(0, sg->n - W); t < sg->n; t++)
-            be->ops->copy2d(bc, ring + ((sg->pos0 + t) % W) * d, d, c->kvr + (sg->row0 + t) * d, d,
-                            1, d);
+        for (int64_t t = DI_MAX(0, sg->n - W); t < sg->n;) {
+            const int64_t slot = (sg->pos0 + t) % W, len = DI_MIN(sg->n - t, W - slot);
+            be->ops->copy2d(bc, ring + slot * d, d, c->kvr + (sg->row0 + t) * d, d, len, d);
+            t += len;
+        }
     }
 
     /* 6. Inverse RoPE at t (values carried rope), grouped output projection. */
