@@ -398,6 +398,10 @@ static void moe(const v4_model *m, const v4_block *L, v4_ctx *c, const di_backen
         if (ne > 0) expert(m, &L->experts[e], c, be, c->xe + begin * D, ne, c->eo + begin * D);
     }
     expert(m, &L->shared, c, be, c->xn, n, c->y);
+    if (be->ops->moe_combine_add) { /* the combine and the add below in one op, the same bits */
+        be->ops->moe_combine_add(bc, c->eo, rows_d, w_d, n, K, D, NULL, c->y);
+        return;
+    }
     be->ops->moe_combine(bc, c->eo, rows_d, w_d, n, K, D, c->moe_out);
     be->ops->axpy(bc, 1.0f, c->moe_out, n * D, c->y);
 }

@@ -59,23 +59,24 @@ static __device__ __forceinline__ uint4 split_quad(float (&xv)[8]) {
     return b;
 }
 
-/* A grouped launch's block (blockIdx.z an active-expert slot), once the routing's kernels
- * are done (PDL): its expert's weights (and GLU's up weights) and its rows, t0 and t_end
- * moved by the expert's offset. False for a slot past the active experts or an expert with
- * no rows left for this block: the whole block exits. */
-template <bool GLU, typename T>
-static __device__ __forceinline__ bool tc_grouped_block(const di_cuda_mm_params &p,
-                                                        const void *&wdata, const void *&udata,
-                                                        T &t0, T &t_end) {
+/* A grouped launch's active-expert slot, once the routing's kernels are done (PDL): its
+ * expert's weights (and GLU's up weights) and its rows, t0 moved by the expert's offset and
+ * t_end its end. False, and the caller's block exits, for a slot past the active experts, and
+ * with ROWS for an expert with no rows left at t0 (a cluster, whose blocks must stay
+ * together, passes ROWS = false). */
+template <bool GLU, bool ROWS, typename T>
+static __device__ __forceinline__ bool tc_expert(const di_cuda_mm_params &p, int slot,
+                                                 const void *&wdata, const void *&udata, T &t0,
+                                                 T &t_end) {
     pdl_wait();
     pdl_trigger();
-    if ((int)blockIdx.z >= p.g_active[0]) return false;
-    const int e = p.g_active[1 + blockIdx.z];
+    if (slot >= p.g_active[0]) return false;
+    const int e = p.g_active[1 + slot];
     wdata = p.experts[e].data;
     if constexpr (GLU) udata = p.glu_experts[e].data;
     t0 += p.g_off[e];
     t_end = p.g_off[e + 1];
-    return t0 < t_end;
+    return !ROWS || t0 < t_end;
 }
 
 /* x(t)[k .. k + 8) as floats (zeros unless ok). */

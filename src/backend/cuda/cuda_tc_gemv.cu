@@ -94,7 +94,8 @@ __global__ void __launch_bounds__(TC_THREADS)
     const void *wdata = p.data, *udata = p.glu_data;
     int64_t t0 = (int64_t)blockIdx.y * 8 * NG, t_end = p.n_tokens;
     if constexpr (G) /* the routing (active list, offsets) comes from earlier kernels */
-        if (!tc_grouped_block<GLU>(p, wdata, udata, t0, t_end)) return; /* block-uniform */
+        if (!tc_expert<GLU, true>(p, (int)blockIdx.z, wdata, udata, t0, t_end))
+            return; /* block-uniform */
     const int64_t K = p.cols, C = (K + TC_CHUNK - 1) / TC_CHUNK;
     const int64_t c_begin = C * kw / ks, c_end = C * (kw + 1) / ks;
     const int64_t kl = 8 * tig; /* this lane's first column inside a chunk */
@@ -256,14 +257,10 @@ bool di_cuda_tc_fits(const di_cuda_mm_params *p) {
            ((uintptr_t)p->data & 15u) == 0 && (!p->glu_data || ((uintptr_t)p->glu_data & 15u) == 0);
 }
 
-/* Rows of split activations a block stages: its token chunk's (8 for a grouped product,
- * whose experts' row counts the host does not know). */
-static int64_t xs_rows(const di_cuda_mm_params *p) {
-    return p->experts ? 8 : (p->n_tokens < 8 ? p->n_tokens : 8);
-}
-
-/* xs_v of a launch (0: not staged): one token group per block, x in 16-byte aligned rows, the
- * parts within tune.tc_xs KiB and TC_XS_MAX. Off by default. H200, 4-layer V2-Lite-shaped
+/* xs_v of a launch (0: not staged) and *smem, the bytes of the parts a block stages: its
+ * token chunk's rows (8 for a grouped product, whose experts' row counts the host does not
+ * know). Staged for one token group per block, x in 16-byte aligned rows, the parts within
+ * tune.tc_xs KiB and TC_XS_MAX. Off by default. H200, 4-layer V2-Lite-shaped
  * model, one token (Nsight Compute; staged with any size): instructions per product -17 to
  * -29 %, lm_head 163 -> 134 us, the shared experts' GLU 14.4 -> 12.9, o_proj 10.2 -> 9.6,
  * the grouped down projection 21.2 -> 19.9; but the grouped gate / up 28 -> 33 us, whose
@@ -271,11 +268,15 @@ static int64_t xs_rows(const di_cuda_mm_params *p) {
  * sequences the step's device time 2.65 -> 2.97 ms. Large shared-memory blocks cost the
  * streaming loads more than the split saved; a cap of about 32 KiB keeps the plain products
  * at one or two tokens (not yet measured on its own). */
-static int xs_v_for(const di_cuda_mm_params *p, int ng, bool xvec) {
+static int xs_v_for(const di_cuda_mm_params *p, int ng, bool xvec, size_t *smem) {
+    *smem = 0;
     if (ng != 1 || !xvec || p->tune.tc_xs <= 0) return 0;
+    const int64_t rows = p->experts ? 8 : (p->n_tokens < 8 ? p->n_tokens : 8);
     const int64_t V = p->cols / 8, xs_v = V + (12 - V % 8) % 8; /* = 4 mod 8 */
-    const int64_t bytes = xs_rows(p) * p->tune.tc_terms * xs_v * (int64_t)sizeof(uint4);
-    return bytes <= TC_XS_MAX && bytes <= (int64_t)p->tune.tc_xs * 1024 ? (int)xs_v : 0;
+    const int64_t bytes = rows * p->tune.tc_terms * xs_v * (int64_t)sizeof(uint4);
+    if (bytes > TC_XS_MAX || bytes > (int64_t)p->tune.tc_xs * 1024) return 0;
+    *smem = (size_t)bytes;
+    return (int)xs_v;
 }
 
 /* The kernels that may stage x: their shared-memory limit raised once per device. */
@@ -305,8 +306,8 @@ static cudaError_t launch_tc(const di_cuda_mm_params *p, int ks, bool xvec) {
         tc_kernel<MT, NG, U, PIPE, true, GLU, RT>;
     if constexpr (RT == 1) /* several row tiles per warp: grouped products only */
         if (!p->experts) k = tc_kernel<MT, NG, U, PIPE, false, GLU, RT>;
-    const int xs_v = PIPE ? xs_v_for(p, NG, xvec) : 0;
-    const size_t smem = (size_t)(xs_rows(p) * p->tune.tc_terms * xs_v) * sizeof(uint4);
+    size_t smem = 0;
+    const int xs_v = PIPE ? xs_v_for(p, NG, xvec, &smem) : 0;
     if (xs_v) di_cuda_xs_launches++;
     const int64_t ro = GLU ? 16 : 16 * MT, tiles = (p->rows + ro - 1) / ro;
     const int warps = ks > 4 ? ks : 4, per_block = warps / ks * RT; /* row tiles */
@@ -338,13 +339,15 @@ cudaError_t di_cuda_launch_matmul_tc(const di_cuda_mm_params *p) {
     const int ks = tc_ks(p);
     const bool xvec = ((uintptr_t)p->x & 15u) == 0 && p->x_tstride % 4 == 0;
     const int64_t n = di_cuda_rows_per_weight(p);
+    /* Opt-in (DI_CUDA_TC_LEAN=1): one token group on the swapped-operand kernel, whose row
+     * and token counts are 32-bit. */
+    if (n <= 8 && xvec && p->tune.tc_lean && p->rows < INT32_MAX && p->n_tokens < INT32_MAX)
+        return di_cuda_launch_matmul_tc_lean(p, ks);
     /* Token groups of 8 per block as n needs, at most 4 (32 tokens: the registers of two
      * m-tiles). One m-tile per warp for a few tokens (more warps, more loads in flight),
      * two for more (each activation fragment serves twice the weights) and for grouped
      * experts with few tokens each (many small matrices: enough warps either way). One
      * token group: the next weights are requested before the current ones are used (PIPE). */
-    if (n <= 8 && xvec && p->tune.tc_lean && p->rows < INT32_MAX && p->n_tokens < INT32_MAX)
-        return di_cuda_launch_matmul_tc_lean(p, ks); /* (its row and token counts: 32-bit) */
     if (glu) {
         if (n <= 8 && p->experts) return launch_tc_grouped<true>(p, ks, xvec);
         if (n <= 8) return launch_tc<2, 1, 2, true, true>(p, ks, xvec);

@@ -80,7 +80,8 @@ __global__ void __launch_bounds__(TCL_THREADS, 2) tcl_kernel(const di_cuda_mm_pa
     const void *wdata = p.data, *udata = p.glu_data;
     int t0 = (int)blockIdx.y * 8, t_end = (int)p.n_tokens;
     if constexpr (G) /* the routing (active list, offsets) comes from earlier kernels */
-        if (!tc_grouped_block<GLU>(p, wdata, udata, t0, t_end)) return; /* block-uniform */
+        if (!tc_expert<GLU, true>(p, (int)blockIdx.z, wdata, udata, t0, t_end))
+            return; /* block-uniform */
     const int C = (int)((p.cols + TC_CHUNK - 1) / TC_CHUNK);
     const int c_begin = C * kw / ks, nc = C * (kw + 1) / ks - c_begin; /* this warp's run */
     /* The lane's columns of the last chunk exist (K % 8 == 0: whole vectors or none). */

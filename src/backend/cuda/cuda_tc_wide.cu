@@ -60,18 +60,11 @@ __global__ void __launch_bounds__(TW_THREADS, 2)
     const bool live = r0 < p.rows;
     const void *wdata = p.data, *udata = p.glu_data;
     int64_t t_first = 0, t_end = p.n_tokens;
-    if constexpr (G) {
-        pdl_wait(); /* the routing (active list, offsets) comes from earlier kernels */
-        pdl_trigger();
-        /* exits uniform over the cluster: its blocks share blockIdx.z */
-        const int slot = (int)(blockIdx.z / row_blocks);
-        if (slot >= p.g_active[0]) return;
-        const int e = p.g_active[1 + slot];
-        wdata = p.experts[e].data;
-        if constexpr (GLU) udata = p.glu_experts[e].data;
-        t_first = p.g_off[e];
-        t_end = p.g_off[e + 1];
-    }
+    /* grouped: the routing (active list, offsets) comes from earlier kernels; exits uniform
+     * over the cluster (its blocks share blockIdx.z) */
+    if constexpr (G)
+        if (!tc_expert<GLU, false>(p, (int)(blockIdx.z / row_blocks), wdata, udata, t_first, t_end))
+            return;
     const int64_t K = p.cols, C = (K + TC_CHUNK - 1) / TC_CHUNK;
     const int64_t c_begin = C * kw / ks, c_end = C * (kw + 1) / ks;
 
