@@ -63,8 +63,10 @@ static inline void route_host_free(route_bufs *b) {
     free(b->off), free(b->act), free(b->src), free(b->rows), free(b->w), free(b->scr);
 }
 
-static inline void route_run(const di_backend *be, const di_router_params *r, int64_t n,
-                             const float *logits, route_bufs *b) {
+/* Hash routing when table is set: token t's experts are table[tokens[t] K ..] (backend.h). */
+static inline void route_run_hash(const di_backend *be, const di_router_params *r, int64_t n,
+                                  const float *logits, const int32_t *table, const int32_t *tokens,
+                                  route_bufs *b) {
     di_moe_route_params p = {.router = *r,
                              .n = n,
                              .logits = logits,
@@ -73,8 +75,15 @@ static inline void route_run(const di_backend *be, const di_router_params *r, in
                              .active = b->act,
                              .src = b->src,
                              .rows_of = b->rows,
-                             .w = b->w};
+                             .w = b->w,
+                             .hash_table = table,
+                             .tokens = tokens};
     be->ops->moe_route(be->ctx, &p);
+}
+
+static inline void route_run(const di_backend *be, const di_router_params *r, int64_t n,
+                             const float *logits, route_bufs *b) {
+    route_run_hash(be, r, n, logits, NULL, NULL, b);
 }
 
 #endif /* DI_TEST_ROUTE_UTIL_H */

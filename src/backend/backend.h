@@ -197,7 +197,11 @@ typedef struct di_v4_index_params {
  * router.bias (e_score_correction_bias) is backend memory or NULL. scratch: 3 n_experts
  * floats of backend memory (a backend may ignore it). A backend must select exactly as
  * di_router_select; the CUDA one computes the same double-precision formulas with the
- * device's exp, so a score can differ from the host's in its last float bit (NOTES.md). */
+ * device's exp, so a score can differ from the host's in its last float bit (NOTES.md).
+ * Hash routing (DeepSeek-V4's first layers): with hash_table set, token t's experts are
+ * hash_table[tokens[t] top_k + k] in slot order k instead of a selection, weighted as
+ * di_router_hash weights them (both backend memory; ids checked against n_experts at load,
+ * token ids by the caller). */
 typedef struct di_moe_route_params {
     di_router_params router;
     int64_t n;
@@ -205,6 +209,8 @@ typedef struct di_moe_route_params {
     float *scratch;
     int32_t *offsets, *active, *src, *rows_of;
     float *w;
+    const int32_t *hash_table; /* [vocab][top_k] or NULL */
+    const int32_t *tokens;     /* [n] token ids (hash routing) */
 } di_moe_route_params;
 
 /* The experts of one MoE projection (gate, up or down): n_experts weights of the same shape

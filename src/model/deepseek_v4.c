@@ -236,30 +236,26 @@ static di_status ctx_create(const v4_model *m, v4_kv *kv, bool own_kv, int64_t m
         {(void **)&c->moe_out, C * D * f},
         {(void **)&c->eo, C * K * D * f},
         {(void **)&c->route, 3 * C * K * i32},
+        {(void **)&c->r_off, (E + 1) * i32},
+        {(void **)&c->r_active, (E + 1) * i32},
+        {(void **)&c->r_scratch, 3 * E * f},
         {(void **)&c->ids_d, C * i32},
         {(void **)&c->logits, same ? 0 : C * V * f},
     };
-    /* Host-side buffers; the mirrors (the last eight) only when backend memory is not host. */
+    /* Host-side buffers; the mirrors (the last six) only when backend memory is not host. */
     const v4_buf host[] = {
         {(void **)&c->ids, C * i32},
         {(void **)&c->pos, C * i64},
         {(void **)&c->segs, C * sizeof(v4_seg)},
         {(void **)&c->sel, (size_t)DI_MAX(v->index_topk, 1) * i32},
-        {(void **)&c->sel_w, C * K * f},
-        {(void **)&c->rscratch, 3 * E * f},
-        {(void **)&c->sel_id, C * K * i32},
-        {(void **)&c->cnt, (E + 1) * i64},
-        {(void **)&c->ent, C * K * i32},
         {(void **)&c->rope_h, 6 * C * rd2 * f},
         {(void **)&c->iscore_h, C * ME * f},
         {(void **)&c->klist_h, c->klist_head + C * MK * pz},
         {(void **)&c->n_vis_h, C * i64},
         {(void **)&c->emit_h, c->emit_bytes},
-        {(void **)&c->rlogits_h, C * E * f},
-        {(void **)&c->route_h, 3 * C * K * i32},
         {(void **)&c->irows_h, ME * i32},
     };
-    const int n_dev = (int)DI_ARRAY_LEN(dev), n_host = (int)DI_ARRAY_LEN(host) - (same ? 8 : 0);
+    const int n_dev = (int)DI_ARRAY_LEN(dev), n_host = (int)DI_ARRAY_LEN(host) - (same ? 6 : 0);
     const size_t dev_bytes = bufs_total(dev, n_dev), host_bytes = bufs_total(host, n_host);
     c->dev = mem->ops->buf_alloc(mem->ctx, dev_bytes); /* zero-filled */
     c->host = di_aligned_alloc(host_bytes);
@@ -278,8 +274,6 @@ static di_status ctx_create(const v4_model *m, v4_kv *kv, bool own_kv, int64_t m
         c->klist_h = c->klist;
         c->n_vis_h = c->n_vis;
         c->emit_h = c->emit;
-        c->rlogits_h = c->rlogits;
-        c->route_h = c->route;
         c->irows_h = c->irows;
         c->ids_d = c->ids;
     }
@@ -329,80 +323,47 @@ static void expert(const v4_model *m, const v4_mlp *w, v4_ctx *c, const di_backe
     v4_matmul(be, &w->w2, c->gate, n, y);
 }
 
-/* Hash routing: experts from tid2eid, weights from the unbiased scores. */
-static void route_hash(const v4_model *m, const v4_block *L, const float *logits, int32_t tok,
-                       int32_t *ids, float *w) {
-    const int64_t K = m->hp->num_experts_per_tok;
-    double s[64], sum = 0.0;
-    for (int64_t j = 0; j < K && j < 64; j++) {
-        ids[j] = L->tid2eid[(int64_t)tok * K + j];
-        double x = logits[ids[j]];
-        switch (m->hp->scoring_func) {
-        case DI_SCORE_SIGMOID:
-            s[j] = 1.0 / (1.0 + exp(-x));
-            break;
-        default: /* sqrt(softplus) (softmax is not used with hash layers) */
-            s[j] = sqrt(x > 0.0 ? x + log1p(exp(-x)) : log1p(exp(x)));
-            break;
-        }
-        s[j] = (float)s[j];
-        sum += s[j];
-    }
-    for (int64_t j = 0; j < K && j < 64; j++)
-        w[j] = (float)(s[j] / (sum + 1e-20) * m->hp->routed_scaling_factor);
-}
-
-/* MoE over c->xn -> c->y. Tokens are grouped by expert so each expert's weights are read
- * once per chunk; each token sums its experts in slot order (batch invariance). The routing
- * runs on the host (hash layers read tid2eid by token id); the rows move in three ops -- one
- * gather into expert order, each expert writing its grouped rows, one combine in slot order
- * -- instead of a copy per row and an axpy per (token, slot): on a GPU each was a launch. */
+/* MoE over c->xn -> c->y, all on the backend (no host round trip): moe_route selects (hash
+ * layers: the token's tid2eid row) and groups the (token, slot) entries by expert, one gather
+ * puts the rows in expert order, matmul_experts runs each active expert once over its rows
+ * (gate, up, the clamped SwiGLU, down), and the combine sums each token's experts in slot
+ * order, so no row depends on the grouping (batch invariance). The shared expert follows
+ * (it reuses the gate / up scratch) and the combine adds the routed sum into its output. */
 static void moe(const v4_model *m, const v4_block *L, v4_ctx *c, const di_backend *be,
-                const int32_t *tok, int64_t n) {
+                int64_t n) {
     const di_hparams *hp = m->hp;
-    const int64_t D = hp->hidden_size, E = hp->n_routed_experts, K = hp->num_experts_per_tok;
+    const int64_t D = hp->hidden_size, K = hp->num_experts_per_tok;
+    const int64_t I = hp->moe_intermediate_size, nk = n * K;
+    const int64_t na = DI_MIN(hp->n_routed_experts, nk); /* most experts that can be active */
     void *bc = be->ctx;
-    v4_matmul(be, &L->gate, c->xn, n, c->rlogits);
-    v4_down(be, c->rlogits_h, c->rlogits, (size_t)(n * E) * sizeof(float));
-    /* V4's rules (plain top-k of score + bias, always renormalised) are in the hparams. */
-    di_router_params rp = di_router_params_from_hparams(hp);
-    rp.bias = L->gate_bias;
-    for (int64_t t = 0; t < n; t++) {
-        if (L->hash)
-            route_hash(m, L, c->rlogits_h + t * E, tok[t], c->sel_id + t * K, c->sel_w + t * K);
-        else
-            di_router_select(&rp, c->rlogits_h + t * E, c->sel_id + t * K, c->sel_w + t * K,
-                             c->rscratch);
-    }
-    memset(c->cnt, 0, (size_t)(E + 1) * sizeof *c->cnt);
-    for (int64_t i = 0; i < n * K; i++)
-        c->cnt[c->sel_id[i] + 1]++;
-    for (int64_t e = 0; e < E; e++)
-        c->cnt[e + 1] += c->cnt[e];
-    for (int64_t i = 0; i < n * K; i++)
-        c->ent[c->cnt[c->sel_id[i]]++] = (int32_t)i;
-    const int64_t nk = n * K;
-    int32_t *src = c->route_h, *rows_of = src + nk;
+    int32_t *src = c->route, *rows_of = src + nk;
     float *w = (float *)(rows_of + nk);
-    for (int64_t g = 0; g < nk; g++) {
-        src[g] = c->ent[g] / (int32_t)K;
-        rows_of[c->ent[g]] = (int32_t)g;
-    }
-    memcpy(w, c->sel_w, (size_t)nk * sizeof(float));
-    v4_up(be, c->route, c->route_h, (size_t)(3 * nk) * sizeof(int32_t));
-    const int32_t *src_d = c->route, *rows_d = src_d + nk;
-    const float *w_d = (const float *)(rows_d + nk);
-    be->ops->copy_rows(bc, c->xe, D, NULL, c->xn, D, src_d, nk, D);
-    for (int64_t e = 0, begin = 0; e < E; begin = c->cnt[e], e++) {
-        const int64_t ne = c->cnt[e] - begin;
-        if (ne > 0) expert(m, &L->experts[e], c, be, c->xe + begin * D, ne, c->eo + begin * D);
-    }
+    v4_matmul(be, &L->gate, c->xn, n, c->rlogits);
+    /* V4's rules (plain top-k of score + bias, always renormalised) are in the hparams. */
+    di_moe_route_params rp = {.router = di_router_params_from_hparams(hp),
+                              .n = n,
+                              .logits = c->rlogits,
+                              .scratch = c->r_scratch,
+                              .offsets = c->r_off,
+                              .active = c->r_active,
+                              .src = src,
+                              .rows_of = rows_of,
+                              .w = w,
+                              .hash_table = L->hash ? L->tid2eid : NULL,
+                              .tokens = c->ids_d};
+    rp.router.bias = L->gate_bias;
+    be->ops->moe_route(bc, &rp);
+    be->ops->copy_rows(bc, c->xe, D, NULL, c->xn, D, src, nk, D);
+    be->ops->matmul_experts(bc, &L->x_gate, c->r_off, c->r_active, na, nk, c->xe, c->gate);
+    be->ops->matmul_experts(bc, &L->x_up, c->r_off, c->r_active, na, nk, c->xe, c->up);
+    be->ops->v4_swiglu(bc, c->gate, c->up, nk * I, (float)m->v->swiglu_limit, c->gate);
+    be->ops->matmul_experts(bc, &L->x_down, c->r_off, c->r_active, na, nk, c->gate, c->eo);
     expert(m, &L->shared, c, be, c->xn, n, c->y);
     if (be->ops->moe_combine_add) { /* the combine and the add below in one op, the same bits */
-        be->ops->moe_combine_add(bc, c->eo, rows_d, w_d, n, K, D, NULL, c->y);
+        be->ops->moe_combine_add(bc, c->eo, rows_of, w, n, K, D, NULL, c->y);
         return;
     }
-    be->ops->moe_combine(bc, c->eo, rows_d, w_d, n, K, D, c->moe_out);
+    be->ops->moe_combine(bc, c->eo, rows_of, w, n, K, D, c->moe_out);
     be->ops->axpy(bc, 1.0f, c->moe_out, n * D, c->y);
 }
 
@@ -465,7 +426,7 @@ static int64_t forward_chunk(const v4_model *m, v4_ctx *c, const di_backend *be,
         v4_attention(m, L, il, c, be, n);
         hc_post(m, c, be, n);
         hc_pre(m, c, be, n, L->hc_ffn_fn, L->hc_ffn_base, L->hc_ffn_scale, L->ffn_norm);
-        moe(m, L, c, be, c->ids, n);
+        moe(m, L, c, be, n);
         hc_post(m, c, be, n);
     }
 
@@ -659,6 +620,7 @@ static di_status v4_load(const di_hparams *hp, const di_st_set *st, const char *
         ones[i] = 1.0f;
     m->ones = ones;
     s = v4_model_upload(m);
+    if (!s) s = v4_model_expert_sets(m);
     if (s) {
         v4_free(m);
         return s;

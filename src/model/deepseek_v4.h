@@ -62,6 +62,10 @@ typedef struct v4_block {
     const int32_t *tid2eid; /* [vocab][K] (hash layers), range-checked at load */
     v4_mlp *experts;        /* [E] */
     v4_mlp shared;
+    /* The routed experts per projection for the backend's matmul_experts (made at load by
+     * v4_model_expert_sets; xw: [3][E] weights, gate / up / down, model-owned). */
+    di_weight *xw;
+    di_expert_weights x_gate, x_up, x_down;
 } v4_block;
 
 /* Upstream MTP module (mtp.k.*): a sliding, top-k-routed block plus the projections that
@@ -128,7 +132,7 @@ typedef struct v4_seg {
  * MK = max keys per query, ME = max entries of any layer for one sequence.
  *
  * Memories: `dev` is backend memory (what the ops read and write), `host` is host memory
- * (what the host-side logic reads and writes: routing, top-k, key lists, compressor
+ * (what the host-side logic reads and writes: the indexer top-k, key lists, compressor
  * bookkeeping). A buffer both sides use has a host mirror (the _h fields) moved with one
  * upload / download where the logic needs it; when backend memory is host memory (CPU) the
  * mirrors are the buffers themselves and nothing moves. Row pointers handed to the ops
@@ -179,21 +183,18 @@ typedef struct v4_ctx {
     int32_t *irows, *irows_h;       /* [ME] pool rows of one sequence's indexer keys */
     const float **slot_c, **slot_z; /* [2 m_max] compressor pooling slots */
     const float **slot_c_h, **slot_z_h;
-    float *rlogits, *rlogits_h; /* [C][E] */
-    float *sel_w;               /* [C][K] (host) */
-    float *rscratch;            /* [3 E] (host) */
+    float *rlogits;             /* [C][E] router logits */
+    int32_t *r_off, *r_active;  /* [E + 1] each: moe_route's offsets and active list */
+    float *r_scratch;           /* [3 E] moe_route's scratch */
     /* an expert may get every (token, slot) pair if tid2eid repeats ids: K C rows */
     float *gate, *up;    /* [K C][I] */
     float *xe;           /* [K C][D] the routed rows, grouped by expert */
     float *moe_out;      /* [C][D] the combined routed experts */
     float *eo;           /* [K C][D] expert outputs, grouped by expert */
     /* [3 K C] words: grouped row g's token (src), entry i's grouped row (rows_of), entry i's
-     * weight -- the gather and combine lists, uploaded in one transfer */
-    int32_t *route, *route_h;
+     * weight -- moe_route's gather and combine lists (for n rows: 3 runs of n K words) */
+    int32_t *route;
     float *logits;       /* [C][V] head output, unless backend memory is host memory (NULL) */
-    int32_t *sel_id;     /* [C][K] (host) */
-    int64_t *cnt;        /* [E + 1] (host) */
-    int32_t *ent;        /* [C K] (host) */
 } v4_ctx;
 
 /* Host -> backend / backend -> host for a mirrored buffer; nothing when they are the same
@@ -219,6 +220,8 @@ void v4_matmul(const di_backend *be, const di_weight *w, const float *x, int64_t
 /* deepseek_v4_device.c: backend copies of the weights the forward reads (no-op for a backend
  * without weight_upload); the release frees them. */
 di_status v4_model_upload(v4_model *m);
+/* The expert sets of every layer for matmul_experts (every backend; after the upload). */
+di_status v4_model_expert_sets(v4_model *m);
 void v4_model_release_device(v4_model *m);
 
 /* deepseek_v4_weights.c */

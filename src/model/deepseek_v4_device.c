@@ -4,11 +4,11 @@
  *
  * Design stance (as deepseek_v3_device.c): the binder always binds host views; this pass
  * replaces, in place, every di_weight and float vector the forward's ops read with a backend
- * copy, so the forward code is the same for every backend. What only the host reads stays on
- * the host: the router bias and tid2eid (routing runs on the host), and the MTP modules (bound
- * but not run). FP8 weights bring their block scales and FP4 experts their E8M0 bytes
- * (weight_upload copies both). The grouped output projection's views are rebuilt over the
- * one device copy of wo_a, so the head product still sees uniformly strided groups.
+ * copy, so the forward code is the same for every backend; the router bias and tid2eid go
+ * too (moe_route runs on the backend). The MTP modules (bound but not run) stay on the host. FP8
+ * weights bring their block scales and FP4 experts their E8M0 bytes (weight_upload copies both).
+ * The grouped output projection's views are rebuilt over the one device copy of wo_a, so the head
+ * product still sees uniformly strided groups.
  */
 #include "model/deepseek_v4.h"
 
@@ -58,6 +58,9 @@ static di_status up_block(v4_model *m, v4_block *L) {
         if (!st) st = di_dev_copy_weight(&m->dev, &L->idx_weights);
     }
     if (!st) st = di_dev_copy_weight(&m->dev, &L->gate);
+    if (!st) st = di_dev_copy_vec(&m->dev, &L->gate_bias, hp->n_routed_experts);
+    const size_t table_bytes = (size_t)(hp->vocab_size * hp->num_experts_per_tok) * sizeof(int32_t);
+    if (!st && L->tid2eid) st = di_dev_copy_bytes(&m->dev, (const void **)&L->tid2eid, table_bytes);
     for (int64_t e = 0; !st && e < hp->n_routed_experts; e++)
         st = up_mlp(m, &L->experts[e]);
     if (!st) st = up_mlp(m, &L->shared);
@@ -87,6 +90,42 @@ di_status v4_model_upload(v4_model *m) {
     return st;
 }
 
+/* One expert set: E weights of a projection (host array) and the backend's table. */
+static di_status expert_set(v4_model *m, di_weight *xw, di_expert_weights *out) {
+    const int64_t E = m->hp->n_routed_experts;
+    void *tab = NULL;
+    di_status st = m->be->ops->expert_table(m->be->ctx, xw, E, &tab);
+    if (st) return di_error_prefix(st, "expert table");
+    *out = (di_expert_weights){.w = xw, .n_experts = E, .table = tab};
+    return DI_OK;
+}
+
+di_status v4_model_expert_sets(v4_model *m) {
+    const int64_t E = m->hp->n_routed_experts;
+    for (int64_t il = 0; il < m->hp->num_hidden_layers; il++) {
+        v4_block *L = &m->blocks[il];
+        L->xw = v4_own(m, di_calloc((size_t)(3 * E), sizeof(di_weight)));
+        if (!L->xw) return di_error(DI_ERR_OUT_OF_MEMORY, "expert sets: out of memory");
+        for (int64_t e = 0; e < E; e++) {
+            L->xw[e] = L->experts[e].w1;
+            L->xw[E + e] = L->experts[e].w3;
+            L->xw[2 * E + e] = L->experts[e].w2;
+        }
+        di_status st = expert_set(m, L->xw, &L->x_gate);
+        if (!st) st = expert_set(m, L->xw + E, &L->x_up);
+        if (!st) st = expert_set(m, L->xw + 2 * E, &L->x_down);
+        if (st) return st;
+    }
+    return DI_OK;
+}
+
 void v4_model_release_device(v4_model *m) {
+    for (int64_t il = 0; m->blocks && il < m->hp->num_hidden_layers; il++) {
+        v4_block *L = &m->blocks[il];
+        di_expert_weights *sets[3] = {&L->x_gate, &L->x_up, &L->x_down};
+        for (int k = 0; k < 3; k++)
+            if (sets[k]->table) m->be->ops->buf_free(m->be->ctx, (void *)sets[k]->table);
+        L->x_gate = L->x_up = L->x_down = (di_expert_weights){0};
+    }
     di_dev_copies_free(&m->dev);
 }

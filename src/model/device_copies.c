@@ -25,18 +25,21 @@ di_status di_dev_copy_weight(di_dev_copies *dc, di_weight *w) {
     return DI_OK;
 }
 
-di_status di_dev_copy_vec(di_dev_copies *dc, const float **v, int64_t n) {
-    if (!*v) return DI_OK;
+di_status di_dev_copy_bytes(di_dev_copies *dc, const void **p, size_t bytes) {
+    if (!*p) return DI_OK;
     di_status st = grow((void **)&dc->buf, &dc->cap_buf, dc->n_buf, sizeof(void *));
     if (st) return st;
-    const size_t bytes = (size_t)n * sizeof(float);
-    float *d = dc->be->ops->buf_alloc(dc->be->ctx, bytes);
+    void *d = dc->be->ops->buf_alloc(dc->be->ctx, bytes);
     if (!d) return di_error_prefix(DI_ERR_OUT_OF_MEMORY, "weight upload");
     dc->buf[dc->n_buf++] = d;
-    st = dc->be->ops->upload(dc->be->ctx, d, *v, bytes);
+    st = dc->be->ops->upload(dc->be->ctx, d, *p, bytes);
     if (st) return st;
-    *v = d;
+    *p = d;
     return DI_OK;
+}
+
+di_status di_dev_copy_vec(di_dev_copies *dc, const float **v, int64_t n) {
+    return di_dev_copy_bytes(dc, (const void **)v, (size_t)n * sizeof(float));
 }
 
 void di_dev_copies_free(di_dev_copies *dc) {

@@ -22,6 +22,8 @@ di_status di_dev_copy_weight(di_dev_copies *dc, di_weight *w);
 /* Replaces the n floats at *v by a backend copy (the host array stays where it was owned);
  * NULL is left alone. */
 di_status di_dev_copy_vec(di_dev_copies *dc, const float **v, int64_t n);
+/* The same for `bytes` bytes of any type (e.g. an int32 table). */
+di_status di_dev_copy_bytes(di_dev_copies *dc, const void **p, size_t bytes);
 /* Frees every copy and empties the list (the backend stays set). */
 void di_dev_copies_free(di_dev_copies *dc);
 

@@ -212,3 +212,9 @@ void di_router_select(const di_router_params *p, const float *logits, int32_t *i
     select_top_k(p, key, aux, ids);
     compute_weights(p, score, ids, weights);
 }
+
+void di_router_hash(const di_router_params *p, const float *logits, const int32_t *ids,
+                    float *weights, float *scratch) {
+    compute_scores(p->score, logits, p->n_experts, scratch);
+    compute_weights(p, scratch, ids, weights);
+}

@@ -36,4 +36,10 @@ di_router_params di_router_params_from_hparams(const di_hparams *hp);
 void di_router_select(const di_router_params *p, const float *logits, int32_t *ids,
                       float *weights, float *scratch);
 
+/* Hash routing (DeepSeek-V4): the experts are given (ids[top_k], e.g. a token's row of
+ * tid2eid); writes their weights exactly as di_router_select weights a selection (scores
+ * from logits, renormalised when norm_topk_prob, scaled). scratch: n_experts floats. */
+void di_router_hash(const di_router_params *p, const float *logits, const int32_t *ids,
+                    float *weights, float *scratch);
+
 #endif /* DI_ROUTER_H */

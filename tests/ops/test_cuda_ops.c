@@ -890,20 +890,28 @@ static int32_t *host_ints(const int32_t *dev, int64_t n) {
 }
 
 /* One moe_route call of n tokens on the device against the CPU backend: selection,
- * weights and grouping, bitwise. ties: logits on a few levels. */
-static void check_route(di_backend *cpu, di_router_params r, int64_t n, bool ties,
+ * weights and grouping, bitwise. ties: logits on a few levels. hash: V4's hash routing
+ * (the experts from a table by token id, some rows repeating an expert). */
+static void check_route(di_backend *cpu, di_router_params r, int64_t n, bool ties, bool hash,
                         const char *what_config) {
-    const int64_t E = r.n_experts, K = r.top_k, nk = n * K;
+    const int64_t E = r.n_experts, K = r.top_k, nk = n * K, V = 97;
     float *bias = rnd_vec(E, 0.5f), *lg = rnd_vec(n * E, 4.0f);
     if (ties)
         for (int64_t i = 0; i < n * E; i++)
             lg[i] = (float)rnd_int(-3, 3) * 0.5f;
     float *dbias = dev_floats(bias, E), *dlg = dev_floats(lg, n * E);
+    int32_t *table = malloc((size_t)(V * K) * 4), *tok = malloc((size_t)n * 4);
+    for (int64_t i = 0; i < V * K; i++)
+        table[i] = i / K % 4 == 0 && i % K ? table[i - i % K] : rnd_int(0, (int)E - 1);
+    for (int64_t t = 0; t < n; t++)
+        tok[t] = rnd_int(0, V - 1);
+    int32_t *dtable = (int32_t *)dev_floats((const float *)table, V * K);
+    int32_t *dtok = (int32_t *)dev_floats((const float *)tok, n);
     di_router_params rc = r, rg = r;
     if (r.score == DI_SCORE_SIGMOID) rc.bias = bias, rg.bias = dbias;
     route_bufs hb = route_host_alloc(E, nk), db = route_dev_alloc(E, nk);
-    route_run(cpu, &rc, n, lg, &hb);
-    route_run(&g_be, &rg, n, dlg, &db);
+    route_run_hash(cpu, &rc, n, lg, hash ? table : NULL, tok, &hb);
+    route_run_hash(&g_be, &rg, n, dlg, hash ? dtable : NULL, dtok, &db);
     int32_t *off = host_ints(db.off, E + 1), *act = host_ints(db.act, E + 1);
     int32_t *src = host_ints(db.src, nk), *rows = host_ints(db.rows, nk);
     float *w = host_floats(db.w, nk);
@@ -913,12 +921,14 @@ static void check_route(di_backend *cpu, di_router_params r, int64_t n, bool tie
                        : memcmp(rows, hb.rows, (size_t)nk * 4)            ? "rows_of"
                        : memcmp(w, hb.w, (size_t)nk * 4)                  ? "weights"
                                                                           : NULL;
-    CHECK_MSG(what == NULL, "%s E=%lld K=%lld n=%lld%s: %s differ from the CPU", what_config,
-              (long long)E, (long long)K, (long long)n, ties ? " (ties)" : "", what ? what : "");
+    CHECK_MSG(what == NULL, "%s E=%lld K=%lld n=%lld%s%s: %s differ from the CPU", what_config,
+              (long long)E, (long long)K, (long long)n, ties ? " (ties)" : "",
+              hash ? " (hash)" : "", what ? what : "");
     CHECK(di_backend_cuda_sync(&g_be) == DI_OK);
     route_host_free(&hb), route_dev_free(&db);
-    dfree(dbias), dfree(dlg);
-    free(off), free(act), free(src), free(rows), free(w), free(bias), free(lg);
+    dfree(dbias), dfree(dlg), dfree(dtable), dfree(dtok);
+    free(off), free(act), free(src), free(rows), free(w), free(bias), free(lg), free(table);
+    free(tok);
 }
 
 /* moe_route on the device: the CPU backend's selection, weights and grouping, bitwise
@@ -933,7 +943,11 @@ TEST(moe_route) {
     static const int64_t ns[] = {1, 2, 7, 64, 200, 256};
     static const char *configs[] = {"softmax greedy", "group-limited", "noaux_tc", "sqrt-softplus"};
     for (int iter = 0; iter < 32; iter++)
-        check_route(&cpu, test_router_config(iter % 4), ns[(iter / 4) % 6], iter % 3 == 0,
+        check_route(&cpu, test_router_config(iter % 4), ns[(iter / 4) % 6], iter % 3 == 0, false,
+                    configs[iter % 4]);
+    /* hash routing (V4): 1 to 256 tokens, one kernel and two */
+    for (int iter = 0; iter < 12; iter++)
+        check_route(&cpu, test_router_config(iter % 4), ns[iter % 6], false, true,
                     configs[iter % 4]);
     /* an odd expert count (each warp's scratch rounded to 16 bytes for its doubles), the
      * most experts (one warp per selection block), 8 tokens at 256 experts (two kernels) */
@@ -941,7 +955,8 @@ TEST(moe_route) {
                                      {1024, 8, 9}, {256, 8, 8}, {256, 8, 7}};
     for (size_t i = 0; i < DI_ARRAY_LEN(odd); i++)
         for (int ties = 0; ties < 2; ties++)
-            check_route(&cpu, test_router_plain(odd[i][0], odd[i][1]), odd[i][2], ties, "plain");
+            check_route(&cpu, test_router_plain(odd[i][0], odd[i][1]), odd[i][2], ties, false,
+                        "plain");
     di_backend_free(&cpu);
     di_pool_free(pool);
 }
@@ -1122,7 +1137,7 @@ static void check_same_bits(const di_backend *b, const char *what) {
                     const di_backend *e = v ? b : &g_be;
                     dy[v] = dev_poison((n + 8) * rows);
                     if (k == 2)
-                        CHECK(di_cuda_upload(&g_be, dy[v], y0, (size_t)(n * rows) * 4) == DI_OK);
+                        CHECK(di_cuda_upload(e, dy[v], y0, (size_t)(n * rows) * 4) == DI_OK);
                     if (k == 0) e->ops->matmul(e->ctx, &dg, dx, n, dy[v]);
                     if (k == 1) e->ops->matmul_glu(e->ctx, &dg, &du, dx, n, dy[v]);
                     if (k == 2) e->ops->matmul_add(e->ctx, &dg, dx, n, dy[v]);

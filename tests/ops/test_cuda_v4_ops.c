@@ -5,7 +5,8 @@
  * run so that an unwritten element fails.
  *
  * Beyond accuracy it checks batch invariance bitwise: a token's results are the same when it
- * runs alone as inside a batch (the first, a middle and the last token).
+ * runs alone as inside a batch (the first, a middle and the last token), and FP4 experts'
+ * grouped rows (matmul_experts) are the same as each expert's rows through matmul_fp4.
  *
  * Pointer lists (v4_attention's keys, v4_pool's c / z) are device arrays of device row
  * pointers on this backend (cuda_backend.h); the helpers below build them from the host.
@@ -179,6 +180,159 @@ TEST(matmul_fp4_forwards) {
     CHECK(nerr(y, ref, n * rows) <= 1e-5);
     di_cuda_weight_free(&g_be, &dw);
     free(wf), free(x), free(ref), free(y);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* FP4 experts (matmul_experts)                                                               */
+/* ---------------------------------------------------------------------------------------- */
+
+/* E random [rows][cols] FP4 experts (block_cols 32, cols a multiple of 32) in one host
+ * allocation (nibbles, then E8M0 bytes in [119, 129]), each uploaded with weight_upload, and
+ * their table from expert_table. */
+typedef struct {
+    uint8_t *host;
+    di_weight *dw;
+    di_expert_weights ew;
+} fp4_experts;
+
+static fp4_experts make_fp4_experts(int64_t E, int64_t rows, int64_t cols) {
+    fp4_experts x;
+    const int64_t wbytes = rows * cols / 2, sbytes = rows * cols / 32;
+    x.host = malloc((size_t)(E * (wbytes + sbytes)));
+    uint8_t *q = x.host, *sc = x.host + E * wbytes;
+    for (int64_t i = 0; i + 4 <= E * wbytes; i += 4) {
+        const uint32_t u = rnd_u32();
+        memcpy(q + i, &u, 4);
+    }
+    for (int64_t i = 0; i < E * sbytes; i++)
+        sc[i] = (uint8_t)rnd_int(127 - 8, 127 + 2);
+    x.dw = malloc((size_t)E * sizeof *x.dw);
+    for (int64_t e = 0; e < E; e++) {
+        const di_weight w = {.dtype = DI_DTYPE_F4_E2M1,
+                             .rows = rows,
+                             .cols = cols,
+                             .row_stride = cols,
+                             .data = q + e * wbytes,
+                             .scale_e8m0 = sc + e * sbytes,
+                             .scale_cols = cols / 32,
+                             .block_rows = 1,
+                             .block_cols = 32};
+        CHECK_MSG(g_be.ops->weight_upload(g_be.ctx, &w, &x.dw[e]) == DI_OK, "%s", di_last_error());
+    }
+    void *tab = NULL;
+    CHECK_MSG(g_be.ops->expert_table(g_be.ctx, x.dw, E, &tab) == DI_OK, "%s", di_last_error());
+    x.ew = (di_expert_weights){.w = x.dw, .n_experts = E, .table = tab};
+    return x;
+}
+
+static void free_fp4_experts(fp4_experts *x) {
+    for (int64_t e = 0; e < x->ew.n_experts; e++)
+        g_be.ops->weight_free(g_be.ctx, &x->dw[e]);
+    g_be.ops->buf_free(g_be.ctx, (void *)x->ew.table);
+    free(x->host), free(x->dw);
+}
+
+/* A grouping of n tokens' K distinct experts each (backend.h's moe_route outputs offsets and
+ * active), made on the host: hot >= 0 is every token's first expert (an expert with n rows),
+ * the others random, so experts with no rows are common where n K < E. */
+static void make_grouping(int64_t E, int64_t K, int64_t n, int64_t hot, int32_t *off,
+                          int32_t *act) {
+    int32_t *cnt = calloc((size_t)E, sizeof *cnt);
+    bool *used = malloc((size_t)E);
+    for (int64_t t = 0; t < n; t++) {
+        memset(used, 0, (size_t)E);
+        for (int64_t k = 0; k < K; k++) {
+            int64_t e = k == 0 && hot >= 0 ? hot : rnd_int(0, E - 1);
+            while (used[e])
+                e = (e + 1) % E;
+            used[e] = true;
+            cnt[e]++;
+        }
+    }
+    off[0] = 0, act[0] = 0;
+    for (int64_t e = 0; e < E; e++) {
+        off[e + 1] = off[e] + cnt[e];
+        if (cnt[e]) act[1 + act[0]++] = (int32_t)e;
+    }
+    free(cnt), free(used);
+}
+
+/* matmul_experts over FP4 experts: each expert's grouped rows bitwise matmul_fp4 of those
+ * rows alone (same device), and nothing written past the last expert's rows. */
+static void check_experts_fp4(int64_t E, int64_t K, int64_t n, int64_t rows, int64_t cols,
+                              int64_t hot) {
+    const int64_t nk = n * K, pad = 8; /* poisoned rows past the grouped rows */
+    fp4_experts xs = make_fp4_experts(E, rows, cols);
+    int32_t *off = malloc((size_t)(E + 1) * sizeof *off), *act = malloc((size_t)(E + 1) * 4);
+    make_grouping(E, K, n, hot, off, act);
+    int32_t *doff = dev_from(off, (size_t)(E + 1) * 4), *dact = dev_from(act, (size_t)(E + 1) * 4);
+    float *x = rnd_vec(nk * cols, 2.0f), *dx = dev_floats(x, nk * cols);
+    float *dy = dev_poison((nk + pad) * rows);
+    g_be.ops->matmul_experts(g_be.ctx, &xs.ew, doff, dact, DI_MIN(E, nk), nk, dx, dy);
+    float *y = host_floats(dy, (nk + pad) * rows);
+    for (int64_t e = 0; e < E; e++) {
+        const int64_t g0 = off[e], ne = off[e + 1] - g0;
+        if (ne == 0) continue;
+        float *y1 = gpu_fp4(&xs.dw[e], x + g0 * cols, ne);
+        CHECK_MSG(same_bits(y1, y + g0 * rows, ne * rows),
+                  "E=%lld K=%lld n=%lld %lldx%lld: expert %lld (%lld rows) differs from "
+                  "matmul_fp4",
+                  (long long)E, (long long)K, (long long)n, (long long)rows, (long long)cols,
+                  (long long)e, (long long)ne);
+        free(y1);
+    }
+    bool tail = true;
+    for (int64_t i = nk * rows; i < (nk + pad) * rows; i++)
+        tail = tail && isnan(y[i]);
+    CHECK_MSG(tail, "E=%lld K=%lld n=%lld %lldx%lld: written past the grouped rows", (long long)E,
+              (long long)K, (long long)n, (long long)rows, (long long)cols);
+    free_fp4_experts(&xs);
+    dfree(doff), dfree(dact), dfree(dx), dfree(dy);
+    free(off), free(act), free(x), free(y);
+}
+
+/* Decode batches of n = 1 .. 64 tokens with K = 6 of 16 .. 64 experts (means of 1 to 24
+ * rows per active-expert slot: every TB), an expert that every token picks (8 and 64 rows:
+ * several passes), V4-Flash's widths (4096: 4 warps per row group; 2048: one) and row counts
+ * that end inside a row group or a block. */
+TEST(matmul_experts_fp4) {
+    if (!g_have_gpu) SKIP("no CUDA device");
+    static const int64_t ns[] = {1, 2, 5, 8, 64}, Es[] = {16, 32, 64, 48, 16};
+    static const int64_t shapes[][2] = {{2048, 4096}, {2050, 4096}, {2048, 2048}, {1001, 2048}};
+    for (size_t i = 0; i < DI_ARRAY_LEN(ns); i++)
+        for (size_t s = 0; s < DI_ARRAY_LEN(shapes); s++)
+            check_experts_fp4(Es[i], 6, ns[i], shapes[s][0], shapes[s][1],
+                              ns[i] >= 8 && s % 2 == 0 ? 3 : -1);
+    check_experts_fp4(8, 2, 3, 37, 320, -1); /* small: partial row groups, few segments */
+}
+
+/* Misuse: the fused SwiGLU form notes an error on FP4 experts (and writes nothing), and a
+ * table refuses FP4 experts without their E8M0 bytes. */
+TEST(matmul_experts_fp4_misuse) {
+    if (!g_have_gpu) SKIP("no CUDA device");
+    const int64_t E = 4, K = 2, n = 3, nk = n * K, rows = 40, cols = 256;
+    fp4_experts xs = make_fp4_experts(E, rows, cols);
+    int32_t off[5], act[5];
+    make_grouping(E, K, n, -1, off, act);
+    int32_t *doff = dev_from(off, sizeof off), *dact = dev_from(act, sizeof act);
+    float *dx = dev_poison(nk * cols), *dy = dev_poison(nk * rows);
+    CHECK(di_backend_cuda_sync(&g_be) == DI_OK);
+    g_be.ops->matmul_experts_glu(g_be.ctx, &xs.ew, &xs.ew, doff, dact, DI_MIN(E, nk), nk, dx, dy);
+    CHECK(di_backend_cuda_sync(&g_be) != DI_OK);
+    float *y = host_floats(dy, nk * rows); /* the sync inside finds no error left */
+    bool untouched = true;
+    for (int64_t i = 0; i < nk * rows; i++)
+        untouched = untouched && isnan(y[i]);
+    CHECK(untouched);
+    di_weight bad[2] = {xs.dw[0], xs.dw[1]};
+    bad[0].scale_e8m0 = bad[1].scale_e8m0 = NULL;
+    void *tab = (void *)1;
+    CHECK(g_be.ops->expert_table(g_be.ctx, bad, 2, &tab) == DI_ERR_INVALID_ARG && tab == NULL);
+    bad[0] = xs.dw[0]; /* expert 1 differs from expert 0 */
+    CHECK(g_be.ops->expert_table(g_be.ctx, bad, 2, &tab) == DI_ERR_INVALID_ARG && tab == NULL);
+    free_fp4_experts(&xs);
+    dfree(doff), dfree(dact), dfree(dx), dfree(dy);
+    free(y);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -478,6 +632,8 @@ int main(void) {
     RUN(matmul_fp4);
     RUN(matmul_fp4_e8m0_edges);
     RUN(matmul_fp4_forwards);
+    RUN(matmul_experts_fp4);
+    RUN(matmul_experts_fp4_misuse);
     RUN(hc_pre_post);
     RUN(v4_attention);
     RUN(v4_pool);

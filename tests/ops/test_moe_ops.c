@@ -4,13 +4,16 @@
  * tables, q_pos) against independent references: the routing against di_router_select per token and
  * a grouping checked from its definition (every entry once, experts ascending, tokens in order
  * inside an expert, offsets / active list / gather list consistent); matmul_experts against one
- * matmul per expert over its rows, bitwise. Router configurations of V2 (softmax, greedy and
- * group-limited), V3 (sigmoid + bias, noaux_tc, renormalised, scaled) and V4 (sqrt softplus),
- * with logits drawn from a few levels so that ties occur. The decode-batch attention: each
- * query bitwise equal to the scalar reference over its own sequence alone.
+ * matmul per expert over its rows, bitwise (FP4 experts: one matmul_fp4 per expert). Router
+ * configurations of V2 (softmax, greedy and group-limited), V3 (sigmoid + bias, noaux_tc,
+ * renormalised, scaled) and V4 (sqrt softplus), with logits drawn from a few levels so that
+ * ties occur. The decode-batch attention: each query bitwise equal to the scalar reference
+ * over its own sequence alone.
  */
 #include "backend/backend.h"
 #include "backend/cpu/cpu_nn.h"
+#include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/cpu_v4_ops.h"
 #include "core/core.h"
 #include "moe/router.h"
 #include "test.h"
@@ -116,6 +119,90 @@ TEST(matmul_experts_cpu) {
     }
 }
 
+/* E FP4 experts of [rows][cols] (cols even) in one allocation each for nibbles (*q) and E8M0
+ * bytes (*sc): random nibbles, scales 2^(e - 127) for e in [119, 129], one per 32 columns
+ * (as test_v4_ops.c builds them). */
+static di_weight *fp4_experts(int64_t E, int64_t rows, int64_t cols, uint8_t **q, uint8_t **sc) {
+    const int64_t rb = cols / 2, sc_cols = (cols + 31) / 32;
+    *q = malloc((size_t)(E * rows * rb));
+    *sc = malloc((size_t)(E * rows * sc_cols));
+    for (int64_t i = 0; i < E * rows * rb; i++)
+        (*q)[i] = (uint8_t)rnd_u32();
+    for (int64_t i = 0; i < E * rows * sc_cols; i++)
+        (*sc)[i] = (uint8_t)rnd_int(127 - 8, 127 + 2);
+    di_weight *ws = malloc((size_t)E * sizeof *ws);
+    for (int64_t e = 0; e < E; e++)
+        ws[e] = (di_weight){.dtype = DI_DTYPE_F4_E2M1,
+                            .rows = rows,
+                            .cols = cols,
+                            .row_stride = cols,
+                            .data = *q + e * rows * rb,
+                            .scale_e8m0 = *sc + e * rows * sc_cols,
+                            .scale_cols = sc_cols,
+                            .block_rows = 1,
+                            .block_cols = 32};
+    return ws;
+}
+
+/* matmul_experts over FP4 experts, routed by moe_route: each expert's grouped rows bitwise
+ * matmul_fp4 of those rows alone, and near the scalar reference. hot >= 0: that expert's
+ * logit raised so that every token picks it (an expert with n rows). */
+static void check_experts_fp4(int64_t E, int64_t K, int64_t n, int64_t rows, int64_t cols,
+                              int64_t hot) {
+    const int64_t nk = n * K;
+    uint8_t *q, *sc;
+    di_weight *ws = fp4_experts(E, rows, cols, &q, &sc);
+    const di_router_params r = test_router_plain(E, K);
+    float *lg = route_logits(n, E, false);
+    for (int64_t t = 0; hot >= 0 && t < n; t++)
+        lg[t * E + hot] += 100.0f;
+    route_bufs b = route_host_alloc(E, nk);
+    route_run(&g_cpu, &r, n, lg, &b);
+    const int32_t *off = b.off, *act = b.act;
+    CHECK(hot < 0 || off[hot + 1] - off[hot] == n);
+    di_expert_weights ew = {.w = ws, .n_experts = E, .table = NULL};
+    float *x = rnd_vec(nk * cols, 1.0f);
+    float *y = malloc((size_t)(nk * rows) * 4), *y1 = malloc((size_t)(nk * rows) * 4);
+    float *ref = malloc((size_t)(nk * rows) * 4);
+    g_cpu.ops->matmul_experts(g_cpu.ctx, &ew, off, act, DI_MIN(E, nk), nk, x, y);
+    for (int64_t e = 0; e < E; e++) {
+        const int64_t g0 = off[e], ne = off[e + 1] - g0;
+        if (ne == 0) continue;
+        g_cpu.ops->matmul_fp4(g_cpu.ctx, &ws[e], x + g0 * cols, ne, y1 + g0 * rows);
+        di_cpu_matmul_fp4_ref(&ws[e], x + g0 * cols, ne, ref + g0 * rows);
+        CHECK_MSG(memcmp(y + g0 * rows, y1 + g0 * rows, (size_t)(ne * rows) * 4) == 0,
+                  "E=%lld K=%lld n=%lld %lldx%lld: expert %lld (%lld rows) differs from "
+                  "matmul_fp4",
+                  (long long)E, (long long)K, (long long)n, (long long)rows, (long long)cols,
+                  (long long)e, (long long)ne);
+    }
+    CHECK_MSG(nerr(y, ref, nk * rows) <= 1e-5, "E=%lld K=%lld n=%lld %lldx%lld: error %.3g",
+              (long long)E, (long long)K, (long long)n, (long long)rows, (long long)cols,
+              nerr(y, ref, nk * rows));
+    route_host_free(&b);
+    free(q), free(sc), free(ws), free(lg), free(x), free(y), free(y1), free(ref);
+}
+
+/* Random shapes (experts with no rows wherever n K < E), V4-Flash-like widths (4096: the SIMD
+ * kernels' token blocks of 4; 2048), an expert that every token picks (40 rows, a product
+ * large enough for the pool), widths that are not whole 32-column groups (the scalar rows),
+ * and the scalar level. */
+TEST(matmul_experts_fp4_cpu) {
+    for (int iter = 0; iter < 12; iter++) {
+        const int64_t E = rnd_int(1, 16), K = rnd_int(1, DI_MIN(E, 6)), n = rnd_int(1, 20);
+        check_experts_fp4(E, K, n, rnd_int(1, 70), 32 * rnd_int(1, 24), -1);
+    }
+    check_experts_fp4(16, 6, 1, 64, 4096, -1);
+    check_experts_fp4(64, 6, 5, 96, 2048, -1);
+    check_experts_fp4(8, 2, 40, 100, 4096, 3);
+    check_experts_fp4(12, 3, 17, 33, 2048, 0);
+    check_experts_fp4(6, 2, 9, 21, 48, 5);
+    CHECK(di_cpu_simd_force("scalar") == 0);
+    check_experts_fp4(10, 3, 7, 37, 320, 2);
+    check_experts_fp4(5, 2, 6, 19, 112, -1);
+    CHECK(di_cpu_simd_force(NULL) == 0);
+}
+
 /* n sequences of different lengths in one paged pool (block size 4, blocks dealt out of
  * order), one query each at its last position: the q_pos call against each query alone
  * through the scalar reference. */
@@ -194,6 +281,7 @@ int main(void) {
     RUN(moe_route_cpu);
     RUN(matmul_experts_cpu);
     RUN(mla_attention_decode_batch);
+    RUN(matmul_experts_fp4_cpu);
     di_backend_free(&g_cpu);
     di_pool_free(g_pool);
     return test_summary();

@@ -11,6 +11,9 @@
 #include "test.h"
 #define TEST_RAND_SEED 0x9e3779b97f4a7c15ull
 #include "test_rand.h"
+#include "test_route_util.h"
+
+#include <math.h>
 
 static di_pool *g_pool1, *g_pool2;
 
@@ -353,6 +356,57 @@ TEST(index_scores_pool_swiglu) {
     free(q), free(w), free(k), free(s_ref), free(s1), free(c), free(z);
 }
 
+/* Hash routing through moe_route (V4's first layers): each token's experts are its row of
+ * the table, in slot order (repeats allowed), weighted by the definition -- transformers'
+ * DeepseekV4 hash gate: sqrt(softplus) scores of the given experts (rounded to float),
+ * divided by their sum + 1e-20, times routed_scaling_factor -- and grouped by expert
+ * (tokens in order inside an expert). */
+TEST(moe_route_hash) {
+    di_backend cpu;
+    CHECK(di_backend_cpu_init(&cpu, g_pool1, 16) == DI_OK);
+    for (int iter = 0; iter < 12; iter++) {
+        di_router_params r = test_router_config(3);
+        r.n_experts = rnd_int(2, 300), r.top_k = rnd_int(1, DI_MIN(8, r.n_experts));
+        const int64_t E = r.n_experts, K = r.top_k, V = 50, n = rnd_int(1, 40), nk = n * K;
+        int32_t *table = malloc((size_t)(V * K) * sizeof *table), *tok = malloc((size_t)n * 4);
+        for (int64_t i = 0; i < V * K; i++) /* every third row repeats its first expert */
+            table[i] = i / K % 3 == 0 && i % K ? table[i - i % K] : rnd_int(0, (int)E - 1);
+        for (int64_t t = 0; t < n; t++)
+            tok[t] = rnd_int(0, V - 1);
+        float *lg = rnd_vec(n * E, 4.0f);
+        route_bufs b = route_host_alloc(E, nk);
+        route_run_hash(&cpu, &r, n, lg, table, tok, &b);
+        int64_t bad = 0, prev_g = -1;
+        for (int64_t t = 0; t < n; t++) {
+            double s[8], sum = 0.0;
+            for (int64_t k = 0; k < K; k++) {
+                const double x = lg[t * E + table[tok[t] * K + k]];
+                s[k] = (float)sqrt(x > 0.0 ? x + log1p(exp(-x)) : log1p(exp(x)));
+                sum += s[k];
+            }
+            for (int64_t k = 0; k < K; k++) {
+                const int64_t i = t * K + k, g = b.rows[i], e = table[tok[t] * K + k];
+                const float want = (float)(s[k] / (sum + 1e-20) * r.routed_scaling_factor);
+                bad += b.w[i] != want || g < b.off[e] || g >= b.off[e + 1] || b.src[g] != t;
+            }
+        }
+        int64_t a = 0;
+        for (int64_t e = 0; e < E; e++) { /* offsets ascending, active = nonempty */
+            if (b.off[e + 1] > b.off[e]) bad += b.act[1 + a++] != e;
+            bad += b.off[e + 1] < b.off[e];
+            for (int64_t g = b.off[e] + 1; g < b.off[e + 1]; g++)
+                bad += b.src[g] < b.src[g - 1]; /* tokens in order inside an expert */
+            prev_g = b.off[e + 1];
+        }
+        bad += b.act[0] != a || b.off[0] != 0;
+        CHECK_MSG(bad == 0 && prev_g == nk, "hash routing E=%lld K=%lld n=%lld: %lld mismatches",
+                  (long long)E, (long long)K, (long long)n, (long long)bad);
+        route_host_free(&b);
+        free(table), free(tok), free(lg);
+    }
+    di_backend_free(&cpu);
+}
+
 TEST(vtable) {
     di_backend be;
     CHECK(di_backend_cpu_init(&be, g_pool2, 64) == DI_OK);
@@ -370,6 +424,7 @@ int main(void) {
     RUN(hc_pre_post);
     RUN(sink_attention);
     RUN(index_scores_pool_swiglu);
+    RUN(moe_route_hash);
     RUN(vtable);
     di_pool_free(g_pool1);
     di_pool_free(g_pool2);

@@ -165,9 +165,15 @@ static void cpu_moe_combine(void *ctx, const float *rows, const int32_t *rows_of
 static void cpu_moe_route(void *ctx, const di_moe_route_params *p) {
     (void)ctx;
     const int64_t E = p->router.n_experts, K = p->router.top_k, nk = p->n * K;
-    for (int64_t t = 0; t < p->n; t++)
-        di_router_select(&p->router, p->logits + t * E, p->rows_of + t * K, p->w + t * K,
-                         p->scratch);
+    for (int64_t t = 0; t < p->n; t++) {
+        int32_t *ids = p->rows_of + t * K;
+        if (!p->hash_table) {
+            di_router_select(&p->router, p->logits + t * E, ids, p->w + t * K, p->scratch);
+            continue;
+        }
+        memcpy(ids, p->hash_table + (int64_t)p->tokens[t] * K, (size_t)K * sizeof *ids);
+        di_router_hash(&p->router, p->logits + t * E, ids, p->w + t * K, p->scratch);
+    }
     int32_t *cur = (int32_t *)p->scratch;
     memset(cur, 0, (size_t)E * sizeof *cur);
     for (int64_t i = 0; i < nk; i++)

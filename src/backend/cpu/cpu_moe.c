@@ -12,9 +12,15 @@
  * Invariant: each unit computes whole output rows with di_cpu_matmul_rows (the matmul's own
  * row kernels), so every value is bitwise the one a matmul per expert computes, whatever the
  * thread count or the order units are taken in (tests/ops/test_moe_ops.c).
+ *
+ * FP4 (e2m1) experts (DeepSeek-V4's routed experts) take another road: each active expert's
+ * rows go through di_cpu_matmul_fp4, the very call matmul_fp4 makes for them, one expert
+ * after the other. Its values depend only on the shape and the SIMD level, never on the
+ * rows around them or the pool, so they are bitwise matmul_fp4's per expert.
  */
 #include "backend/cpu/cpu_matmul_impl.h"
 #include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/cpu_v4_ops.h"
 #include "core/core.h"
 
 /* Output rows per unit: 64 rows of a bf16 2048-column weight are 256 KiB, long enough for
@@ -51,10 +57,32 @@ static void expert_units(void *ctx, int64_t u0, int64_t u1, int tid) {
     }
 }
 
+/* Below this many multiply-adds an FP4 expert's product runs on the calling thread: the
+ * threshold of cpu_backend.c's pool_for (CPU_MIN_PARALLEL_MACS), so that each expert runs
+ * exactly as matmul_fp4 runs it (the split changes no value, only the time). */
+#define MOE_FP4_MIN_PARALLEL_MACS 65536
+
+static void experts_fp4(di_pool *pool, const di_expert_weights *ew, const int32_t *offsets,
+                        const int32_t *active, const float *x, float *y) {
+    for (int64_t j = 0; j < active[0]; j++) {
+        const int32_t e = active[1 + j];
+        const di_weight *w = &ew->w[e];
+        const int64_t g0 = offsets[e], ne = offsets[e + 1] - g0;
+        if (ne <= 0) continue;
+        const int64_t macs = ne * w->rows * w->cols;
+        di_cpu_matmul_fp4(macs < MOE_FP4_MIN_PARALLEL_MACS ? NULL : pool, w, x + g0 * w->cols, ne,
+                          y + g0 * w->rows);
+    }
+}
+
 void di_cpu_matmul_experts(di_pool *pool, const di_expert_weights *ew, const int32_t *offsets,
                            const int32_t *active, const float *x, float *y, bool fast) {
     const int64_t n_active = active[0];
     if (n_active <= 0 || ew->n_experts <= 0) return;
+    if (ew->w[0].dtype == DI_DTYPE_F4_E2M1) { /* every expert has expert 0's dtype */
+        experts_fp4(pool, ew, offsets, active, x, y);
+        return;
+    }
     const int64_t rows = ew->w[0].rows; /* every expert has the same shape */
     experts_job job = {.ew = ew,
                        .offsets = offsets,

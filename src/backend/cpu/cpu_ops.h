@@ -53,7 +53,8 @@ void di_cpu_matmul_t_ref(const di_weight *w, const float *x, int64_t n, float *y
 void di_cpu_weight_row_f32(const di_weight *w, int64_t r, float *out);
 
 /* One MoE projection over the grouped rows of every active expert (backend.h's
- * matmul_experts; cpu_moe.c): bitwise a matmul per expert, in one dynamic pool loop. */
+ * matmul_experts; cpu_moe.c): bitwise a matmul per expert, in one dynamic pool loop; for
+ * F4_E2M1 experts bitwise a matmul_fp4 per expert (di_cpu_matmul_fp4, expert by expert). */
 void di_cpu_matmul_experts(di_pool *pool, const di_expert_weights *ew, const int32_t *offsets,
                            const int32_t *active, const float *x, float *y, bool fast);
 

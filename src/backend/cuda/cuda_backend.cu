@@ -434,22 +434,63 @@ static di_cuda_mm_params grouped_params(const di_expert_weights *ew, const cuda_
     return p;
 }
 
-/* One launch per projection over all active experts. */
+/* The FP4 GEMV in grouped mode (cuda_internal.cuh): the fields cuda_matmul_fp4 fills, from
+ * expert 0 (the common shape), and the table's per-expert data and E8M0 pointers. */
+static di_cuda_fp4_params grouped_fp4_params(const di_expert_weights *ew, const cuda_backend *be,
+                                             const int32_t *offsets, const int32_t *active,
+                                             int64_t max_active, int64_t n_rows, const float *x,
+                                             float *y) {
+    const di_weight *w = &ew->w[0];
+    di_cuda_fp4_params p;
+    memset(&p, 0, sizeof p);
+    p.rows = w->rows;
+    p.cols = w->cols;
+    p.row_bytes = w->row_stride / 2;
+    p.data = (const uint8_t *)w->data; /* for the launcher's alignment test */
+    p.scale = w->scale_e8m0;
+    p.scale_cols = w->scale_cols;
+    p.block_cols = w->block_cols > 0 ? w->block_cols : 32;
+    p.n_tokens = n_rows;
+    p.x = x;
+    p.y = y;
+    p.stream = be->stream;
+    p.experts = (const di_cuda_expert_ptrs *)ew->table;
+    p.g_off = offsets;
+    p.g_active = active;
+    p.max_active = max_active;
+    return p;
+}
+
+/* One launch per projection over all active experts: the GEMV's grouped mode, or for FP4
+ * experts (DeepSeek-V4's routed experts) the FP4 GEMV's, each row as matmul_fp4 computes it. */
 static void cuda_matmul_experts(void *ctx, const di_expert_weights *ew, const int32_t *offsets,
                                 const int32_t *active, int64_t max_active, int64_t n_rows,
                                 const float *x, float *y) {
     cuda_backend *be = (cuda_backend *)ctx;
     if (max_active <= 0 || n_rows <= 0) return;
+    if (ew->w[0].dtype == DI_DTYPE_F4_E2M1) {
+        di_cuda_fp4_params p =
+            grouped_fp4_params(ew, be, offsets, active, max_active, n_rows, x, y);
+        note(be, di_cuda_launch_matmul_fp4(&p));
+        return;
+    }
     di_cuda_mm_params p = grouped_params(ew, be, offsets, active, max_active, n_rows, x, y);
     note(be, di_cuda_launch_matmul(&p));
 }
 
+/* FP4 experts have no fused form: the call notes cudaErrorNotSupported (sync reports it) and
+ * writes nothing. V4, whose routed experts are FP4, clamps its SwiGLU (v4_swiglu), which this
+ * epilogue does not compute: its model runs two matmul_experts and v4_swiglu. */
 static void cuda_matmul_experts_glu(void *ctx, const di_expert_weights *gate,
                                     const di_expert_weights *up, const int32_t *offsets,
                                     const int32_t *active, int64_t max_active, int64_t n_rows,
                                     const float *x, float *y) {
     cuda_backend *be = (cuda_backend *)ctx;
     if (max_active <= 0 || n_rows <= 0) return;
+    if (gate->w[0].dtype == DI_DTYPE_F4_E2M1 || up->w[0].dtype == DI_DTYPE_F4_E2M1) {
+        note(be, cudaErrorNotSupported);
+        return;
+    }
     if (!glu_pair_ok(&gate->w[0], &up->w[0]) || gate->n_experts != up->n_experts) {
         note(be, cudaErrorInvalidValue);
         return;
@@ -459,8 +500,9 @@ static void cuda_matmul_experts_glu(void *ctx, const di_expert_weights *gate,
     note(be, di_cuda_launch_matmul(&p));
 }
 
-/* The device table of n experts' data / scale pointers; every field the kernel reads from
- * expert 0 must be the same for all. */
+/* The device table of n experts' data / scale pointers (FP4: data / E8M0 bytes); every field
+ * the kernels read from expert 0 must be the same for all, and so must the data's alignment
+ * (the launchers choose 16-byte loads from expert 0's). */
 static di_status cuda_expert_table(void *ctx, const di_weight *w, int64_t n, void **out) {
     *out = NULL;
     if (n <= 0) return di_error(DI_ERR_INVALID_ARG, "expert_table: n = %lld", (long long)n);
@@ -471,14 +513,23 @@ static di_status cuda_expert_table(void *ctx, const di_weight *w, int64_t n, voi
         if (b->dtype != a->dtype || b->rows != a->rows || b->cols != a->cols ||
             b->row_stride != a->row_stride || b->scale_cols != a->scale_cols ||
             b->block_rows != a->block_rows || b->block_cols != a->block_cols ||
-            b->row_offset != a->row_offset || (b->scale == NULL) != (a->scale == NULL)) {
+            b->row_offset != a->row_offset || (b->scale == NULL) != (a->scale == NULL) ||
+            (b->scale_e8m0 == NULL) != (a->scale_e8m0 == NULL) ||
+            ((uintptr_t)b->data & 15u) != ((uintptr_t)a->data & 15u)) {
             free(h);
             return di_error(DI_ERR_INVALID_ARG,
-                            "expert_table: expert %lld differs from expert 0 in shape or dtype",
+                            "expert_table: expert %lld differs from expert 0 in shape, dtype or "
+                            "alignment",
+                            (long long)e);
+        }
+        if (b->dtype == DI_DTYPE_F4_E2M1 && !b->scale_e8m0) {
+            free(h);
+            return di_error(DI_ERR_INVALID_ARG, "expert_table: FP4 expert %lld has no E8M0 scales",
                             (long long)e);
         }
         h[e].data = b->data;
         h[e].scale = b->scale;
+        h[e].scale_e8m0 = b->scale_e8m0;
     }
     const size_t bytes = (size_t)n * sizeof *h;
     void *d = cuda_buf_alloc(ctx, bytes);

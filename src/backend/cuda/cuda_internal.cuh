@@ -189,7 +189,8 @@ typedef struct di_cuda_mm_params {
 /* One expert's device weight pointers (a table of them per projection: expert_table). */
 typedef struct di_cuda_expert_ptrs {
     const void *data;
-    const float *scale;
+    const float *scale;        /* F8_E4M3's block scales, else NULL */
+    const uint8_t *scale_e8m0; /* F4_E2M1's E8M0 bytes (weight.h), else NULL */
 } di_cuda_expert_ptrs;
 
 /* Tokens per weight, which chooses a product's kernel and variant: n, or for grouped experts
@@ -383,6 +384,15 @@ typedef struct di_cuda_fp4_params {
     const float *x;
     float *y;
     cudaStream_t stream;
+    /* Grouped mode (matmul_experts), when experts != NULL, as di_cuda_mm_params' grouped mode:
+     * blockIdx.z is an active-expert slot z < max_active; block z runs expert
+     * e = active[1 + z] (exits when z >= active[0]) with data / scale from experts[e] (data /
+     * scale_e8m0; the fields above give the common shape, and data is expert 0's, for the
+     * launcher's alignment test) over the rows [off[e], off[e + 1]) of x and y; n_tokens is
+     * the grouped rows in all (n_tokens / max_active, the mean rows per slot, chooses TB). */
+    const struct di_cuda_expert_ptrs *experts;
+    const int32_t *g_off, *g_active;
+    int64_t max_active;
 } di_cuda_fp4_params;
 
 /* Largest key list of v4_attention (its scores live in shared memory) and the shared memory

@@ -12,7 +12,8 @@
  * in a bit mask) and the weights in double (each selected slot's lane, the normalising sum
  * added in slot order by each). Only warp barriers: at one token the selection was a chain
  * of block barriers and one-thread loops of 9 us on the H200, on the routed experts'
- * critical path.
+ * critical path. Hash routing (V4's first layers, hash_table set): the token's row of the
+ * table replaces the selection; scores and weights are computed the same way.
  * The scores use the device's double exp, which may differ from the host libm's in the last
  * double bit; after rounding to float that almost never shows, and when it does it moves a
  * weight by one float ulp (or, on an exact tie, which expert wins) -- within the goldens'
@@ -46,6 +47,7 @@ struct route_args {
     const float *logits;
     int32_t *ids; /* [n K] selected ids (the rows_of buffer, overwritten by the grouping) */
     float *w;
+    const int32_t *hash_table, *tokens; /* hash routing: the ids are given (backend.h) */
 };
 
 /* Expert i with selection key k as one integer whose order is the selection order: a
@@ -89,6 +91,27 @@ static __device__ select_smem select_carve(char *base, int64_t E) {
     return s;
 }
 
+/* The K slots' ids (s.sel) and weights (router.c: compute_weights), in double; the sum in
+ * slot order by every lane. */
+static __device__ void select_weights(const route_args &a, int64_t t, const select_smem &s,
+                                      int32_t *ids) {
+    const di_router_params &r = a.r;
+    const int K = (int)r.top_k, lane = threadIdx.x & 31;
+    double denom = 1.0;
+    if (r.norm_topk_prob) {
+        double sum = 0.0;
+        for (int j = 0; j < K; j++)
+            sum += s.score[s.sel[j]];
+        denom = sum + 1e-20;
+    }
+    for (int j = lane; j < K; j += 32) {
+        ids[j] = s.sel[j];
+        a.w[t * K + j] =
+            (float)((double)s.score[s.sel[j]] / denom * (double)r.routed_scaling_factor);
+    }
+    __syncwarp(); /* the scratch is reused by the warp's next token */
+}
+
 /* Selects token t's experts with the calling warp (router.c's rules; see the top of the
  * file): ids[j] and a.w[t K + j] for its K slots (ids: global or shared memory). */
 static __device__ void select_token(const route_args &a, int64_t t, const select_smem &s,
@@ -127,6 +150,14 @@ static __device__ void select_token(const route_args &a, int64_t t, const select
             const double sp = x > 0.0 ? x + log1p(exp(-x)) : log1p(exp(x));
             s.score[i] = (float)sqrt(sp);
         }
+    }
+    if (a.hash_table) { /* hash routing: the token's row of the table, in slot order */
+        const int32_t *row = a.hash_table + (int64_t)a.tokens[t] * K;
+        for (int j = lane; j < K; j += 32)
+            s.sel[j] = row[j];
+        __syncwarp();
+        select_weights(a, t, s, ids);
+        return;
     }
     for (int i = lane; i < E; i += 32)
         s.key[i] = s.score[i] + (r.bias ? r.bias[i] : 0.0f);
@@ -191,21 +222,7 @@ static __device__ void select_token(const route_args &a, int64_t t, const select
         if (lane == 0) s.sel[j] = bi;
     }
     __syncwarp();
-
-    /* Weights (router.c: compute_weights), in double; the sum in slot order by every lane. */
-    double denom = 1.0;
-    if (r.norm_topk_prob) {
-        double sum = 0.0;
-        for (int j = 0; j < K; j++)
-            sum += s.score[s.sel[j]];
-        denom = sum + 1e-20;
-    }
-    for (int j = lane; j < K; j += 32) {
-        ids[j] = s.sel[j];
-        a.w[t * K + j] =
-            (float)((double)s.score[s.sel[j]] / denom * (double)r.routed_scaling_factor);
-    }
-    __syncwarp(); /* the scratch is reused by the warp's next token */
+    select_weights(a, t, s, ids);
 }
 
 /* Warp w of block b selects tokens (b W + w) + k gridDim.x W, k = 0, 1, ... */
@@ -320,6 +337,8 @@ cudaError_t di_cuda_launch_moe_route(const di_moe_route_params *p, cudaStream_t 
     a.logits = p->logits;
     a.ids = p->rows_of;
     a.w = p->w;
+    a.hash_table = p->hash_table;
+    a.tokens = p->tokens;
     int threads = 32; /* grouping: a thread per expert, a power of two */
     while (threads < E)
         threads *= 2;

@@ -115,8 +115,13 @@ static __device__ __forceinline__ void fp4_x8(const float *x, int nvalid, bool x
  * the unscaled products are an in-order fmaf chain, scaled once and added; for other block
  * widths each element is scaled first. Each 4-byte word (8 columns) of the rows is decoded
  * once and used at once for every token. Lanes are added by the xor butterfly, the ks warp
- * sums as (w0 + w1) + (w2 + w3). The order depends on cols and block_cols only. */
-template <int TB>
+ * sums as (w0 + w1) + (w2 + w3). The order depends on cols and block_cols only.
+ * G: grouped mode (p.experts, matmul_experts; cuda_internal.cuh): blockIdx.z is an
+ * active-expert slot, and the block walks its expert's rows TB at a time (the launch has one
+ * token-group row), each group through the same body as a plain block's one group, so a
+ * row's value is the plain kernel's whatever TB or the rows around it. A separate
+ * instantiation, so that the plain kernel keeps its one-group body. */
+template <int TB, bool G>
 __global__ void __launch_bounds__(FP4_WARPS * 32)
     fp4_gemv_kernel(const di_cuda_fp4_params p, bool wvec, bool xvec) {
     __shared__ float warp_sums[FP4_WARPS][TB * FP4_RB];
@@ -125,149 +130,184 @@ __global__ void __launch_bounds__(FP4_WARPS * 32)
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int kw = warp % ks, group = warp / ks;
     const int64_t r0 = ((int64_t)blockIdx.x * (FP4_WARPS / ks) + group) * FP4_RB;
-    const int64_t t0 = (int64_t)blockIdx.y * TB;
+    int64_t t_first = (int64_t)blockIdx.y * TB, t_end = p.n_tokens;
     /* With ks > 1 a block holds one row group, so this exit is block-uniform. */
     if (r0 >= p.rows) return;
+    const uint8_t *data = p.data, *scale = p.scale;
+    if constexpr (G) { /* the slot's expert and its rows (the same for the whole block) */
+        if ((int)blockIdx.z >= p.g_active[0]) return;
+        const int e = p.g_active[1 + blockIdx.z];
+        data = static_cast<const uint8_t *>(p.experts[e].data);
+        scale = p.experts[e].scale_e8m0;
+        t_first = p.g_off[e];
+        t_end = p.g_off[e + 1];
+    }
     const int nr = (int)min((int64_t)FP4_RB, p.rows - r0);
-    const int nt = (int)min((int64_t)TB, p.n_tokens - t0);
     const bool one_scale = p.block_cols % FP4_SEG == 0;
     const uint8_t *wrow[FP4_RB];
     const uint8_t *srow[FP4_RB];
 #pragma unroll
     for (int j = 0; j < FP4_RB; j++) {
         const int64_t r = r0 + min(j, nr - 1); /* rows past the end alias the last, unused */
-        wrow[j] = p.data + r * p.row_bytes;
-        srow[j] = p.scale + r * p.scale_cols;
+        wrow[j] = data + r * p.row_bytes;
+        srow[j] = scale + r * p.scale_cols;
     }
-    const float *xb = p.x + t0 * p.cols;
-    float acc[TB][FP4_RB];
-#pragma unroll
-    for (int i = 0; i < TB; i++)
-#pragma unroll
-        for (int j = 0; j < FP4_RB; j++)
-            acc[i][j] = 0.0f;
-
-    for (int64_t s = kw * 32 + lane; s < nseg; s += 32 * (int64_t)ks) {
-        const int64_t c0 = s * FP4_SEG;
-        const int nvalid = (int)min((int64_t)FP4_SEG, p.cols - c0);
-        uint4 raw[FP4_RB];
-#pragma unroll
-        for (int j = 0; j < FP4_RB; j++)
-            raw[j] = fp4_load(wrow[j], s, p.row_bytes, wvec);
-        if (one_scale) {
-            const int64_t sidx = (int64_t)((uint32_t)c0 / (uint32_t)p.block_cols);
-            float part[TB][FP4_RB];
-#pragma unroll
-            for (int i = 0; i < TB; i++)
-#pragma unroll
-                for (int j = 0; j < FP4_RB; j++)
-                    part[i][j] = 0.0f;
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                float w[FP4_RB][8];
-#pragma unroll
-                for (int j = 0; j < FP4_RB; j++) {
-                    const uint32_t u = reinterpret_cast<const uint32_t *>(&raw[j])[k];
-#pragma unroll
-                    for (int e = 0; e < 8; e++)
-                        w[j][e] = e2m1(u >> (4 * e));
-                }
-#pragma unroll
-                for (int i = 0; i < TB; i++) {
-                    if (i >= nt) break;
-                    /* past nvalid x is 0 and the nibbles are finite: adds +-0 */
-                    float xf[8];
-                    fp4_x8(xb + i * p.cols + c0 + 8 * k, nvalid - 8 * k, xvec, xf);
-#pragma unroll
-                    for (int j = 0; j < FP4_RB; j++)
-#pragma unroll
-                        for (int e = 0; e < 8; e++)
-                            part[i][j] = fmaf(w[j][e], xf[e], part[i][j]);
-                }
-            }
-#pragma unroll
-            for (int j = 0; j < FP4_RB; j++) {
-                const float sc = e8m0(srow[j][sidx]);
-#pragma unroll
-                for (int i = 0; i < TB; i++)
-                    acc[i][j] = fmaf(part[i][j], sc, acc[i][j]);
-            }
-        } else {
-            for (int c = 0; c < nvalid; c++) {
-                const int64_t col = c0 + c;
-                float wv[FP4_RB];
-#pragma unroll
-                for (int j = 0; j < FP4_RB; j++) {
-                    const uint32_t u = word_of(raw[j], c >> 3);
-                    wv[j] = __fmul_rn(e2m1(u >> (4 * (c & 7))),
-                                      e8m0(srow[j][(uint32_t)col / (uint32_t)p.block_cols]));
-                }
-#pragma unroll
-                for (int i = 0; i < TB; i++) {
-                    if (i >= nt) break;
-                    const float xv = __ldg(xb + i * p.cols + col);
-#pragma unroll
-                    for (int j = 0; j < FP4_RB; j++)
-                        acc[i][j] = fmaf(wv[j], xv, acc[i][j]);
-                }
-            }
-        }
-    }
-
-    /* The fixed butterfly: every lane ends with its warp's total. */
-#pragma unroll
-    for (int i = 0; i < TB; i++)
-#pragma unroll
-        for (int j = 0; j < FP4_RB; j++)
-#pragma unroll
-            for (int off = 16; off >= 1; off >>= 1)
-                acc[i][j] += __shfl_xor_sync(0xffffffffu, acc[i][j], off);
-    float *y = p.y + t0 * p.rows + r0;
-    if (ks == 1) {
+    /* One token group: rows t0 .. t0 + nt of x and y (nt <= TB). */
+    auto tokens = [&](const int64_t t0, const int nt) {
+        const float *xb = p.x + t0 * p.cols;
+        float acc[TB][FP4_RB];
 #pragma unroll
         for (int i = 0; i < TB; i++)
 #pragma unroll
             for (int j = 0; j < FP4_RB; j++)
-                if (lane == i * FP4_RB + j && i < nt && j < nr) y[i * p.rows + j] = acc[i][j];
-        return;
-    }
-    /* ks == 4: the four warp totals, added in a fixed tree. */
+                acc[i][j] = 0.0f;
+
+        for (int64_t s = kw * 32 + lane; s < nseg; s += 32 * (int64_t)ks) {
+            const int64_t c0 = s * FP4_SEG;
+            const int nvalid = (int)min((int64_t)FP4_SEG, p.cols - c0);
+            uint4 raw[FP4_RB];
 #pragma unroll
-    for (int i = 0; i < TB; i++)
+            for (int j = 0; j < FP4_RB; j++)
+                raw[j] = fp4_load(wrow[j], s, p.row_bytes, wvec);
+            if (one_scale) {
+                const int64_t sidx = (int64_t)((uint32_t)c0 / (uint32_t)p.block_cols);
+                float part[TB][FP4_RB];
 #pragma unroll
-        for (int j = 0; j < FP4_RB; j++)
-            if (lane == i * FP4_RB + j) warp_sums[warp][i * FP4_RB + j] = acc[i][j];
-    __syncthreads();
-    if (warp == 0 && lane < TB * FP4_RB) {
-        const int i = lane / FP4_RB, j = lane % FP4_RB;
-        const float tot =
-            (warp_sums[0][lane] + warp_sums[1][lane]) + (warp_sums[2][lane] + warp_sums[3][lane]);
-        if (i < nt && j < nr) y[i * p.rows + j] = tot;
+                for (int i = 0; i < TB; i++)
+#pragma unroll
+                    for (int j = 0; j < FP4_RB; j++)
+                        part[i][j] = 0.0f;
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    float w[FP4_RB][8];
+#pragma unroll
+                    for (int j = 0; j < FP4_RB; j++) {
+                        const uint32_t u = reinterpret_cast<const uint32_t *>(&raw[j])[k];
+#pragma unroll
+                        for (int e = 0; e < 8; e++)
+                            w[j][e] = e2m1(u >> (4 * e));
+                    }
+#pragma unroll
+                    for (int i = 0; i < TB; i++) {
+                        if (i >= nt) break;
+                        /* past nvalid x is 0 and the nibbles are finite: adds +-0 */
+                        float xf[8];
+                        fp4_x8(xb + i * p.cols + c0 + 8 * k, nvalid - 8 * k, xvec, xf);
+#pragma unroll
+                        for (int j = 0; j < FP4_RB; j++)
+#pragma unroll
+                            for (int e = 0; e < 8; e++)
+                                part[i][j] = fmaf(w[j][e], xf[e], part[i][j]);
+                    }
+                }
+#pragma unroll
+                for (int j = 0; j < FP4_RB; j++) {
+                    const float sc = e8m0(srow[j][sidx]);
+#pragma unroll
+                    for (int i = 0; i < TB; i++)
+                        acc[i][j] = fmaf(part[i][j], sc, acc[i][j]);
+                }
+            } else {
+                for (int c = 0; c < nvalid; c++) {
+                    const int64_t col = c0 + c;
+                    float wv[FP4_RB];
+#pragma unroll
+                    for (int j = 0; j < FP4_RB; j++) {
+                        const uint32_t u = word_of(raw[j], c >> 3);
+                        wv[j] = __fmul_rn(e2m1(u >> (4 * (c & 7))),
+                                          e8m0(srow[j][(uint32_t)col / (uint32_t)p.block_cols]));
+                    }
+#pragma unroll
+                    for (int i = 0; i < TB; i++) {
+                        if (i >= nt) break;
+                        const float xv = __ldg(xb + i * p.cols + col);
+#pragma unroll
+                        for (int j = 0; j < FP4_RB; j++)
+                            acc[i][j] = fmaf(wv[j], xv, acc[i][j]);
+                    }
+                }
+            }
+        }
+
+        /* The fixed butterfly: every lane ends with its warp's total. */
+#pragma unroll
+        for (int i = 0; i < TB; i++)
+#pragma unroll
+            for (int j = 0; j < FP4_RB; j++)
+#pragma unroll
+                for (int off = 16; off >= 1; off >>= 1)
+                    acc[i][j] += __shfl_xor_sync(0xffffffffu, acc[i][j], off);
+        float *y = p.y + t0 * p.rows + r0;
+        if (ks == 1) {
+#pragma unroll
+            for (int i = 0; i < TB; i++)
+#pragma unroll
+                for (int j = 0; j < FP4_RB; j++)
+                    if (lane == i * FP4_RB + j && i < nt && j < nr) y[i * p.rows + j] = acc[i][j];
+        } else {
+            /* ks == 4: the four warp totals, added in a fixed tree. */
+            if constexpr (G) __syncthreads(); /* the previous group's totals have been read */
+#pragma unroll
+            for (int i = 0; i < TB; i++)
+#pragma unroll
+                for (int j = 0; j < FP4_RB; j++)
+                    if (lane == i * FP4_RB + j) warp_sums[warp][i * FP4_RB + j] = acc[i][j];
+            __syncthreads();
+            if (warp == 0 && lane < TB * FP4_RB) {
+                const int i = lane / FP4_RB, j = lane % FP4_RB;
+                const float tot = (warp_sums[0][lane] + warp_sums[1][lane]) +
+                                  (warp_sums[2][lane] + warp_sums[3][lane]);
+                if (i < nt && j < nr) y[i * p.rows + j] = tot;
+            }
+        }
+    };
+    if constexpr (G) { /* each group of the expert's rows in turn; none past its end */
+        for (int64_t t0 = t_first; t0 < t_end; t0 += TB)
+            tokens(t0, (int)min((int64_t)TB, t_end - t0));
+    } else {
+        tokens(t_first, (int)min((int64_t)TB, t_end - t_first));
     }
 }
 
+/* One launch of the TB variant, grouped or plain (fp4_gemv_kernel's G). */
+template <int TB>
+static void launch_fp4(dim3 grid, const di_cuda_fp4_params *p, bool wvec, bool xvec) {
+    const dim3 block(FP4_WARPS * 32);
+    if (p->experts)
+        fp4_gemv_kernel<TB, true><<<grid, block, 0, p->stream>>>(*p, wvec, xvec);
+    else
+        fp4_gemv_kernel<TB, false><<<grid, block, 0, p->stream>>>(*p, wvec, xvec);
+}
+
 cudaError_t di_cuda_launch_matmul_fp4(const di_cuda_fp4_params *p) {
-    if (p->n_tokens <= 0 || p->rows <= 0 || p->cols <= 0) return cudaSuccess;
+    const bool grouped = p->experts != NULL;
+    if (p->n_tokens <= 0 || p->rows <= 0 || p->cols <= 0 || (grouped && p->max_active <= 0))
+        return cudaSuccess;
+    /* Grouped: expert 0's data stands for all (expert_table checks that every expert's data
+     * has its alignment). */
     const bool wvec = ((uintptr_t)p->data & 15u) == 0 && p->row_bytes % 16 == 0;
     const bool xvec = ((uintptr_t)p->x & 15u) == 0 && p->cols % 4 == 0;
-    const int64_t n = p->n_tokens, nseg = (p->cols + FP4_SEG - 1) / FP4_SEG;
+    /* Tokens per weight: n, or grouped the mean rows per active-expert slot (a block walks
+     * its expert's rows, so an expert with more rows than the mean takes more passes). TB
+     * chooses the variant, never a value. */
+    const int64_t n = grouped ? (p->n_tokens + p->max_active - 1) / p->max_active : p->n_tokens;
+    const int64_t nseg = (p->cols + FP4_SEG - 1) / FP4_SEG;
     const int tb = n == 1 ? 1 : n == 2 ? 2 : n <= 4 ? 4 : 8;
     const int64_t rows_per_block = FP4_WARPS / fp4_ksplit(nseg) * FP4_RB;
     dim3 grid((unsigned)((p->rows + rows_per_block - 1) / rows_per_block),
-              (unsigned)((n + tb - 1) / tb));
-    const dim3 block(FP4_WARPS * 32);
+              grouped ? 1u : (unsigned)((n + tb - 1) / tb), grouped ? (unsigned)p->max_active : 1u);
     switch (tb) {
     case 1:
-        fp4_gemv_kernel<1><<<grid, block, 0, p->stream>>>(*p, wvec, xvec);
+        launch_fp4<1>(grid, p, wvec, xvec);
         break;
     case 2:
-        fp4_gemv_kernel<2><<<grid, block, 0, p->stream>>>(*p, wvec, xvec);
+        launch_fp4<2>(grid, p, wvec, xvec);
         break;
     case 4:
-        fp4_gemv_kernel<4><<<grid, block, 0, p->stream>>>(*p, wvec, xvec);
+        launch_fp4<4>(grid, p, wvec, xvec);
         break;
     default:
-        fp4_gemv_kernel<8><<<grid, block, 0, p->stream>>>(*p, wvec, xvec);
+        launch_fp4<8>(grid, p, wvec, xvec);
         break;
     }
     return cudaGetLastError();
