@@ -232,6 +232,8 @@ static di_status ctx_create(const v4_model *m, v4_kv *kv, bool own_kv, int64_t m
         {(void **)&c->rlogits, C * E * f},
         {(void **)&c->gate, C * K * I * f},
         {(void **)&c->up, C * K * I * f},
+        {(void **)&c->sgate, C * I * f},
+        {(void **)&c->sup, C * I * f},
         {(void **)&c->xe, C * K * D * f},
         {(void **)&c->moe_out, C * D * f},
         {(void **)&c->eo, C * K * D * f},
@@ -313,22 +315,24 @@ static void v4_state_free(void *state) {
 /* MoE                                                                                        */
 /* ---------------------------------------------------------------------------------------- */
 
-/* Clamped SwiGLU expert over n rows of x -> y. */
-static void expert(const v4_model *m, const v4_mlp *w, v4_ctx *c, const di_backend *be,
-                   const float *x, int64_t n, float *y) {
+/* Clamped SwiGLU expert over n rows of x -> y (gate, up: [n][I] scratch). */
+static void expert(const v4_model *m, const v4_mlp *w, const di_backend *be, const float *x,
+                   int64_t n, float *gate, float *up, float *y) {
     const int64_t I = w->w1.rows;
-    v4_matmul(be, &w->w1, x, n, c->gate);
-    v4_matmul(be, &w->w3, x, n, c->up);
-    be->ops->v4_swiglu(be->ctx, c->gate, c->up, n * I, (float)m->v->swiglu_limit, c->gate);
-    v4_matmul(be, &w->w2, c->gate, n, y);
+    v4_matmul(be, &w->w1, x, n, gate);
+    v4_matmul(be, &w->w3, x, n, up);
+    be->ops->v4_swiglu(be->ctx, gate, up, n * I, (float)m->v->swiglu_limit, gate);
+    v4_matmul(be, &w->w2, gate, n, y);
 }
 
 /* MoE over c->xn -> c->y, all on the backend (no host round trip): moe_route selects (hash
  * layers: the token's tid2eid row) and groups the (token, slot) entries by expert, one gather
  * puts the rows in expert order, matmul_experts runs each active expert once over its rows
  * (gate, up, the clamped SwiGLU, down), and the combine sums each token's experts in slot
- * order, so no row depends on the grouping (batch invariance). The shared expert follows
- * (it reuses the gate / up scratch) and the combine adds the routed sum into its output. */
+ * order, so no row depends on the grouping (batch invariance). The shared expert goes first,
+ * into c->y, on the backend's second stream where it has one (side_begin): at one token the
+ * routing is a chain of small kernels and the FP4 products do not fill the device's bandwidth
+ * either; the combine adds the routed sum into its output after the join. */
 static void moe(const v4_model *m, const v4_block *L, v4_ctx *c, const di_backend *be,
                 int64_t n) {
     const di_hparams *hp = m->hp;
@@ -338,6 +342,11 @@ static void moe(const v4_model *m, const v4_block *L, v4_ctx *c, const di_backen
     void *bc = be->ctx;
     int32_t *src = c->route, *rows_of = src + nk;
     float *w = (float *)(rows_of + nk);
+    const bool beside = be->ops->side_begin != NULL;
+    if (beside) be->ops->side_begin(bc);
+    expert(m, &L->shared, be, c->xn, n, c->sgate, c->sup, c->y);
+    if (beside) be->ops->side_end(bc);
+
     v4_matmul(be, &L->gate, c->xn, n, c->rlogits);
     /* V4's rules (plain top-k of score + bias, always renormalised) are in the hparams. */
     di_moe_route_params rp = {.router = di_router_params_from_hparams(hp),
@@ -358,7 +367,7 @@ static void moe(const v4_model *m, const v4_block *L, v4_ctx *c, const di_backen
     be->ops->matmul_experts(bc, &L->x_up, c->r_off, c->r_active, na, nk, c->xe, c->up);
     be->ops->v4_swiglu(bc, c->gate, c->up, nk * I, (float)m->v->swiglu_limit, c->gate);
     be->ops->matmul_experts(bc, &L->x_down, c->r_off, c->r_active, na, nk, c->gate, c->eo);
-    expert(m, &L->shared, c, be, c->xn, n, c->y);
+    if (beside) be->ops->side_join(bc);
     if (be->ops->moe_combine_add) { /* the combine and the add below in one op, the same bits */
         be->ops->moe_combine_add(bc, c->eo, rows_of, w, n, K, D, NULL, c->y);
         return;

@@ -188,6 +188,7 @@ typedef struct v4_ctx {
     float *r_scratch;           /* [3 E] moe_route's scratch */
     /* an expert may get every (token, slot) pair if tid2eid repeats ids: K C rows */
     float *gate, *up;    /* [K C][I] */
+    float *sgate, *sup;  /* [C][I] the shared expert's (beside the routed ones: side stream) */
     float *xe;           /* [K C][D] the routed rows, grouped by expert */
     float *moe_out;      /* [C][D] the combined routed experts */
     float *eo;           /* [K C][D] expert outputs, grouped by expert */

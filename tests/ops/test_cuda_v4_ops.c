@@ -434,6 +434,9 @@ TEST(hc_pre_post) {
         check_hc(rnd_int(1, 9), rnd_int(1, 5), rnd_int(1, 300), iter % 4 == 0 ? 0 : rnd_int(1, 20));
     check_hc(3, 4, 4096, 20); /* V4-Flash: 4 streams of 4096, 20 Sinkhorn iterations */
     check_hc(2, 4, 4096, 0);  /* the head's collapse */
+    /* the most streams: mix, pre and M fill 33 KB of shared memory, and 17 tokens take two
+     * launch pairs (the backend's mixing-row scratch holds 15 tokens' rows at 64 streams) */
+    check_hc(17, 64, 8, 3);
 }
 
 /* ---------------------------------------------------------------------------------------- */

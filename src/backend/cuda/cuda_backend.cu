@@ -36,6 +36,7 @@ typedef struct cuda_backend {
     bool side_open;             /* forked since the last join */
     float *attn_partial;        /* owned: split-KV chunk states, attn_partial_floats floats */
     int *attn_counters;         /* owned: split arrivals, DI_CUDA_ATTN_COUNTERS ints (zeroed) */
+    float *hc_mix;              /* owned: V4 mHC mixing rows, DI_CUDA_HC_MIX_FLOATS floats */
     int attn_heads;             /* heads per attention block: 0 (by shape), 2 or 8 */
     int64_t attn_partial_floats;
     int n_sms;
@@ -598,7 +599,7 @@ static void cuda_v4_hc_pre(void *ctx, const di_v4_hc_params *p) {
         note(be, cudaErrorNotSupported);
         return;
     }
-    note(be, di_cuda_launch_v4_hc_pre(p, be->stream));
+    note(be, di_cuda_launch_v4_hc_pre(p, be->hc_mix, DI_CUDA_HC_MIX_FLOATS, be->stream));
 }
 
 static void cuda_v4_hc_post(void *ctx, int64_t n_tokens, int64_t n_hc, int64_t dim, const float *x,
@@ -639,6 +640,7 @@ static void cuda_free_ctx(void *ctx) {
     if (be->side) cudaStreamSynchronize(be->side);
     cudaFree(be->attn_partial);
     cudaFree(be->attn_counters);
+    cudaFree(be->hc_mix);
     if (be->main) cudaStreamDestroy(be->main);
     if (be->side) cudaStreamDestroy(be->side);
     if (be->forked) cudaEventDestroy(be->forked);
@@ -843,6 +845,8 @@ extern "C" di_status di_backend_cuda_init(di_backend *out, int device, int64_t m
         (err = cudaMalloc((void **)&be->attn_partial, (size_t)floats * sizeof(float))) !=
             cudaSuccess ||
         (err = cudaMalloc((void **)&be->attn_counters, DI_CUDA_ATTN_COUNTERS * sizeof(int))) !=
+            cudaSuccess ||
+        (err = cudaMalloc((void **)&be->hc_mix, DI_CUDA_HC_MIX_FLOATS * sizeof(float))) !=
             cudaSuccess ||
         (err = cudaMemsetAsync(be->attn_counters, 0, DI_CUDA_ATTN_COUNTERS * sizeof(int),
                                be->main)) != cudaSuccess ||

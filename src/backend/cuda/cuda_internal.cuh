@@ -403,7 +403,12 @@ typedef struct di_cuda_fp4_params {
 /* Raises the V4 kernels' shared-memory limits; once per device, before the first launch. */
 cudaError_t di_cuda_v4_setup(void);
 cudaError_t di_cuda_launch_matmul_fp4(const di_cuda_fp4_params *p);
-cudaError_t di_cuda_launch_v4_hc_pre(const di_v4_hc_params *p, cudaStream_t stream);
+/* scratch: backend memory for the mixing rows of the tokens of one launch pair
+ * ((2 + n_hc) n_hc floats per token; fewer tokens per pair when it is small). The backend's
+ * holds DI_CUDA_HC_MIX_FLOATS (2730 tokens of V4-Flash's 4 streams; 15 at 64 streams). */
+#define DI_CUDA_HC_MIX_FLOATS 65536
+cudaError_t di_cuda_launch_v4_hc_pre(const di_v4_hc_params *p, float *scratch,
+                                     int64_t scratch_floats, cudaStream_t stream);
 cudaError_t di_cuda_launch_v4_hc_post(int64_t n_tokens, int64_t n_hc, int64_t dim, const float *x,
                                       const float *y, const float *post, const float *mix,
                                       float *out, cudaStream_t stream);

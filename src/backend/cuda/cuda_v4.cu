@@ -318,114 +318,127 @@ cudaError_t di_cuda_launch_matmul_fp4(const di_cuda_fp4_params *p) {
 /* ---------------------------------------------------------------------------------------- */
 
 #define HC_THREADS 256
-#define HC_KB      8 /* mixing rows reduced together */
 
 static __device__ float sigmoid_d(float v) {
     return (float)(1.0 / (1.0 + exp(-(double)v)));
 }
 
-/* One block per token; the sums are per-thread strided partials in double added by a
- * fixed tree, then thread 0 does the small n_hc x n_hc part exactly as the CPU does. */
-__global__ void __launch_bounds__(HC_THREADS) hc_pre_kernel(const di_v4_hc_params p) {
-    extern __shared__ float hc_smem[]; /* [n_mix] mix, [n_hc] pre */
-    __shared__ double red[HC_KB][HC_THREADS];
+/* The mixing rows' dot products, one block per (token t, row k) so that a token's rows load
+ * the device rather than one SM: the stream norm 1 / rms(x) (a double sum, strided
+ * per-thread partials added by a fixed tree), then mix[t][k] = sum_i fn[k][i] (x[i] / rms)
+ * by the same partials and tree. At one token the former single block per token read all
+ * (2 + n) n rows (1.6 MB for V4-Flash) alone. */
+__global__ void __launch_bounds__(HC_THREADS)
+    hc_mix_kernel(const di_v4_hc_params p, int64_t t0, float *mix) {
+    __shared__ double red[HC_THREADS];
     const int tid = threadIdx.x;
-    const int64_t t = blockIdx.x, n = p.n_hc, D = p.dim, ND = n * D;
-    const int64_t n_mix = p.iters > 0 ? (2 + n) * n : n;
-    float *mix = hc_smem, *pre = hc_smem + n_mix;
-    const float *x = p.x + t * ND;
-
+    const int64_t t = t0 + blockIdx.x, k = blockIdx.y, ND = p.n_hc * p.dim;
+    const float *x = p.x + t * ND, *f = p.fn + k * ND;
     double ss = 0.0;
+#pragma unroll 8 /* loads in flight; each thread's sum stays in i order */
     for (int64_t i = tid; i < ND; i += HC_THREADS)
         ss += (double)x[i] * (double)x[i];
-    ss = block_sum_fixed<HC_THREADS>(ss, &red[0][0]);
+    ss = block_sum_fixed<HC_THREADS>(ss, red);
     const float rs = 1.0f / sqrtf((float)(ss / (double)ND) + p.eps);
-
-    for (int64_t k0 = 0; k0 < n_mix; k0 += HC_KB) {
-        double s[HC_KB];
-#pragma unroll
-        for (int k = 0; k < HC_KB; k++)
-            s[k] = 0.0;
-        for (int64_t i = tid; i < ND; i += HC_THREADS) {
-            const double xv = (double)__fmul_rn(x[i], rs);
-#pragma unroll
-            for (int k = 0; k < HC_KB; k++)
-                if (k0 + k < n_mix) s[k] += (double)p.fn[(k0 + k) * ND + i] * xv;
-        }
-        __syncthreads(); /* red's previous readers are done */
-#pragma unroll
-        for (int k = 0; k < HC_KB; k++)
-            red[k][tid] = s[k];
-        __syncthreads();
-        for (int st = HC_THREADS / 2; st >= 1; st >>= 1) {
-            if (tid < st)
-#pragma unroll
-                for (int k = 0; k < HC_KB; k++)
-                    red[k][tid] = red[k][tid] + red[k][tid + st];
-            __syncthreads();
-        }
-        if (tid < HC_KB && k0 + tid < n_mix) mix[k0 + tid] = (float)red[tid][0];
+    double s = 0.0;
+#pragma unroll 8
+    for (int64_t i = tid; i < ND; i += HC_THREADS) {
+        const double xv = (double)__fmul_rn(x[i], rs);
+        s += (double)f[i] * xv;
     }
+    s = block_sum_fixed<HC_THREADS>(s, red);
+    if (tid == 0) mix[blockIdx.x * gridDim.y + k] = (float)s;
+}
+
+/* One block per token, after hc_mix_kernel: the small n_hc x n_hc part exactly as the CPU
+ * computes it, a thread per row / column, on a shared-memory copy of M that the block then
+ * writes out (one thread on M in global memory, each of the Sinkhorn's 2 iters n^2 reads and
+ * writes a round trip to L2 in its chain, took most of 230 us per call on the H200); then the
+ * collapse h = sum_j pre_j x_j. */
+__global__ void __launch_bounds__(HC_THREADS)
+    hc_pre_kernel(const di_v4_hc_params p, int64_t t0, const float *mix_in) {
+    extern __shared__ float hc_smem[]; /* [n_mix] mix, [n_hc] pre, [n_hc^2] M (iters > 0) */
+    const int tid = threadIdx.x;
+    const int64_t t = t0 + blockIdx.x, n = p.n_hc, D = p.dim, ND = n * D;
+    const int64_t n_mix = p.iters > 0 ? (2 + n) * n : n;
+    float *mix = hc_smem, *pre = hc_smem + n_mix, *M = pre + n;
+    const float *x = p.x + t * ND;
+    for (int64_t i = tid; i < n_mix; i += HC_THREADS)
+        mix[i] = mix_in[blockIdx.x * n_mix + i];
     __syncthreads();
 
-    if (tid == 0) {
-        for (int64_t j = 0; j < n; j++)
-            pre[j] = sigmoid_d(mix[j] * p.scale[0] + p.base[j]) + p.hc_eps;
-        if (p.iters > 0) {
-            float *post = p.post + t * n, *M = p.mix + t * n * n;
-            for (int64_t j = 0; j < n; j++)
-                post[j] = 2.0f * sigmoid_d(mix[n + j] * p.scale[1] + p.base[n + j]);
+    /* Thread j < n: pre[j] and post[j], row j's softmax, then in each Sinkhorn step row j's
+     * and column j's normalisation: every value the CPU's arithmetic in the CPU's order (a
+     * row's or column's own values only), the steps apart by block barriers. */
+    const int64_t j = tid;
+    if (j < n) pre[j] = sigmoid_d(mix[j] * p.scale[0] + p.base[j]) + p.hc_eps;
+    if (p.iters > 0) {
+        if (j < n) {
+            p.post[t * n + j] = 2.0f * sigmoid_d(mix[n + j] * p.scale[1] + p.base[n + j]);
             /* Row softmax, then Sinkhorn: columns first, then (iters - 1) x (rows, columns),
              * hc_eps in every denominator (the CPU's order). */
-            for (int64_t j = 0; j < n; j++) {
-                float *row = M + j * n;
-                float mx = -INFINITY;
-                for (int64_t k = 0; k < n; k++) {
-                    row[k] = mix[2 * n + j * n + k] * p.scale[2] + p.base[2 * n + j * n + k];
-                    mx = fmaxf(mx, row[k]);
-                }
-                double sum = 0.0;
-                for (int64_t k = 0; k < n; k++)
-                    sum += exp((double)(row[k] - mx));
-                for (int64_t k = 0; k < n; k++)
-                    row[k] = (float)(exp((double)(row[k] - mx)) / sum) + p.hc_eps;
+            float *row = M + j * n;
+            float mx = -INFINITY;
+            for (int64_t k = 0; k < n; k++) {
+                row[k] = mix[2 * n + j * n + k] * p.scale[2] + p.base[2 * n + j * n + k];
+                mx = fmaxf(mx, row[k]);
             }
-            for (int64_t it = 0; it < p.iters; it++) {
-                if (it > 0)
-                    for (int64_t j = 0; j < n; j++) {
-                        double sum = 0.0;
-                        for (int64_t k = 0; k < n; k++)
-                            sum += M[j * n + k];
-                        const float den = (float)sum + p.hc_eps;
-                        for (int64_t k = 0; k < n; k++)
-                            M[j * n + k] /= den;
-                    }
-                for (int64_t k = 0; k < n; k++) {
+            double sum = 0.0;
+            for (int64_t k = 0; k < n; k++)
+                sum += exp((double)(row[k] - mx));
+            for (int64_t k = 0; k < n; k++)
+                row[k] = (float)(exp((double)(row[k] - mx)) / sum) + p.hc_eps;
+        }
+        __syncthreads();
+        for (int64_t it = 0; it < p.iters; it++) {
+            if (it > 0) {
+                if (j < n) {
                     double sum = 0.0;
-                    for (int64_t j = 0; j < n; j++)
+                    for (int64_t k = 0; k < n; k++)
                         sum += M[j * n + k];
                     const float den = (float)sum + p.hc_eps;
-                    for (int64_t j = 0; j < n; j++)
+                    for (int64_t k = 0; k < n; k++)
                         M[j * n + k] /= den;
                 }
+                __syncthreads();
             }
+            if (j < n) { /* column j */
+                double sum = 0.0;
+                for (int64_t r = 0; r < n; r++)
+                    sum += M[r * n + j];
+                const float den = (float)sum + p.hc_eps;
+                for (int64_t r = 0; r < n; r++)
+                    M[r * n + j] /= den;
+            }
+            __syncthreads();
         }
     }
     __syncthreads();
+    if (p.iters > 0)
+        for (int64_t i = tid; i < n * n; i += HC_THREADS)
+            p.mix[t * n * n + i] = M[i];
     float *h = p.h + t * D;
     for (int64_t d = tid; d < D; d += HC_THREADS) {
         double s = 0.0;
-        for (int64_t j = 0; j < n; j++)
-            s += (double)pre[j] * (double)x[j * D + d];
+        for (int64_t i = 0; i < n; i++)
+            s += (double)pre[i] * (double)x[i * D + d];
         h[d] = (float)s;
     }
 }
 
-cudaError_t di_cuda_launch_v4_hc_pre(const di_v4_hc_params *p, cudaStream_t stream) {
+cudaError_t di_cuda_launch_v4_hc_pre(const di_v4_hc_params *p, float *scratch,
+                                     int64_t scratch_floats, cudaStream_t stream) {
     if (p->n_tokens <= 0) return cudaSuccess;
     const int64_t n = p->n_hc, n_mix = p->iters > 0 ? (2 + n) * n : n;
-    const size_t smem = (size_t)(n_mix + n) * sizeof(float);
-    hc_pre_kernel<<<(unsigned)p->n_tokens, HC_THREADS, smem, stream>>>(*p);
+    const size_t smem = (size_t)(n_mix + n + (p->iters > 0 ? n * n : 0)) * sizeof(float);
+    const int64_t piece = scratch_floats / n_mix; /* tokens whose mix rows fit the scratch */
+    if (piece < 1) return cudaErrorInvalidValue;
+    for (int64_t t0 = 0; t0 < p->n_tokens; t0 += piece) {
+        const int64_t nt = p->n_tokens - t0 < piece ? p->n_tokens - t0 : piece;
+        hc_mix_kernel<<<dim3((unsigned)nt, (unsigned)n_mix), HC_THREADS, 0, stream>>>(*p, t0,
+                                                                                      scratch);
+        hc_pre_kernel<<<(unsigned)nt, HC_THREADS, smem, stream>>>(*p, t0, scratch);
+    }
     return cudaGetLastError();
 }
 
@@ -456,10 +469,12 @@ cudaError_t di_cuda_launch_v4_hc_post(int64_t n_tokens, int64_t n_hc, int64_t di
 /* Sink attention over explicit key lists                                                     */
 /* ---------------------------------------------------------------------------------------- */
 
-#define V4A_THREADS 128
+#define V4A_THREADS 512
 #define V4A_WARPS   (V4A_THREADS / 32)
 
-/* One block per (token, head). Scores: warp w takes keys w, w + 4, ..., lanes split the dot
+/* One block per (token, head), 16 warps (4 took 56 us per V4-Flash layer at one token and 160
+ * keys on the H200: each warp's 40 dot products and each thread's 4 output chains in a row).
+ * Scores: warp w takes keys w, w + 16, ..., lanes split the dot
  * product (element i on lane i % 32, in order) and the xor butterfly adds them. The max is
  * exact in any order; the denominator is a double sum in a fixed tree; each output element
  * is one thread's in-order fmaf chain over the keys. */
