@@ -1,9 +1,10 @@
 /*
  * cuda_tc_lean.cu -- the tensor-core GEMV for one token group (up to 8 tokens per weight, or
  * per expert) with the roles of the mma's operands swapped: the tokens are A (16 rows, the
- * upper 8 zero) and the weight is B (8 rows of W per mma). Opt-in (DI_CUDA_TC_LEAN=1) until
- * it has run on a GPU: it is meant to give tc_kernel's bits (cuda_tc_gemv.cu), which the op
- * tests check, and to be faster at a few tokens.
+ * upper 8 zero) and the weight is B (8 rows of W per mma). Opt-in (DI_CUDA_TC_LEAN=1): it
+ * gives tc_kernel's bits (cuda_tc_gemv.cu; the op tests check it, and pass on the H200), with
+ * 4-22 % fewer instructions per product, but it was no faster at one token and 1 % faster at
+ * 64 sequences there (NOTES.md, eleventh round): an mma carries 8 rows of W, not 16.
  *
  * Why: at a few tokens the products are bound by their warps' instruction chains, not by
  * DRAM (NOTES.md, tenth round: o_proj at one token ran 2,300 instructions per warp at 7.5
