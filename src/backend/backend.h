@@ -338,14 +338,15 @@ typedef struct di_backend_ops {
                         int64_t n, int64_t K, int64_t dim, float *out);
 
     /* ---- MoE on the backend (appended; see di_moe_route_params) ----
-     * The V2/V3 model's MoE layers run through these three (every backend has them). */
+     * Every model's MoE layers run through these three (every backend has them). */
     void (*moe_route)(void *ctx, const di_moe_route_params *p);
     /* Grouped rows through their experts: for each active expert e (active and offsets as
      * moe_route writes them), y[g] = W_e x[g] for g in [offsets[e], offsets[e + 1]).
      * x: [>= offsets[E]][cols], y: [>= offsets[E]][rows] (row strides cols and rows).
      * max_active bounds active[0] and n_rows is the grouped rows in all (min(E, n K) and
      * n K for n routed tokens; their ratio, the mean rows per slot, chooses the launch).
-     * Each row is computed exactly as matmul computes it alone (batch invariance). */
+     * Each row is computed exactly as matmul computes it alone (FP4 experts: matmul_fp4),
+     * whatever the other rows (batch invariance). */
     void (*matmul_experts)(void *ctx, const di_expert_weights *ew, const int32_t *offsets,
                            const int32_t *active, int64_t max_active, int64_t n_rows,
                            const float *x, float *y);
@@ -371,7 +372,7 @@ typedef struct di_backend_ops {
      * activation rounded exactly as matmul and silu_mul round them (so the fused and the
      * separate forms give the same bits). gate and up: one shape, dtype and scale layout.
      * matmul_experts_glu: the same over matmul_experts' grouped rows (gate and up tables of
-     * one expert set's two projections). */
+     * one expert set's two projections; not for FP4 experts, which V4 clamps: an error). */
     void (*matmul_glu)(void *ctx, const di_weight *gate, const di_weight *up, const float *x,
                        int64_t n, float *y);
     void (*matmul_experts_glu)(void *ctx, const di_expert_weights *gate,
@@ -406,8 +407,9 @@ typedef struct di_backend_ops {
      * for everything enqueued on the side. Between side_begin and side_join the two streams
      * must not write what the other reads or writes; no sync, download or graph_end in
      * between. The V2/V3 runner puts an attention layer's latent projection and store there,
-     * beside the queries, and a MoE layer's shared experts, beside the routing and the routed
-     * experts. Inside a graph capture the fork and the join become edges of the graph. */
+     * beside the queries, and both runners a MoE layer's shared experts, beside the routing
+     * and the routed experts. Inside a graph capture the fork and the join become edges of the
+     * graph. */
     void (*side_begin)(void *ctx);
     void (*side_end)(void *ctx);
     void (*side_join)(void *ctx);

@@ -50,9 +50,10 @@ static di_model *load_on(const char *dir, const char *device) {
 
 /* The layers with a branch on the backend's second stream (the default; V2/V3: the latent
  * projection and store beside the queries, the shared experts beside the routed ones; V4:
- * the shared expert beside the routing and the routed experts) against one stream (DI_CUDA_STREAMS=1, read when a context makes its backend): the same
- * bits, for the prompt in one call (lg) and token by token (graphs, where the backend has
- * them); a race between the streams would show here. */
+ * the shared expert beside the routing and the routed experts) against one stream
+ * (DI_CUDA_STREAMS=1, read when a context makes its backend): the same bits, for the prompt in one
+ * call (lg) and token by token (graphs, where the backend has them); a race between the streams
+ * would show here. */
 static void check_streams(const char *name, di_model *m, const golden *g, const float *lg) {
     const int64_t forks = di_backend_cuda_side_forks();
     float *two1 = eval_prompt(m, g, 1, 2);

@@ -291,13 +291,13 @@ static void check_experts_fp4(int64_t E, int64_t K, int64_t n, int64_t rows, int
     free(off), free(act), free(x), free(y);
 }
 
-/* Decode batches of n = 1 .. 64 tokens with K = 6 of 16 .. 64 experts (means of 1 to 24
- * rows per active-expert slot: every TB), an expert that every token picks (8 and 64 rows:
- * several passes), V4-Flash's widths (4096: 4 warps per row group; 2048: one) and row counts
+/* Decode batches of n = 1 .. 64 tokens with K = 6 of 16 .. 64 experts (means of 1, 2, 3 and
+ * 24 rows per active-expert slot: TB 1, 2, 4 and 8), an expert that every token picks (8 and 64
+ * rows: several passes), V4-Flash's widths (4096: 4 warps per row group; 2048: one) and row counts
  * that end inside a row group or a block. */
 TEST(matmul_experts_fp4) {
     if (!g_have_gpu) SKIP("no CUDA device");
-    static const int64_t ns[] = {1, 2, 5, 8, 64}, Es[] = {16, 32, 64, 48, 16};
+    static const int64_t ns[] = {1, 2, 4, 5, 8, 8, 64}, Es[] = {16, 32, 16, 64, 16, 48, 16};
     static const int64_t shapes[][2] = {{2048, 4096}, {2050, 4096}, {2048, 2048}, {1001, 2048}};
     for (size_t i = 0; i < DI_ARRAY_LEN(ns); i++)
         for (size_t s = 0; s < DI_ARRAY_LEN(shapes); s++)

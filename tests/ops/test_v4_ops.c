@@ -399,6 +399,16 @@ TEST(moe_route_hash) {
             prev_g = b.off[e + 1];
         }
         bad += b.act[0] != a || b.off[0] != 0;
+        /* each expert's rows as many as the table's uses of it; rows_of one-to-one */
+        int64_t *uses = calloc((size_t)E, sizeof *uses), *hits = calloc((size_t)nk, sizeof *hits);
+        for (int64_t t = 0; t < n; t++)
+            for (int64_t k = 0; k < K; k++)
+                uses[table[tok[t] * K + k]]++;
+        for (int64_t e = 0; e < E; e++)
+            bad += b.off[e + 1] - b.off[e] != uses[e];
+        for (int64_t i = 0; i < nk; i++)
+            if (b.rows[i] >= 0 && b.rows[i] < nk) bad += hits[b.rows[i]]++ != 0;
+        free(uses), free(hits);
         CHECK_MSG(bad == 0 && prev_g == nk, "hash routing E=%lld K=%lld n=%lld: %lld mismatches",
                   (long long)E, (long long)K, (long long)n, (long long)bad);
         route_host_free(&b);

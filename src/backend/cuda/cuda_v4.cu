@@ -323,38 +323,61 @@ static __device__ float sigmoid_d(float v) {
     return (float)(1.0 / (1.0 + exp(-(double)v)));
 }
 
+#define HC_MIX_THREADS 1024
+
 /* The mixing rows' dot products, one block per (token t, row k) so that a token's rows load
  * the device rather than one SM: the stream norm 1 / rms(x) (a double sum, strided
  * per-thread partials added by a fixed tree), then mix[t][k] = sum_i fn[k][i] (x[i] / rms)
  * by the same partials and tree. At one token the former single block per token read all
- * (2 + n) n rows (1.6 MB for V4-Flash) alone. */
-__global__ void __launch_bounds__(HC_THREADS)
+ * (2 + n) n rows (1.6 MB for V4-Flash) alone; with 256 threads and a float per load a block
+ * still took 14 us for its 128 KB, so 1024 threads load 16 bytes each where the rows allow
+ * (vec: the same for every token, so the order never depends on the batch). */
+__global__ void __launch_bounds__(HC_MIX_THREADS)
     hc_mix_kernel(const di_v4_hc_params p, int64_t t0, float *mix) {
-    __shared__ double red[HC_THREADS];
+    __shared__ double red[HC_MIX_THREADS];
     const int tid = threadIdx.x;
     const int64_t t = t0 + blockIdx.x, k = blockIdx.y, ND = p.n_hc * p.dim;
     const float *x = p.x + t * ND, *f = p.fn + k * ND;
+    const bool vec = ND % 4 == 0 && ((uintptr_t)p.x & 15u) == 0 && ((uintptr_t)p.fn & 15u) == 0;
+    const float4 *x4 = reinterpret_cast<const float4 *>(x);
+    const float4 *f4 = reinterpret_cast<const float4 *>(f);
     double ss = 0.0;
-#pragma unroll 8 /* loads in flight; each thread's sum stays in i order */
-    for (int64_t i = tid; i < ND; i += HC_THREADS)
-        ss += (double)x[i] * (double)x[i];
-    ss = block_sum_fixed<HC_THREADS>(ss, red);
+    if (vec) {
+        for (int64_t i = tid; i < ND / 4; i += HC_MIX_THREADS) {
+            const float4 v = x4[i];
+            ss += (double)v.x * (double)v.x;
+            ss += (double)v.y * (double)v.y;
+            ss += (double)v.z * (double)v.z;
+            ss += (double)v.w * (double)v.w;
+        }
+    } else {
+        for (int64_t i = tid; i < ND; i += HC_MIX_THREADS)
+            ss += (double)x[i] * (double)x[i];
+    }
+    ss = block_sum_fixed<HC_MIX_THREADS>(ss, red);
     const float rs = 1.0f / sqrtf((float)(ss / (double)ND) + p.eps);
     double s = 0.0;
-#pragma unroll 8
-    for (int64_t i = tid; i < ND; i += HC_THREADS) {
-        const double xv = (double)__fmul_rn(x[i], rs);
-        s += (double)f[i] * xv;
+    if (vec) {
+        for (int64_t i = tid; i < ND / 4; i += HC_MIX_THREADS) {
+            const float4 v = x4[i], w = f4[i];
+            s += (double)w.x * (double)__fmul_rn(v.x, rs);
+            s += (double)w.y * (double)__fmul_rn(v.y, rs);
+            s += (double)w.z * (double)__fmul_rn(v.z, rs);
+            s += (double)w.w * (double)__fmul_rn(v.w, rs);
+        }
+    } else {
+        for (int64_t i = tid; i < ND; i += HC_MIX_THREADS)
+            s += (double)f[i] * (double)__fmul_rn(x[i], rs);
     }
-    s = block_sum_fixed<HC_THREADS>(s, red);
+    s = block_sum_fixed<HC_MIX_THREADS>(s, red);
     if (tid == 0) mix[blockIdx.x * gridDim.y + k] = (float)s;
 }
 
 /* One block per token, after hc_mix_kernel: the small n_hc x n_hc part exactly as the CPU
- * computes it, a thread per row / column, on a shared-memory copy of M that the block then
- * writes out (one thread on M in global memory, each of the Sinkhorn's 2 iters n^2 reads and
- * writes a round trip to L2 in its chain, took most of 230 us per call on the H200); then the
- * collapse h = sum_j pre_j x_j. */
+ * computes it, a lane per row / column, on a shared-memory copy of M that the block then
+ * writes out (one thread on M in global memory -- the Sinkhorn's 2 x iters x n^2 reads and
+ * writes, 640 at V4-Flash's 20 iterations, each a round trip to L2 in its chain -- took most
+ * of 230 us per call on the H200); then the collapse h = sum_j pre_j x_j. */
 __global__ void __launch_bounds__(HC_THREADS)
     hc_pre_kernel(const di_v4_hc_params p, int64_t t0, const float *mix_in) {
     extern __shared__ float hc_smem[]; /* [n_mix] mix, [n_hc] pre, [n_hc^2] M (iters > 0) */
@@ -367,50 +390,54 @@ __global__ void __launch_bounds__(HC_THREADS)
         mix[i] = mix_in[blockIdx.x * n_mix + i];
     __syncthreads();
 
-    /* Thread j < n: pre[j] and post[j], row j's softmax, then in each Sinkhorn step row j's
-     * and column j's normalisation: every value the CPU's arithmetic in the CPU's order (a
-     * row's or column's own values only), the steps apart by block barriers. */
-    const int64_t j = tid;
-    if (j < n) pre[j] = sigmoid_d(mix[j] * p.scale[0] + p.base[j]) + p.hc_eps;
-    if (p.iters > 0) {
-        if (j < n) {
-            p.post[t * n + j] = 2.0f * sigmoid_d(mix[n + j] * p.scale[1] + p.base[n + j]);
-            /* Row softmax, then Sinkhorn: columns first, then (iters - 1) x (rows, columns),
-             * hc_eps in every denominator (the CPU's order). */
-            float *row = M + j * n;
-            float mx = -INFINITY;
-            for (int64_t k = 0; k < n; k++) {
-                row[k] = mix[2 * n + j * n + k] * p.scale[2] + p.base[2 * n + j * n + k];
-                mx = fmaxf(mx, row[k]);
-            }
-            double sum = 0.0;
-            for (int64_t k = 0; k < n; k++)
-                sum += exp((double)(row[k] - mx));
-            for (int64_t k = 0; k < n; k++)
-                row[k] = (float)(exp((double)(row[k] - mx)) / sum) + p.hc_eps;
-        }
-        __syncthreads();
-        for (int64_t it = 0; it < p.iters; it++) {
-            if (it > 0) {
-                if (j < n) {
-                    double sum = 0.0;
-                    for (int64_t k = 0; k < n; k++)
-                        sum += M[j * n + k];
-                    const float den = (float)sum + p.hc_eps;
-                    for (int64_t k = 0; k < n; k++)
-                        M[j * n + k] /= den;
+    /* Warp 0, lane l taking j = l, l + 32: pre[j] and post[j], row j's softmax, then in each
+     * Sinkhorn step row j's and column j's normalisation -- every value the CPU's arithmetic
+     * in the CPU's order (a row's or column's own values only), the steps apart by warp
+     * barriers (block barriers for the 40 steps of V4-Flash's 20 iterations cost more than
+     * the steps). */
+    if (tid < 32) {
+        for (int64_t j = tid; j < n; j += 32)
+            pre[j] = sigmoid_d(mix[j] * p.scale[0] + p.base[j]) + p.hc_eps;
+        if (p.iters > 0) {
+            for (int64_t j = tid; j < n; j += 32) {
+                p.post[t * n + j] = 2.0f * sigmoid_d(mix[n + j] * p.scale[1] + p.base[n + j]);
+                /* Row softmax, then Sinkhorn: columns first, then (iters - 1) x (rows,
+                 * columns), hc_eps in every denominator (the CPU's order). */
+                float *row = M + j * n;
+                float mx = -INFINITY;
+                for (int64_t k = 0; k < n; k++) {
+                    row[k] = mix[2 * n + j * n + k] * p.scale[2] + p.base[2 * n + j * n + k];
+                    mx = fmaxf(mx, row[k]);
                 }
-                __syncthreads();
-            }
-            if (j < n) { /* column j */
                 double sum = 0.0;
-                for (int64_t r = 0; r < n; r++)
-                    sum += M[r * n + j];
-                const float den = (float)sum + p.hc_eps;
-                for (int64_t r = 0; r < n; r++)
-                    M[r * n + j] /= den;
+                for (int64_t k = 0; k < n; k++)
+                    sum += exp((double)(row[k] - mx));
+                for (int64_t k = 0; k < n; k++)
+                    row[k] = (float)(exp((double)(row[k] - mx)) / sum) + p.hc_eps;
             }
-            __syncthreads();
+            __syncwarp();
+            for (int64_t it = 0; it < p.iters; it++) {
+                if (it > 0) {
+                    for (int64_t j = tid; j < n; j += 32) { /* row j */
+                        double sum = 0.0;
+                        for (int64_t k = 0; k < n; k++)
+                            sum += M[j * n + k];
+                        const float den = (float)sum + p.hc_eps;
+                        for (int64_t k = 0; k < n; k++)
+                            M[j * n + k] /= den;
+                    }
+                    __syncwarp();
+                }
+                for (int64_t j = tid; j < n; j += 32) { /* column j */
+                    double sum = 0.0;
+                    for (int64_t r = 0; r < n; r++)
+                        sum += M[r * n + j];
+                    const float den = (float)sum + p.hc_eps;
+                    for (int64_t r = 0; r < n; r++)
+                        M[r * n + j] /= den;
+                }
+                __syncwarp();
+            }
         }
     }
     __syncthreads();
@@ -418,6 +445,7 @@ __global__ void __launch_bounds__(HC_THREADS)
         for (int64_t i = tid; i < n * n; i += HC_THREADS)
             p.mix[t * n * n + i] = M[i];
     float *h = p.h + t * D;
+#pragma unroll 4 /* loads in flight */
     for (int64_t d = tid; d < D; d += HC_THREADS) {
         double s = 0.0;
         for (int64_t i = 0; i < n; i++)
@@ -435,8 +463,8 @@ cudaError_t di_cuda_launch_v4_hc_pre(const di_v4_hc_params *p, float *scratch,
     if (piece < 1) return cudaErrorInvalidValue;
     for (int64_t t0 = 0; t0 < p->n_tokens; t0 += piece) {
         const int64_t nt = p->n_tokens - t0 < piece ? p->n_tokens - t0 : piece;
-        hc_mix_kernel<<<dim3((unsigned)nt, (unsigned)n_mix), HC_THREADS, 0, stream>>>(*p, t0,
-                                                                                      scratch);
+        hc_mix_kernel<<<dim3((unsigned)nt, (unsigned)n_mix), HC_MIX_THREADS, 0, stream>>>(*p, t0,
+                                                                                          scratch);
         hc_pre_kernel<<<(unsigned)nt, HC_THREADS, smem, stream>>>(*p, t0, scratch);
     }
     return cudaGetLastError();
