@@ -435,26 +435,33 @@ static di_cuda_mm_params grouped_params(const di_expert_weights *ew, const cuda_
     return p;
 }
 
+/* The FP4 GEMV's parameters for y = W x over n rows of x (an FP4 weight: cuda_matmul_fp4). */
+static di_cuda_fp4_params fp4_params(const di_weight *w, const cuda_backend *be, const float *x,
+                                     int64_t n, float *y) {
+    di_cuda_fp4_params p;
+    memset(&p, 0, sizeof p);
+    p.rows = w->rows;
+    p.cols = w->cols;
+    p.row_bytes = w->row_stride / 2;
+    p.data = (const uint8_t *)w->data;
+    p.scale = w->scale_e8m0;
+    p.scale_cols = w->scale_cols;
+    p.block_cols = w->block_cols > 0 ? w->block_cols : 32;
+    p.n_tokens = n;
+    p.x = x;
+    p.y = y;
+    p.stream = be->stream;
+    return p;
+}
+
 /* The FP4 GEMV in grouped mode (cuda_internal.cuh): the fields cuda_matmul_fp4 fills, from
  * expert 0 (the common shape), and the table's per-expert data and E8M0 pointers. */
 static di_cuda_fp4_params grouped_fp4_params(const di_expert_weights *ew, const cuda_backend *be,
                                              const int32_t *offsets, const int32_t *active,
                                              int64_t max_active, int64_t n_rows, const float *x,
                                              float *y) {
-    const di_weight *w = &ew->w[0];
-    di_cuda_fp4_params p;
-    memset(&p, 0, sizeof p);
-    p.rows = w->rows;
-    p.cols = w->cols;
-    p.row_bytes = w->row_stride / 2;
-    p.data = (const uint8_t *)w->data; /* for the launcher's alignment test */
-    p.scale = w->scale_e8m0;
-    p.scale_cols = w->scale_cols;
-    p.block_cols = w->block_cols > 0 ? w->block_cols : 32;
-    p.n_tokens = n_rows;
-    p.x = x;
-    p.y = y;
-    p.stream = be->stream;
+    /* expert 0's data stands in for the launcher's alignment test */
+    di_cuda_fp4_params p = fp4_params(&ew->w[0], be, x, n_rows, y);
     p.experts = (const di_cuda_expert_ptrs *)ew->table;
     p.g_off = offsets;
     p.g_active = active;
@@ -577,19 +584,7 @@ static void cuda_matmul_fp4(void *ctx, const di_weight *w, const float *x, int64
         cuda_matmul(ctx, w, x, n, y);
         return;
     }
-    di_cuda_fp4_params p;
-    memset(&p, 0, sizeof p);
-    p.rows = w->rows;
-    p.cols = w->cols;
-    p.row_bytes = w->row_stride / 2;
-    p.data = (const uint8_t *)w->data;
-    p.scale = w->scale_e8m0;
-    p.scale_cols = w->scale_cols;
-    p.block_cols = w->block_cols > 0 ? w->block_cols : 32;
-    p.n_tokens = n;
-    p.x = x;
-    p.y = y;
-    p.stream = be->stream;
+    const di_cuda_fp4_params p = fp4_params(w, be, x, n, y);
     note(be, di_cuda_launch_matmul_fp4(&p));
 }
 
