@@ -26,13 +26,8 @@ typedef struct cpu_backend {
     bool fast; /* batch invariance off: di_cpu_matmul_fast (default false) */
 } cpu_backend;
 
-/* Below this many multiply-adds a product runs on the calling thread: waking the pool costs
- * microseconds, more than a small product takes. The kernels' results do not depend on the
- * split, so this changes no bits. */
-#define CPU_MIN_PARALLEL_MACS 65536
-
 static di_pool *pool_for(const cpu_backend *be, int64_t macs) {
-    return macs < CPU_MIN_PARALLEL_MACS ? NULL : be->pool;
+    return macs < DI_CPU_MIN_PARALLEL_MACS ? NULL : be->pool;
 }
 
 static void cpu_matmul(void *ctx, const di_weight *w, const float *x, int64_t n, float *y) {

@@ -57,11 +57,6 @@ static void expert_units(void *ctx, int64_t u0, int64_t u1, int tid) {
     }
 }
 
-/* Below this many multiply-adds an FP4 expert's product runs on the calling thread: the
- * threshold of cpu_backend.c's pool_for (CPU_MIN_PARALLEL_MACS), so that each expert runs
- * exactly as matmul_fp4 runs it (the split changes no value, only the time). */
-#define MOE_FP4_MIN_PARALLEL_MACS 65536
-
 static void experts_fp4(di_pool *pool, const di_expert_weights *ew, const int32_t *offsets,
                         const int32_t *active, const float *x, float *y) {
     for (int64_t j = 0; j < active[0]; j++) {
@@ -70,7 +65,8 @@ static void experts_fp4(di_pool *pool, const di_expert_weights *ew, const int32_
         const int64_t g0 = offsets[e], ne = offsets[e + 1] - g0;
         if (ne <= 0) continue;
         const int64_t macs = ne * w->rows * w->cols;
-        di_cpu_matmul_fp4(macs < MOE_FP4_MIN_PARALLEL_MACS ? NULL : pool, w, x + g0 * w->cols, ne,
+        /* small products on this thread, as matmul_fp4 runs them (cpu_ops.h) */
+        di_cpu_matmul_fp4(macs < DI_CPU_MIN_PARALLEL_MACS ? NULL : pool, w, x + g0 * w->cols, ne,
                           y + g0 * w->rows);
     }
 }

@@ -52,6 +52,11 @@ void di_cpu_matmul_t_ref(const di_weight *w, const float *x, int64_t n, float *y
 /* Dequantizes row r of w into out[w->cols]. */
 void di_cpu_weight_row_f32(const di_weight *w, int64_t r, float *out);
 
+/* Below this many multiply-adds a product runs on the calling thread: waking the pool costs
+ * microseconds, more than a small product takes. The kernels' results do not depend on the
+ * split, so this changes no bits. */
+#define DI_CPU_MIN_PARALLEL_MACS 65536
+
 /* One MoE projection over the grouped rows of every active expert (backend.h's
  * matmul_experts; cpu_moe.c): bitwise a matmul per expert, in one dynamic pool loop; for
  * F4_E2M1 experts bitwise a matmul_fp4 per expert (di_cpu_matmul_fp4, expert by expert). */
