@@ -68,16 +68,6 @@ di_status ds_model_upload(ds_model *m) {
     return st;
 }
 
-/* One expert set: the host array of the E weights of a projection and the backend's table. */
-static di_status expert_set(ds_model *m, di_weight *xw, di_expert_weights *out) {
-    const int64_t E = m->hp->n_routed_experts;
-    void *tab = NULL;
-    di_status st = m->be->ops->expert_table(m->be->ctx, xw, E, &tab);
-    if (st) return di_error_prefix(st, "expert table");
-    *out = (di_expert_weights){.w = xw, .n_experts = E, .table = tab};
-    return DI_OK;
-}
-
 di_status ds_model_expert_sets(ds_model *m) {
     const int64_t E = m->hp->n_routed_experts;
     for (int64_t il = 0; il < m->hp->num_hidden_layers; il++) {
@@ -90,9 +80,7 @@ di_status ds_model_expert_sets(ds_model *m) {
             L->xw[E + e] = L->experts[e].up;
             L->xw[2 * E + e] = L->experts[e].down;
         }
-        di_status st = expert_set(m, L->xw, &L->x_gate);
-        if (!st) st = expert_set(m, L->xw + E, &L->x_up);
-        if (!st) st = expert_set(m, L->xw + 2 * E, &L->x_down);
+        di_status st = di_expert_sets_make(m->be, L->xw, E, &L->x_gate, &L->x_up, &L->x_down);
         if (st) return st;
     }
     return DI_OK;
@@ -101,12 +89,9 @@ di_status ds_model_expert_sets(ds_model *m) {
 void ds_model_release_device(ds_model *m) {
     for (int64_t il = 0; m->layers && il < m->hp->num_hidden_layers; il++) {
         ds_layer *L = &m->layers[il];
-        di_expert_weights *sets[3] = {&L->x_gate, &L->x_up, &L->x_down};
-        for (int k = 0; k < 3; k++)
-            if (sets[k]->table) m->be->ops->buf_free(m->be->ctx, (void *)sets[k]->table);
+        di_expert_sets_free(m->be, &L->x_gate, &L->x_up, &L->x_down);
         di_free(L->xw);
         L->xw = NULL;
-        L->x_gate = L->x_up = L->x_down = (di_expert_weights){0};
     }
     di_dev_copies_free(&m->dev);
 }

@@ -90,16 +90,6 @@ di_status v4_model_upload(v4_model *m) {
     return st;
 }
 
-/* One expert set: E weights of a projection (host array) and the backend's table. */
-static di_status expert_set(v4_model *m, di_weight *xw, di_expert_weights *out) {
-    const int64_t E = m->hp->n_routed_experts;
-    void *tab = NULL;
-    di_status st = m->be->ops->expert_table(m->be->ctx, xw, E, &tab);
-    if (st) return di_error_prefix(st, "expert table");
-    *out = (di_expert_weights){.w = xw, .n_experts = E, .table = tab};
-    return DI_OK;
-}
-
 di_status v4_model_expert_sets(v4_model *m) {
     const int64_t E = m->hp->n_routed_experts;
     for (int64_t il = 0; il < m->hp->num_hidden_layers; il++) {
@@ -111,9 +101,7 @@ di_status v4_model_expert_sets(v4_model *m) {
             L->xw[E + e] = L->experts[e].w3;
             L->xw[2 * E + e] = L->experts[e].w2;
         }
-        di_status st = expert_set(m, L->xw, &L->x_gate);
-        if (!st) st = expert_set(m, L->xw + E, &L->x_up);
-        if (!st) st = expert_set(m, L->xw + 2 * E, &L->x_down);
+        di_status st = di_expert_sets_make(m->be, L->xw, E, &L->x_gate, &L->x_up, &L->x_down);
         if (st) return st;
     }
     return DI_OK;
@@ -122,10 +110,7 @@ di_status v4_model_expert_sets(v4_model *m) {
 void v4_model_release_device(v4_model *m) {
     for (int64_t il = 0; m->blocks && il < m->hp->num_hidden_layers; il++) {
         v4_block *L = &m->blocks[il];
-        di_expert_weights *sets[3] = {&L->x_gate, &L->x_up, &L->x_down};
-        for (int k = 0; k < 3; k++)
-            if (sets[k]->table) m->be->ops->buf_free(m->be->ctx, (void *)sets[k]->table);
-        L->x_gate = L->x_up = L->x_down = (di_expert_weights){0};
+        di_expert_sets_free(m->be, &L->x_gate, &L->x_up, &L->x_down);
     }
     di_dev_copies_free(&m->dev);
 }

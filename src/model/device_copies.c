@@ -42,6 +42,28 @@ di_status di_dev_copy_vec(di_dev_copies *dc, const float **v, int64_t n) {
     return di_dev_copy_bytes(dc, (const void **)v, (size_t)n * sizeof(float));
 }
 
+di_status di_expert_sets_make(const di_backend *be, di_weight *xw, int64_t E,
+                              di_expert_weights *gate, di_expert_weights *up,
+                              di_expert_weights *down) {
+    di_expert_weights *sets[3] = {gate, up, down};
+    for (int k = 0; k < 3; k++) {
+        void *tab = NULL;
+        di_status st = be->ops->expert_table(be->ctx, xw + k * E, E, &tab);
+        if (st) return di_error_prefix(st, "expert table");
+        *sets[k] = (di_expert_weights){.w = xw + k * E, .n_experts = E, .table = tab};
+    }
+    return DI_OK;
+}
+
+void di_expert_sets_free(const di_backend *be, di_expert_weights *gate, di_expert_weights *up,
+                         di_expert_weights *down) {
+    di_expert_weights *sets[3] = {gate, up, down};
+    for (int k = 0; k < 3; k++) {
+        if (sets[k]->table) be->ops->buf_free(be->ctx, (void *)sets[k]->table);
+        *sets[k] = (di_expert_weights){0};
+    }
+}
+
 void di_dev_copies_free(di_dev_copies *dc) {
     for (int64_t i = 0; i < dc->n_w; i++)
         dc->be->ops->weight_free(dc->be->ctx, &dc->w[i]);

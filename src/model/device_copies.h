@@ -24,6 +24,14 @@ di_status di_dev_copy_weight(di_dev_copies *dc, di_weight *w);
 di_status di_dev_copy_vec(di_dev_copies *dc, const float **v, int64_t n);
 /* The same for `bytes` bytes of any type (e.g. an int32 table). */
 di_status di_dev_copy_bytes(di_dev_copies *dc, const void **p, size_t bytes);
+/* A MoE layer's expert sets for the backend's matmul_experts: xw holds [3][E] weights (gate,
+ * up, down; filled by the caller, after the upload), and each set is a view of its E with
+ * the backend's table of them (expert_table). sets_free frees the tables and empties them. */
+di_status di_expert_sets_make(const di_backend *be, di_weight *xw, int64_t E,
+                              di_expert_weights *gate, di_expert_weights *up,
+                              di_expert_weights *down);
+void di_expert_sets_free(const di_backend *be, di_expert_weights *gate, di_expert_weights *up,
+                         di_expert_weights *down);
 /* Frees every copy and empties the list (the backend stays set). */
 void di_dev_copies_free(di_dev_copies *dc);
 
