@@ -22,6 +22,7 @@
 #define TEST_RAND_SEED 0x2545f4914f6cdd1dull
 #include "test_rand.h"
 #include "test_cuda_util.h"
+#include "test_fp4_util.h"
 
 /* A host array of n NaNs (CPU-reference outputs, so that unwritten elements show). */
 static float *nan_vec(int64_t n) {
@@ -49,36 +50,6 @@ static bool same_bits(const float *a, const float *b, int64_t n) {
 /* ---------------------------------------------------------------------------------------- */
 /* FP4 matmul                                                                                 */
 /* ---------------------------------------------------------------------------------------- */
-
-typedef struct {
-    uint8_t *q, *sc;
-    di_weight w;
-} fp4_weight;
-
-/* Random [rows][cols] FP4 weight, row stride cols + extra (rounded up to even), E8M0
- * exponents in [lo_e, hi_e] per block_cols columns. */
-static fp4_weight make_fp4(int64_t rows, int64_t cols, int64_t extra, int64_t block_cols, int lo_e,
-                           int hi_e) {
-    fp4_weight t;
-    const int64_t stride = (cols + extra + 1) / 2 * 2,
-                  sc_cols = (cols + block_cols - 1) / block_cols;
-    t.q = malloc((size_t)(rows * stride / 2));
-    for (int64_t i = 0; i < rows * stride / 2; i++)
-        t.q[i] = (uint8_t)rnd_u32();
-    t.sc = malloc((size_t)(rows * sc_cols));
-    for (int64_t i = 0; i < rows * sc_cols; i++)
-        t.sc[i] = (uint8_t)rnd_int(lo_e, hi_e);
-    t.w = (di_weight){.dtype = DI_DTYPE_F4_E2M1,
-                      .rows = rows,
-                      .cols = cols,
-                      .row_stride = stride,
-                      .data = t.q,
-                      .scale_e8m0 = t.sc,
-                      .scale_cols = sc_cols,
-                      .block_rows = 1,
-                      .block_cols = block_cols};
-    return t;
-}
 
 static float *gpu_fp4(const di_weight *dw, const float *x, int64_t n) {
     float *dx = dev_floats(x, n * dw->cols), *dy = dev_poison(n * dw->rows);
@@ -186,38 +157,22 @@ TEST(matmul_fp4_forwards) {
 /* FP4 experts (matmul_experts)                                                               */
 /* ---------------------------------------------------------------------------------------- */
 
-/* E random [rows][cols] FP4 experts (block_cols 32, cols a multiple of 32) in one host
- * allocation (nibbles, then E8M0 bytes in [119, 129]), each uploaded with weight_upload, and
- * their table from expert_table. */
+/* E random [rows][cols] FP4 experts (block_cols 32, E8M0 bytes in [119, 129]), each uploaded
+ * with weight_upload, and their table from expert_table. */
 typedef struct {
-    uint8_t *host;
+    fp4_weight *host;
     di_weight *dw;
     di_expert_weights ew;
 } fp4_experts;
 
 static fp4_experts make_fp4_experts(int64_t E, int64_t rows, int64_t cols) {
     fp4_experts x;
-    const int64_t wbytes = rows * cols / 2, sbytes = rows * cols / 32;
-    x.host = malloc((size_t)(E * (wbytes + sbytes)));
-    uint8_t *q = x.host, *sc = x.host + E * wbytes;
-    for (int64_t i = 0; i + 4 <= E * wbytes; i += 4) {
-        const uint32_t u = rnd_u32();
-        memcpy(q + i, &u, 4);
-    }
-    for (int64_t i = 0; i < E * sbytes; i++)
-        sc[i] = (uint8_t)rnd_int(127 - 8, 127 + 2);
+    x.host = malloc((size_t)E * sizeof *x.host);
     x.dw = malloc((size_t)E * sizeof *x.dw);
     for (int64_t e = 0; e < E; e++) {
-        const di_weight w = {.dtype = DI_DTYPE_F4_E2M1,
-                             .rows = rows,
-                             .cols = cols,
-                             .row_stride = cols,
-                             .data = q + e * wbytes,
-                             .scale_e8m0 = sc + e * sbytes,
-                             .scale_cols = cols / 32,
-                             .block_rows = 1,
-                             .block_cols = 32};
-        CHECK_MSG(g_be.ops->weight_upload(g_be.ctx, &w, &x.dw[e]) == DI_OK, "%s", di_last_error());
+        x.host[e] = make_fp4(rows, cols, 0, 32, 127 - 8, 127 + 2);
+        CHECK_MSG(g_be.ops->weight_upload(g_be.ctx, &x.host[e].w, &x.dw[e]) == DI_OK, "%s",
+                  di_last_error());
     }
     void *tab = NULL;
     CHECK_MSG(g_be.ops->expert_table(g_be.ctx, x.dw, E, &tab) == DI_OK, "%s", di_last_error());
@@ -226,8 +181,10 @@ static fp4_experts make_fp4_experts(int64_t E, int64_t rows, int64_t cols) {
 }
 
 static void free_fp4_experts(fp4_experts *x) {
-    for (int64_t e = 0; e < x->ew.n_experts; e++)
+    for (int64_t e = 0; e < x->ew.n_experts; e++) {
         g_be.ops->weight_free(g_be.ctx, &x->dw[e]);
+        free_fp4(&x->host[e]);
+    }
     g_be.ops->buf_free(g_be.ctx, (void *)x->ew.table);
     free(x->host), free(x->dw);
 }

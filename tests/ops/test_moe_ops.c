@@ -22,6 +22,7 @@
 #include <math.h>
 #define TEST_RAND_SEED 0x9e3779b97f4a7c15ull
 #include "test_rand.h"
+#include "test_fp4_util.h"
 
 static di_pool *g_pool;
 static di_backend g_cpu;
@@ -119,39 +120,16 @@ TEST(matmul_experts_cpu) {
     }
 }
 
-/* E FP4 experts of [rows][cols] (cols even) in one allocation each for nibbles (*q) and E8M0
- * bytes (*sc): random nibbles, scales 2^(e - 127) for e in [119, 129], one per 32 columns
- * (as test_v4_ops.c builds them). */
-static di_weight *fp4_experts(int64_t E, int64_t rows, int64_t cols, uint8_t **q, uint8_t **sc) {
-    const int64_t rb = cols / 2, sc_cols = (cols + 31) / 32;
-    *q = malloc((size_t)(E * rows * rb));
-    *sc = malloc((size_t)(E * rows * sc_cols));
-    for (int64_t i = 0; i < E * rows * rb; i++)
-        (*q)[i] = (uint8_t)rnd_u32();
-    for (int64_t i = 0; i < E * rows * sc_cols; i++)
-        (*sc)[i] = (uint8_t)rnd_int(127 - 8, 127 + 2);
-    di_weight *ws = malloc((size_t)E * sizeof *ws);
-    for (int64_t e = 0; e < E; e++)
-        ws[e] = (di_weight){.dtype = DI_DTYPE_F4_E2M1,
-                            .rows = rows,
-                            .cols = cols,
-                            .row_stride = cols,
-                            .data = *q + e * rows * rb,
-                            .scale_e8m0 = *sc + e * rows * sc_cols,
-                            .scale_cols = sc_cols,
-                            .block_rows = 1,
-                            .block_cols = 32};
-    return ws;
-}
-
 /* matmul_experts over FP4 experts, routed by moe_route: each expert's grouped rows bitwise
  * matmul_fp4 of those rows alone, and near the scalar reference. hot >= 0: that expert's
  * logit raised so that every token picks it (an expert with n rows). */
 static void check_experts_fp4(int64_t E, int64_t K, int64_t n, int64_t rows, int64_t cols,
                               int64_t hot) {
     const int64_t nk = n * K;
-    uint8_t *q, *sc;
-    di_weight *ws = fp4_experts(E, rows, cols, &q, &sc);
+    fp4_weight *xs = malloc((size_t)E * sizeof *xs);
+    di_weight *ws = malloc((size_t)E * sizeof *ws);
+    for (int64_t e = 0; e < E; e++) /* scales 2^(e - 127), e in [119, 129] */
+        xs[e] = make_fp4(rows, cols, 0, 32, 127 - 8, 127 + 2), ws[e] = xs[e].w;
     const di_router_params r = test_router_plain(E, K);
     float *lg = route_logits(n, E, false);
     for (int64_t t = 0; hot >= 0 && t < n; t++)
@@ -180,7 +158,9 @@ static void check_experts_fp4(int64_t E, int64_t K, int64_t n, int64_t rows, int
               (long long)E, (long long)K, (long long)n, (long long)rows, (long long)cols,
               nerr(y, ref, nk * rows));
     route_host_free(&b);
-    free(q), free(sc), free(ws), free(lg), free(x), free(y), free(y1), free(ref);
+    for (int64_t e = 0; e < E; e++)
+        free_fp4(&xs[e]);
+    free(xs), free(ws), free(lg), free(x), free(y), free(y1), free(ref);
 }
 
 /* Random shapes (experts with no rows wherever n K < E), V4-Flash-like widths (4096: the SIMD

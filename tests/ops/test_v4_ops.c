@@ -11,30 +11,20 @@
 #include "test.h"
 #define TEST_RAND_SEED 0x9e3779b97f4a7c15ull
 #include "test_rand.h"
+#include "test_fp4_util.h"
 #include "test_route_util.h"
 
 #include <math.h>
 
 static di_pool *g_pool1, *g_pool2;
 
-/* A random [rows][cols] FP4 weight with E8M0 scales 2^(e - 127), e in [lo_e, hi_e]. */
+/* A random [rows][cols] FP4 weight (test_fp4_util.h) with E8M0 scales 2^(e - 127), e in
+ * [lo_e, hi_e], one per 32 columns; *q and *sc own its nibbles and scales. */
 static di_weight rnd_fp4(int64_t rows, int64_t cols, int lo_e, int hi_e, uint8_t **q,
                          uint8_t **sc) {
-    *q = malloc((size_t)(rows * cols / 2));
-    for (int64_t i = 0; i < rows * cols / 2; i++)
-        (*q)[i] = (uint8_t)rnd_u32();
-    *sc = malloc((size_t)(rows * cols / 32));
-    for (int64_t i = 0; i < rows * cols / 32; i++)
-        (*sc)[i] = (uint8_t)rnd_int(lo_e, hi_e);
-    return (di_weight){.dtype = DI_DTYPE_F4_E2M1,
-                       .rows = rows,
-                       .cols = cols,
-                       .row_stride = cols,
-                       .data = *q,
-                       .scale_e8m0 = *sc,
-                       .scale_cols = cols / 32,
-                       .block_rows = 1,
-                       .block_cols = 32};
+    const fp4_weight t = make_fp4(rows, cols, 0, 32, lo_e, hi_e);
+    *q = t.q, *sc = t.sc;
+    return t.w;
 }
 
 TEST(matmul_fp4) {
