@@ -331,7 +331,9 @@ static __device__ float sigmoid_d(float v) {
  * by the same partials and tree. At one token the former single block per token read all
  * (2 + n) n rows (1.6 MB for V4-Flash) alone; with 256 threads and a float per load a block
  * still took 14 us for its 128 KB, so 1024 threads load 16 bytes each where the rows allow
- * (vec: the same for every token, so the order never depends on the batch). */
+ * (vec: the same for every token, so the order never depends on the batch). Each of a
+ * token's (2 + n) n blocks computes the token's norm itself: its 64 KB come from L2, which
+ * costs less than a kernel and a round trip to hand the norm over. */
 __global__ void __launch_bounds__(HC_MIX_THREADS)
     hc_mix_kernel(const di_v4_hc_params p, int64_t t0, float *mix) {
     __shared__ double red[HC_MIX_THREADS];
