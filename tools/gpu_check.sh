@@ -8,7 +8,7 @@
 #                 reference)
 #   cuda_model.log tests/e2e/test_cuda_model (V2/V3/V4 goldens, engine and batch invariance
 #                 on CUDA; again with DI_CUDA_GRAPHS=0, and with each opt-in one-token-group
-#                 GEMV: DI_CUDA_TC_LEAN=1, DI_CUDA_TC_XS=32), tests/e2e/test_bundled_model (the
+#                 GEMV: DI_CUDA_TC_LEAN=1, DI_CUDA_TC_XS=0), tests/e2e/test_bundled_model (the
 #                 bundled V4 model on CPU and CUDA) and short CLI generations (V3 and V4) on
 #                 --device cuda and cpu
 #   ctest.log     all tests through ctest (not with QUICK=1 or CTEST=0)
@@ -127,7 +127,7 @@ echo "==== DI_CUDA_GRAPHS=0 test_cuda_model" >>"$out/cuda_model.log"
 say "test_cuda_model with DI_CUDA_GRAPHS=0: rc=$? $(tail -1 "$out/cuda_model.log")"
 # The model through the opt-in one-token-group GEMVs (the op tests compare their bits with the
 # default's; here the goldens, the engine and batch invariance run on them).
-for v in DI_CUDA_TC_LEAN=1 DI_CUDA_TC_XS=32; do
+for v in DI_CUDA_TC_LEAN=1 DI_CUDA_TC_XS=0; do
     echo "==== $v test_cuda_model" >>"$out/cuda_model.log"
     (cd "$repo" && env $v "$build/test_cuda_model") >>"$out/cuda_model.log" 2>&1
     say "test_cuda_model with $v: rc=$? $(tail -1 "$out/cuda_model.log")"

@@ -808,9 +808,10 @@ extern "C" di_status di_backend_cuda_init(di_backend *out, int device, int64_t m
     env = getenv("DI_CUDA_TC_TARGET_EXPERTS");
     be->tune.tc_target_experts = env ? atoll(env) : 0;
     /* DI_CUDA_TC_XS=<KiB>: the GEMV splits its activations once per block where the parts
-     * fit in that much shared memory (cuda_tc_gemv.cu); off by default (measured below). */
+     * fit in that much shared memory (cuda_tc_gemv.cu); 32 by default (one or two tokens of
+     * a plain product: measured there), 0: never. */
     env = getenv("DI_CUDA_TC_XS");
-    be->tune.tc_xs = env ? atoi(env) : 0;
+    be->tune.tc_xs = env ? atoi(env) : DI_CUDA_TC_XS;
     env = getenv("DI_CUDA_TC_LEAN"); /* 1: the short-chain GEMV for up to 8 tokens */
     be->tune.tc_lean = env && strcmp(env, "1") == 0;
     be->invariant = true;

@@ -96,6 +96,7 @@ static cudaError_t di_cuda_launch(void (*kernel)(KArgs...), dim3 grid, dim3 bloc
 /* The backend's tuning knobs for products (cuda_backend.cu reads them from the environment
  * once and hands them to every launch). */
 #define DI_CUDA_TC_TARGET 1024 /* tune.tc_target's default */
+#define DI_CUDA_TC_XS     32   /* tune.tc_xs's default (KiB) */
 
 typedef struct di_cuda_tuning {
     /* FP8 conversion by bit placement (1) or by the conversion instructions (0), same values
@@ -132,7 +133,8 @@ typedef struct di_cuda_tuning {
     int64_t tc_target, tc_target_experts;
     /* The tensor-core GEMV's one-token-group variants split the token chunk's activations
      * into bf16 parts once per block, in shared memory, where the parts fit in tc_xs KiB
-     * (DI_CUDA_TC_XS; 0, the default: each warp loads and splits its own). Same values. */
+     * (DI_CUDA_TC_XS, DI_CUDA_TC_XS KiB by default; 0: each warp loads and splits its own).
+     * Same values. */
     int tc_xs;
     /* The one-token-group products on the short-chain kernel (cuda_tc_lean.cu) instead of
      * tc_kernel: DI_CUDA_TC_LEAN=1, opt-in (measured no faster at one token). Same values. */

@@ -260,14 +260,16 @@ bool di_cuda_tc_fits(const di_cuda_mm_params *p) {
 /* xs_v of a launch (0: not staged) and *smem, the bytes of the parts a block stages: its
  * token chunk's rows (8 for a grouped product, whose experts' row counts the host does not
  * know). Staged for one token group per block, x in 16-byte aligned rows, the parts within
- * tune.tc_xs KiB and TC_XS_MAX. Off by default. H200, 4-layer V2-Lite-shaped
- * model, one token (Nsight Compute; staged with any size): instructions per product -17 to
- * -29 %, lm_head 163 -> 134 us, the shared experts' GLU 14.4 -> 12.9, o_proj 10.2 -> 9.6,
- * the grouped down projection 21.2 -> 19.9; but the grouped gate / up 28 -> 33 us, whose
- * blocks stage 8 rows (100 KB: the host does not know an expert's rows), and at 64
- * sequences the step's device time 2.65 -> 2.97 ms. Large shared-memory blocks cost the
- * streaming loads more than the split saved; a cap of about 32 KiB keeps the plain products
- * at one or two tokens (not yet measured on its own). */
+ * tune.tc_xs KiB (32 by default) and TC_XS_MAX. H200, 4-layer V2-Lite-shaped model, one
+ * token (Nsight Compute; staged with any size): instructions per product -17 to -29 %,
+ * lm_head 163 -> 134 us, the shared experts' GLU 14.4 -> 12.9, o_proj 10.2 -> 9.6, the
+ * grouped down projection 21.2 -> 19.9; but the grouped gate / up 28 -> 33 us, whose blocks
+ * stage 8 rows (100 KB: the host does not know an expert's rows), and at 64 sequences the
+ * step's device time 2.65 -> 2.97 ms. Large shared-memory blocks cost the streaming loads
+ * more than the split saved. The 32 KiB cap keeps the plain products of one or two tokens
+ * (K = 2048: up to two tokens; V4's head, K = 4096: one): batch-1 graph replays 0.614 ->
+ * 0.598 ms, 64 sequences unchanged (2.634 ms), the V4-Flash slice 898 -> 915 tok/s (twelfth
+ * round, two runs each). */
 static int xs_v_for(const di_cuda_mm_params *p, int ng, bool xvec, size_t *smem) {
     *smem = 0;
     if (ng != 1 || !xvec || p->tune.tc_xs <= 0) return 0;

@@ -124,6 +124,8 @@ static __device__ __forceinline__ void fp4_x8(const float *x, int nvalid, bool x
 template <int TB, bool G>
 __global__ void __launch_bounds__(FP4_WARPS * 32)
     fp4_gemv_kernel(const di_cuda_fp4_params p, bool wvec, bool xvec) {
+    pdl_wait(); /* programmatic dependent launch: cuda_internal.cuh */
+    pdl_trigger();
     __shared__ float warp_sums[FP4_WARPS][TB * FP4_RB];
     const int64_t nseg = (p.cols + FP4_SEG - 1) / FP4_SEG;
     const int ks = fp4_ksplit(nseg);
@@ -271,12 +273,11 @@ __global__ void __launch_bounds__(FP4_WARPS * 32)
 
 /* One launch of the TB variant, grouped or plain (fp4_gemv_kernel's G). */
 template <int TB>
-static void launch_fp4(dim3 grid, const di_cuda_fp4_params *p, bool wvec, bool xvec) {
+static cudaError_t launch_fp4(dim3 grid, const di_cuda_fp4_params *p, bool wvec, bool xvec) {
     const dim3 block(FP4_WARPS * 32);
     if (p->experts)
-        fp4_gemv_kernel<TB, true><<<grid, block, 0, p->stream>>>(*p, wvec, xvec);
-    else
-        fp4_gemv_kernel<TB, false><<<grid, block, 0, p->stream>>>(*p, wvec, xvec);
+        return di_cuda_launch(fp4_gemv_kernel<TB, true>, grid, block, 0, p->stream, *p, wvec, xvec);
+    return di_cuda_launch(fp4_gemv_kernel<TB, false>, grid, block, 0, p->stream, *p, wvec, xvec);
 }
 
 cudaError_t di_cuda_launch_matmul_fp4(const di_cuda_fp4_params *p) {
@@ -298,19 +299,14 @@ cudaError_t di_cuda_launch_matmul_fp4(const di_cuda_fp4_params *p) {
               grouped ? 1u : (unsigned)((n + tb - 1) / tb), grouped ? (unsigned)p->max_active : 1u);
     switch (tb) {
     case 1:
-        launch_fp4<1>(grid, p, wvec, xvec);
-        break;
+        return launch_fp4<1>(grid, p, wvec, xvec);
     case 2:
-        launch_fp4<2>(grid, p, wvec, xvec);
-        break;
+        return launch_fp4<2>(grid, p, wvec, xvec);
     case 4:
-        launch_fp4<4>(grid, p, wvec, xvec);
-        break;
+        return launch_fp4<4>(grid, p, wvec, xvec);
     default:
-        launch_fp4<8>(grid, p, wvec, xvec);
-        break;
+        return launch_fp4<8>(grid, p, wvec, xvec);
     }
-    return cudaGetLastError();
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -336,6 +332,8 @@ static __device__ float sigmoid_d(float v) {
  * costs less than a kernel and a round trip to hand the norm over. */
 __global__ void __launch_bounds__(HC_MIX_THREADS)
     hc_mix_kernel(const di_v4_hc_params p, int64_t t0, float *mix) {
+    pdl_wait(); /* programmatic dependent launch: cuda_internal.cuh */
+    pdl_trigger();
     __shared__ double red[HC_MIX_THREADS];
     const int tid = threadIdx.x;
     const int64_t t = t0 + blockIdx.x, k = blockIdx.y, ND = p.n_hc * p.dim;
@@ -375,86 +373,140 @@ __global__ void __launch_bounds__(HC_MIX_THREADS)
     if (tid == 0) mix[blockIdx.x * gridDim.y + k] = (float)s;
 }
 
-/* One block per token, after hc_mix_kernel: the small n_hc x n_hc part exactly as the CPU
- * computes it, a lane per row / column, on a shared-memory copy of M that the block then
- * writes out (one thread on M in global memory -- the Sinkhorn's 2 x iters x n^2 reads and
- * writes, 640 at V4-Flash's 20 iterations, each a round trip to L2 in its chain -- took most
- * of 230 us per call on the H200); then the collapse h = sum_j pre_j x_j. */
+/* Row j's softmax of the mixing logits into row (the CPU's arithmetic and order). */
+static __device__ void hc_row_softmax(const di_v4_hc_params &p, const float *mix, int64_t j,
+                                      float *row) {
+    const int64_t n = p.n_hc;
+    float mx = -INFINITY;
+    for (int64_t k = 0; k < n; k++) {
+        row[k] = mix[2 * n + j * n + k] * p.scale[2] + p.base[2 * n + j * n + k];
+        mx = fmaxf(mx, row[k]);
+    }
+    double sum = 0.0;
+    for (int64_t k = 0; k < n; k++)
+        sum += exp((double)(row[k] - mx));
+    for (int64_t k = 0; k < n; k++)
+        row[k] = (float)(exp((double)(row[k] - mx)) / sum) + p.hc_eps;
+}
+
+/* The Sinkhorn for n x n <= 32 in one warp's registers: lane l holds M[l / n][l % n]. A row's
+ * or column's sum gathers its n values by shuffles and adds them in the CPU's order, so every
+ * value is the CPU's; no shared memory and no barrier in the chain (the block-barrier form,
+ * a thread per row / column on a shared copy of M, took 27.7 us per launch on the H200; on
+ * warp 0 with warp barriers, 32.4; this form with the collapse spread over blocks: 53.5 us
+ * for a decode step's five launches, 4 of them with the Sinkhorn). All 32 lanes call it. */
+static __device__ void hc_sinkhorn_warp(const di_v4_hc_params &p, const float *mix, int64_t t,
+                                        int lane) {
+    const int n = (int)p.n_hc, r = lane / n, c = lane % n;
+    const bool own = lane < n * n;
+    const unsigned all = 0xffffffffu;
+    /* row r's softmax: the max (order-free), the exponentials, their sum in k order */
+    const float v = own ? mix[2 * n + lane] * p.scale[2] + p.base[2 * n + lane] : 0.0f;
+    float mx = -INFINITY;
+    for (int k = 0; k < n; k++)
+        mx = fmaxf(mx, __shfl_sync(all, v, r * n + k));
+    const double e = exp((double)(v - mx));
+    double sum = 0.0;
+    for (int k = 0; k < n; k++)
+        sum += __shfl_sync(all, e, r * n + k);
+    float m = (float)(e / sum) + p.hc_eps;
+    /* columns first, then (iters - 1) x (rows, columns), hc_eps in every denominator */
+    for (int64_t it = 0; it < p.iters; it++) {
+        if (it > 0) {
+            double rs = 0.0;
+            for (int k = 0; k < n; k++)
+                rs += __shfl_sync(all, m, r * n + k);
+            m /= (float)rs + p.hc_eps;
+        }
+        double cs = 0.0;
+        for (int k = 0; k < n; k++)
+            cs += __shfl_sync(all, m, k * n + c);
+        m /= (float)cs + p.hc_eps;
+    }
+    if (own) p.mix[t * n * n + lane] = m;
+}
+
+/* The Sinkhorn for any n: thread j < n takes row j and column j of M in shared memory, the
+ * steps apart by block barriers (the CPU's arithmetic in the CPU's order). All threads call
+ * it; M is written out. */
+static __device__ void hc_sinkhorn_block(const di_v4_hc_params &p, const float *mix, int64_t t,
+                                         float *M) {
+    const int64_t n = p.n_hc, j = threadIdx.x;
+    if (j < n) hc_row_softmax(p, mix, j, M + j * n);
+    __syncthreads();
+    for (int64_t it = 0; it < p.iters; it++) {
+        if (it > 0) {
+            if (j < n) { /* row j */
+                double sum = 0.0;
+                for (int64_t k = 0; k < n; k++)
+                    sum += M[j * n + k];
+                const float den = (float)sum + p.hc_eps;
+                for (int64_t k = 0; k < n; k++)
+                    M[j * n + k] /= den;
+            }
+            __syncthreads();
+        }
+        if (j < n) { /* column j */
+            double sum = 0.0;
+            for (int64_t r = 0; r < n; r++)
+                sum += M[r * n + j];
+            const float den = (float)sum + p.hc_eps;
+            for (int64_t r = 0; r < n; r++)
+                M[r * n + j] /= den;
+        }
+        __syncthreads();
+    }
+    for (int64_t i = threadIdx.x; i < n * n; i += blockDim.x)
+        p.mix[t * n * n + i] = M[i];
+}
+
+/* After hc_mix_kernel, block (token t, slice y) of HC_THREADS columns: pre (every block its
+ * own copy, the same bits), the collapse h[d] = sum_i pre_i x_i[d] for its slice, one column
+ * per thread with the streams' loads issued together; block y = 0 also computes post and
+ * the Sinkhorn (in one warp's registers for n_hc <= 5, V4-Flash's 4, else on a shared copy
+ * of M) -- all exactly as the CPU. One block per token that walked all of D with a chain of
+ * dependent loads per column took 15 us at one token on the H200 for the collapse alone; one
+ * thread on M in global memory, 230 us for the Sinkhorn. */
+#define HC_COLLAPSE_UNROLL 8 /* streams whose loads are issued together */
+
 __global__ void __launch_bounds__(HC_THREADS)
     hc_pre_kernel(const di_v4_hc_params p, int64_t t0, const float *mix_in) {
-    extern __shared__ float hc_smem[]; /* [n_mix] mix, [n_hc] pre, [n_hc^2] M (iters > 0) */
+    pdl_wait(); /* programmatic dependent launch: cuda_internal.cuh */
+    pdl_trigger();
+    extern __shared__ float hc_smem[]; /* [n_mix] mix, [n_hc] pre, [n_hc^2] M (block form) */
     const int tid = threadIdx.x;
     const int64_t t = t0 + blockIdx.x, n = p.n_hc, D = p.dim, ND = n * D;
     const int64_t n_mix = p.iters > 0 ? (2 + n) * n : n;
     float *mix = hc_smem, *pre = hc_smem + n_mix, *M = pre + n;
-    const float *x = p.x + t * ND;
     for (int64_t i = tid; i < n_mix; i += HC_THREADS)
         mix[i] = mix_in[blockIdx.x * n_mix + i];
     __syncthreads();
 
-    /* Warp 0, lane l taking j = l, l + 32: pre[j] and post[j], row j's softmax, then in each
-     * Sinkhorn step row j's and column j's normalisation -- every value the CPU's arithmetic
-     * in the CPU's order (a row's or column's own values only), the steps apart by warp
-     * barriers. Measured on the H200: 32.4 us per launch, slower than the same steps on
-     * threads 0 .. n - 1 with block barriers (27.7 us, commit 10553b8), which did not run with
-     * the current hc_mix_kernel; the next GPU run should restore that form. */
-    if (tid < 32) {
-        for (int64_t j = tid; j < n; j += 32)
-            pre[j] = sigmoid_d(mix[j] * p.scale[0] + p.base[j]) + p.hc_eps;
-        if (p.iters > 0) {
-            for (int64_t j = tid; j < n; j += 32) {
-                p.post[t * n + j] = 2.0f * sigmoid_d(mix[n + j] * p.scale[1] + p.base[n + j]);
-                /* Row softmax, then Sinkhorn: columns first, then (iters - 1) x (rows,
-                 * columns), hc_eps in every denominator (the CPU's order). */
-                float *row = M + j * n;
-                float mx = -INFINITY;
-                for (int64_t k = 0; k < n; k++) {
-                    row[k] = mix[2 * n + j * n + k] * p.scale[2] + p.base[2 * n + j * n + k];
-                    mx = fmaxf(mx, row[k]);
-                }
-                double sum = 0.0;
-                for (int64_t k = 0; k < n; k++)
-                    sum += exp((double)(row[k] - mx));
-                for (int64_t k = 0; k < n; k++)
-                    row[k] = (float)(exp((double)(row[k] - mx)) / sum) + p.hc_eps;
-            }
-            __syncwarp();
-            for (int64_t it = 0; it < p.iters; it++) {
-                if (it > 0) {
-                    for (int64_t j = tid; j < n; j += 32) { /* row j */
-                        double sum = 0.0;
-                        for (int64_t k = 0; k < n; k++)
-                            sum += M[j * n + k];
-                        const float den = (float)sum + p.hc_eps;
-                        for (int64_t k = 0; k < n; k++)
-                            M[j * n + k] /= den;
-                    }
-                    __syncwarp();
-                }
-                for (int64_t j = tid; j < n; j += 32) { /* column j */
-                    double sum = 0.0;
-                    for (int64_t r = 0; r < n; r++)
-                        sum += M[r * n + j];
-                    const float den = (float)sum + p.hc_eps;
-                    for (int64_t r = 0; r < n; r++)
-                        M[r * n + j] /= den;
-                }
-                __syncwarp();
-            }
+    const int64_t j = tid;
+    if (j < n) pre[j] = sigmoid_d(mix[j] * p.scale[0] + p.base[j]) + p.hc_eps;
+    if (p.iters > 0 && blockIdx.y == 0) {
+        if (j < n) p.post[t * n + j] = 2.0f * sigmoid_d(mix[n + j] * p.scale[1] + p.base[n + j]);
+        if (n * n <= 32) {
+            if (tid < 32) hc_sinkhorn_warp(p, mix, t, tid);
+        } else {
+            hc_sinkhorn_block(p, mix, t, M); /* (uniform over the block: it holds barriers) */
         }
     }
-    __syncthreads();
-    if (p.iters > 0)
-        for (int64_t i = tid; i < n * n; i += HC_THREADS)
-            p.mix[t * n * n + i] = M[i];
-    float *h = p.h + t * D;
-#pragma unroll 4 /* loads in flight */
-    for (int64_t d = tid; d < D; d += HC_THREADS) {
-        double s = 0.0;
-        for (int64_t i = 0; i < n; i++)
-            s += (double)pre[i] * (double)x[i * D + d];
-        h[d] = (float)s;
-    }
+    __syncthreads(); /* pre[] */
+    const int64_t d = (int64_t)blockIdx.y * HC_THREADS + tid;
+    if (d >= D) return;
+    const float *x = p.x + t * ND + d;
+    float xv[HC_COLLAPSE_UNROLL];
+#pragma unroll
+    for (int i = 0; i < HC_COLLAPSE_UNROLL; i++)
+        xv[i] = i < n ? x[i * D] : 0.0f;
+    double s = 0.0;
+#pragma unroll
+    for (int i = 0; i < HC_COLLAPSE_UNROLL; i++)
+        if (i < n) s += (double)pre[i] * (double)xv[i];
+    for (int64_t i = HC_COLLAPSE_UNROLL; i < n; i++) /* more streams: in order, as the CPU */
+        s += (double)pre[i] * (double)x[i * D];
+    p.h[t * D + d] = (float)s;
 }
 
 cudaError_t di_cuda_launch_v4_hc_pre(const di_v4_hc_params *p, float *scratch,
@@ -463,19 +515,25 @@ cudaError_t di_cuda_launch_v4_hc_pre(const di_v4_hc_params *p, float *scratch,
     const int64_t n = p->n_hc, n_mix = p->iters > 0 ? (2 + n) * n : n;
     const size_t smem = (size_t)(n_mix + n + (p->iters > 0 ? n * n : 0)) * sizeof(float);
     const int64_t piece = scratch_floats / n_mix; /* tokens whose mix rows fit the scratch */
-    if (piece < 1) return cudaErrorInvalidValue;
+    const int64_t slices = (p->dim + HC_THREADS - 1) / HC_THREADS;
+    if (piece < 1 || slices > 65535) return cudaErrorInvalidValue;
     for (int64_t t0 = 0; t0 < p->n_tokens; t0 += piece) {
         const int64_t nt = p->n_tokens - t0 < piece ? p->n_tokens - t0 : piece;
-        hc_mix_kernel<<<dim3((unsigned)nt, (unsigned)n_mix), HC_MIX_THREADS, 0, stream>>>(*p, t0,
-                                                                                          scratch);
-        hc_pre_kernel<<<(unsigned)nt, HC_THREADS, smem, stream>>>(*p, t0, scratch);
+        cudaError_t err = di_cuda_launch(hc_mix_kernel, dim3((unsigned)nt, (unsigned)n_mix),
+                                         dim3(HC_MIX_THREADS), 0, stream, *p, t0, scratch);
+        if (err == cudaSuccess)
+            err = di_cuda_launch(hc_pre_kernel, dim3((unsigned)nt, (unsigned)slices),
+                                 dim3(HC_THREADS), smem, stream, *p, t0, (const float *)scratch);
+        if (err != cudaSuccess) return err;
     }
-    return cudaGetLastError();
+    return cudaSuccess;
 }
 
 /* out[t][k][d] = post[t][k] y[t][d] + sum_i M[t][i][k] x[t][i][d], one thread per element. */
 __global__ void hc_post_kernel(int64_t n_tokens, int64_t n, int64_t D, const float *x,
                                const float *y, const float *post, const float *mix, float *out) {
+    pdl_wait(); /* programmatic dependent launch: cuda_internal.cuh */
+    pdl_trigger();
     const int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (e >= n_tokens * n * D) return;
     const int64_t d = e % D, k = (e / D) % n, t = e / (n * D);
@@ -491,9 +549,8 @@ cudaError_t di_cuda_launch_v4_hc_post(int64_t n_tokens, int64_t n_hc, int64_t di
                                       float *out, cudaStream_t stream) {
     const int64_t total = n_tokens * n_hc * dim;
     if (total <= 0) return cudaSuccess;
-    hc_post_kernel<<<grid_1d(total, 256), 256, 0, stream>>>(n_tokens, n_hc, dim, x, y, post, mix,
-                                                            out);
-    return cudaGetLastError();
+    return di_cuda_launch(hc_post_kernel, dim3(grid_1d(total, 256)), dim3(256), 0, stream, n_tokens,
+                          n_hc, dim, x, y, post, mix, out);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -510,6 +567,8 @@ cudaError_t di_cuda_launch_v4_hc_post(int64_t n_tokens, int64_t n_hc, int64_t di
  * exact in any order; the denominator is a double sum in a fixed tree; each output element
  * is one thread's in-order fmaf chain over the keys. */
 __global__ void __launch_bounds__(V4A_THREADS) v4_attn_kernel(const di_v4_attn_params p) {
+    pdl_wait(); /* programmatic dependent launch: cuda_internal.cuh */
+    pdl_trigger();
     extern __shared__ float v4a_s[]; /* [max_keys] scores, then weights */
     __shared__ double red[V4A_THREADS];
     __shared__ float redf[V4A_THREADS];
@@ -564,8 +623,8 @@ cudaError_t di_cuda_launch_v4_attention(const di_v4_attn_params *p, cudaStream_t
     if (p->n_tokens <= 0 || p->n_heads <= 0 || p->dim <= 0) return cudaSuccess;
     const size_t smem = (size_t)(p->max_keys > 0 ? p->max_keys : 1) * sizeof(float);
     if (smem > DI_CUDA_V4_ATTN_MAX_KEYS * sizeof(float)) return cudaErrorNotSupported;
-    v4_attn_kernel<<<(unsigned)(p->n_tokens * p->n_heads), V4A_THREADS, smem, stream>>>(*p);
-    return cudaGetLastError();
+    return di_cuda_launch(v4_attn_kernel, dim3((unsigned)(p->n_tokens * p->n_heads)),
+                          dim3(V4A_THREADS), smem, stream, *p);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -574,6 +633,8 @@ cudaError_t di_cuda_launch_v4_attention(const di_v4_attn_params *p, cudaStream_t
 
 /* One thread per channel: max, then double sums over the slots in order (the CPU's). */
 __global__ void v4_pool_kernel(const di_v4_pool_params p) {
+    pdl_wait(); /* programmatic dependent launch: cuda_internal.cuh */
+    pdl_trigger();
     const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= p.width) return;
     float mx = -INFINITY;
@@ -590,8 +651,7 @@ __global__ void v4_pool_kernel(const di_v4_pool_params p) {
 
 cudaError_t di_cuda_launch_v4_pool(const di_v4_pool_params *p, cudaStream_t stream) {
     if (p->width <= 0) return cudaSuccess;
-    v4_pool_kernel<<<grid_1d(p->width, 256), 256, 0, stream>>>(*p);
-    return cudaGetLastError();
+    return di_cuda_launch(v4_pool_kernel, dim3(grid_1d(p->width, 256)), dim3(256), 0, stream, *p);
 }
 
 #define IDX_THREADS 128
@@ -602,6 +662,8 @@ cudaError_t di_cuda_launch_v4_pool(const di_v4_pool_params *p, cudaStream_t stre
  * per head (in order) a lane-split dot product and the xor butterfly, then the ReLU'd,
  * weighted term added in double. The grid only decides which warp computes an entry. */
 __global__ void __launch_bounds__(IDX_THREADS) v4_index_kernel(const di_v4_index_params p) {
+    pdl_wait(); /* programmatic dependent launch: cuda_internal.cuh */
+    pdl_trigger();
     extern __shared__ float idx_s[]; /* [n_heads][dim] q, [n_heads] weights */
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int64_t t = blockIdx.x, nh = p.n_heads, d = p.dim;
@@ -639,13 +701,14 @@ cudaError_t di_cuda_launch_v4_index_scores(const di_v4_index_params *p, int n_sm
     int64_t gy = 4 * (int64_t)n_sms / p->n_tokens;
     gy = gy < 1 ? 1 : gy > 65535 ? 65535 : gy;
     dim3 grid((unsigned)p->n_tokens, (unsigned)gy);
-    v4_index_kernel<<<grid, IDX_THREADS, smem, stream>>>(*p);
-    return cudaGetLastError();
+    return di_cuda_launch(v4_index_kernel, grid, dim3(IDX_THREADS), smem, stream, *p);
 }
 
 /* out = silu(min(g, L)) * clamp(u, -L, L), the silu in double as on the CPU. */
 __global__ void v4_swiglu_kernel(const float *gate, const float *up, int64_t n, float limit,
                                  float *out) {
+    pdl_wait(); /* programmatic dependent launch: cuda_internal.cuh */
+    pdl_trigger();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     float g = gate[i], u = up[i];
@@ -659,8 +722,8 @@ __global__ void v4_swiglu_kernel(const float *gate, const float *up, int64_t n, 
 cudaError_t di_cuda_launch_v4_swiglu(const float *gate, const float *up, int64_t n, float limit,
                                      float *out, cudaStream_t stream) {
     if (n <= 0) return cudaSuccess;
-    v4_swiglu_kernel<<<grid_1d(n, 256), 256, 0, stream>>>(gate, up, n, limit, out);
-    return cudaGetLastError();
+    return di_cuda_launch(v4_swiglu_kernel, dim3(grid_1d(n, 256)), dim3(256), 0, stream, gate, up,
+                          n, limit, out);
 }
 
 cudaError_t di_cuda_v4_setup(void) {
