@@ -7,8 +7,9 @@
 #   cuda_ops.log  tests/ops/test_cuda_ops and test_cuda_v4_ops (every CUDA op vs the CPU
 #                 reference)
 #   cuda_model.log tests/e2e/test_cuda_model (V2/V3/V4 goldens, engine and batch invariance
-#                 on CUDA; again with DI_CUDA_GRAPHS=0, and with each opt-in one-token-group
-#                 GEMV: DI_CUDA_TC_LEAN=1, DI_CUDA_TC_XS=0), tests/e2e/test_bundled_model (the
+#                 on CUDA; again with DI_CUDA_GRAPHS=0, with each other one-token-group
+#                 GEMV: DI_CUDA_TC_LEAN=1, DI_CUDA_TC_XS=0, and with FP8 weights on the tensor
+#                 cores: DI_CUDA_TC_FP8=1), tests/e2e/test_bundled_model (the
 #                 bundled V4 model on CPU and CUDA) and short CLI generations (V3 and V4) on
 #                 --device cuda and cpu
 #   ctest.log     all tests through ctest (not with QUICK=1 or CTEST=0)
@@ -125,9 +126,10 @@ say "test_bundled_model: rc=$rc in $(($(date +%s) - t0)) s: $(tail -1 "$out/cuda
 echo "==== DI_CUDA_GRAPHS=0 test_cuda_model" >>"$out/cuda_model.log"
 (cd "$repo" && DI_CUDA_GRAPHS=0 "$build/test_cuda_model") >>"$out/cuda_model.log" 2>&1
 say "test_cuda_model with DI_CUDA_GRAPHS=0: rc=$? $(tail -1 "$out/cuda_model.log")"
-# The model through the opt-in one-token-group GEMVs (the op tests compare their bits with the
-# default's; here the goldens, the engine and batch invariance run on them).
-for v in DI_CUDA_TC_LEAN=1 DI_CUDA_TC_XS=0; do
+# The model through the other one-token-group GEMVs (the op tests compare their bits with the
+# default's; here the goldens, the engine and batch invariance run on them), and with FP8
+# weights on the tensor cores (every weight, however few its rows: the test models are small).
+for v in DI_CUDA_TC_LEAN=1 DI_CUDA_TC_XS=0 "DI_CUDA_TC_FP8=1 DI_CUDA_TC_MIN_ROWS=1"; do
     echo "==== $v test_cuda_model" >>"$out/cuda_model.log"
     (cd "$repo" && env $v "$build/test_cuda_model") >>"$out/cuda_model.log" 2>&1
     say "test_cuda_model with $v: rc=$? $(tail -1 "$out/cuda_model.log")"

@@ -1167,9 +1167,9 @@ static void check_same_bits(const di_backend *b, const char *what) {
  * and in batches of any size (the wide kernel), over the kernels' cases: 1-8 K runs,
  * partial row tiles, row blocks and chunks (K % 32 == 8), every token group count; with 2
  * bf16 parts per activation (DI_CUDA_TC_TERMS=2) a looser bound. */
-static void check_tc(di_backend *be, int64_t rows, int64_t cols, double tol) {
+static void check_tc(di_backend *be, di_dtype dt, int blk, int64_t rows, int64_t cols, double tol) {
     static const int64_t ns[] = {3, 8, 9, 17, 40, 64, 100};
-    test_weight t = make_weight(DI_DTYPE_BF16, rows, cols, 0, 0, 0);
+    test_weight t = make_weight(dt, rows, cols, 0, 0, blk);
     di_weight dw;
     CHECK(di_cuda_weight_upload(be, &t.w, &dw) == DI_OK);
     const int64_t nmax = 100;
@@ -1208,9 +1208,9 @@ static void check_tc(di_backend *be, int64_t rows, int64_t cols, double tol) {
 
 /* GLU and accumulate on backend be: each token alone (the GEMV) bitwise the same token in a
  * batch of n (the wide kernel from 9 tokens). */
-static void check_tc_modes(di_backend *be, int64_t rows, int64_t cols, int64_t n) {
-    test_weight tg = make_weight(DI_DTYPE_BF16, rows, cols, 0, 0, 0);
-    test_weight tu = make_weight(DI_DTYPE_BF16, rows, cols, 0, 0, 0);
+static void check_tc_modes(di_backend *be, di_dtype dt, int64_t rows, int64_t cols, int64_t n) {
+    test_weight tg = make_weight(dt, rows, cols, 0, 0, 0);
+    test_weight tu = make_weight(dt, rows, cols, 0, 0, 0);
     di_weight dg = upload(&tg.w), du = upload(&tu.w);
     float *x = rnd_vec(n * cols, 1.0f), *dx = dev_floats(x, n * cols);
     float *y0 = rnd_vec(n * rows, 1.0f);
@@ -1246,13 +1246,13 @@ TEST(matmul_tc) {
                                         {700, 200},  {1000, 256}}; /* 1 and 2 K runs */
     const int64_t wide = di_backend_cuda_wide_launches(false);
     for (size_t si = 0; si < DI_ARRAY_LEN(shapes); si++)
-        check_tc(&g_be, shapes[si][0], shapes[si][1], 1e-5);
+        check_tc(&g_be, DI_DTYPE_BF16, 0, shapes[si][0], shapes[si][1], 1e-5);
     /* batches of 9+ tokens took the wide kernel (the device runs its clusters) */
     CHECK_MSG(di_backend_cuda_wide_launches(false) > wide, "no wide product ran");
     /* GLU and accumulate too: each token alone (the GEMV) bitwise its batch (the wide
      * kernel), 8 K runs (1408 x 2048) and 8 runs of 8 and 9 chunks with a short last chunk */
-    check_tc_modes(&g_be, 1408, 2048, 40);
-    check_tc_modes(&g_be, 37, 2056, 12);
+    check_tc_modes(&g_be, DI_DTYPE_BF16, 1408, 2048, 40);
+    check_tc_modes(&g_be, DI_DTYPE_BF16, 37, 2056, 12);
     /* The other one-token-group variants: the same bits as the default GEMV (which stages
      * the split activations of up to 32 KiB: DI_CUDA_TC_XS=32) for plain, GLU and accumulate,
      * grouped (matmul_experts on g_xbe against the default's plain products), and a token
@@ -1276,19 +1276,19 @@ TEST(matmul_tc) {
         check_experts(DI_DTYPE_BF16, 16, 4, 16, 200, 256);
         check_experts(DI_DTYPE_BF16, 8, 2, 3, 300, 520);
         g_xbe = &g_be;
-        check_tc(&bo, 1408, 2048, 1e-5);
-        check_tc(&bo, 37, 2056, 1e-5);
+        check_tc(&bo, DI_DTYPE_BF16, 0, 1408, 2048, 1e-5);
+        check_tc(&bo, DI_DTYPE_BF16, 0, 37, 2056, 1e-5);
         di_backend_free(&bo);
         setenv("DI_CUDA_TC_TERMS", "2", 1);
         bo = backend_with(opt_in[oi][0], opt_in[oi][1]);
         unsetenv("DI_CUDA_TC_TERMS");
-        if (bo.ctx) check_tc(&bo, 1408, 2048, 5e-5);
+        if (bo.ctx) check_tc(&bo, DI_DTYPE_BF16, 0, 1408, 2048, 5e-5);
         di_backend_free(&bo);
     }
     di_backend b2 = backend_with("DI_CUDA_TC_TERMS", "2");
     if (!b2.ctx) return;
-    check_tc(&b2, 1408, 2048, 5e-5);
-    check_tc(&b2, 37, 2056, 5e-5);
+    check_tc(&b2, DI_DTYPE_BF16, 0, 1408, 2048, 5e-5);
+    check_tc(&b2, DI_DTYPE_BF16, 0, 37, 2056, 5e-5);
     di_backend_free(&b2);
     /* batch invariance off: the SIMT GEMV up to 8 tokens, the tensor cores above; both at
      * the reference's accuracy, GLU still bitwise matmul + silu_mul at either size */
@@ -1319,6 +1319,32 @@ TEST(matmul_tc) {
 
 /* The SIMT GEMV for BF16 too (DI_CUDA_TC=0): the matmul, GLU, accumulate and grouped tests
  * again on a backend without the tensor-core path. */
+/* Block-scaled FP8 on the tensor-core GEMV (DI_CUDA_TC_FP8=1): the reference's accuracy
+ * (the block scale applied to each chunk's sum instead of to each weight), each token alone
+ * bitwise its batches at every n (plain, GLU, accumulate), grouped products bitwise the plain
+ * ones of the same backend; 128 x 128 scale blocks (V3's, V4's) and 8 x 32 ones (rows g and
+ * g + 8 of a tile in different row blocks), K not a multiple of 32, V3's K = 7168. */
+TEST(matmul_tc_fp8) {
+    if (!g_have_gpu) SKIP("no CUDA device");
+    di_backend b8 = backend_with("DI_CUDA_TC_FP8", "1");
+    if (!b8.ctx) return;
+    const int64_t ran = di_backend_cuda_tc_fp8_launches();
+    check_tc(&b8, DI_DTYPE_F8_E4M3, 0, 1408, 2048, 1e-5);
+    check_tc(&b8, DI_DTYPE_F8_E4M3, 1, 300, 512, 1e-5);
+    check_tc(&b8, DI_DTYPE_F8_E4M3, 0, 37, 2056, 1e-5);
+    check_tc(&b8, DI_DTYPE_F8_E4M3, 0, 1024, 7168, 1e-5);
+    CHECK_MSG(di_backend_cuda_tc_fp8_launches() > ran, "no FP8 tensor-core product ran");
+    check_tc_modes(&b8, DI_DTYPE_F8_E4M3, 1408, 2048, 40);
+    check_tc_modes(&b8, DI_DTYPE_F8_E4M3, 37, 2056, 12);
+    const di_backend saved = g_be; /* check_experts compares with g_be's plain products */
+    g_be = b8;
+    check_experts(DI_DTYPE_F8_E4M3, 64, 6, 1, 1408, 2048);
+    check_experts(DI_DTYPE_F8_E4M3, 64, 6, 64, 2048, 1408);
+    check_experts(DI_DTYPE_F8_E4M3, 16, 8, 9, 256, 7168);
+    g_be = saved;
+    di_backend_free(&b8);
+}
+
 TEST(matmul_simt_bf16) {
     if (!g_have_gpu) SKIP("no CUDA device");
     di_backend simt = backend_with("DI_CUDA_TC", "0"), saved = g_be;
@@ -1468,6 +1494,7 @@ int main(void) {
     RUN(moe_route);
     RUN(matmul_experts);
     RUN(matmul_tc);
+    RUN(matmul_tc_fp8);
     RUN(matmul_simt_bf16);
     RUN(argmax_rows);
     RUN(sample_rows);

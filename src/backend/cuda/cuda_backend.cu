@@ -812,6 +812,8 @@ extern "C" di_status di_backend_cuda_init(di_backend *out, int device, int64_t m
      * a plain product: measured there), 0: never. */
     env = getenv("DI_CUDA_TC_XS");
     be->tune.tc_xs = env ? atoi(env) : DI_CUDA_TC_XS;
+    env = getenv("DI_CUDA_TC_FP8"); /* 1: FP8 weights on the tensor-core GEMV */
+    be->tune.tc_fp8 = env && strcmp(env, "1") == 0;
     env = getenv("DI_CUDA_TC_LEAN"); /* 1: the short-chain GEMV for up to 8 tokens */
     be->tune.tc_lean = env && strcmp(env, "1") == 0;
     be->invariant = true;
@@ -891,6 +893,10 @@ extern "C" int64_t di_backend_cuda_side_forks(void) {
 
 extern "C" int64_t di_backend_cuda_lean_launches(void) {
     return di_cuda_lean_launches;
+}
+
+extern "C" int64_t di_backend_cuda_tc_fp8_launches(void) {
+    return di_cuda_tc_fp8_launches;
 }
 
 extern "C" int64_t di_backend_cuda_xs_launches(void) {

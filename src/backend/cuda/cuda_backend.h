@@ -94,6 +94,8 @@ int64_t di_backend_cuda_side_forks(void);
  * per block (DI_CUDA_TC_XS); 0 without CUDA. Lets a test see that they ran. */
 int64_t di_backend_cuda_lean_launches(void);
 int64_t di_backend_cuda_xs_launches(void);
+/* ... and FP8 products on the tensor cores (DI_CUDA_TC_FP8=1). */
+int64_t di_backend_cuda_tc_fp8_launches(void);
 
 /* How many wide tensor-core products of many tokens this process has launched, grouped
  * (expert) ones or plain ones (0 without CUDA): lets a test see that they ran. */

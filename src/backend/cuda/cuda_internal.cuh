@@ -139,6 +139,10 @@ typedef struct di_cuda_tuning {
     /* The one-token-group products on the short-chain kernel (cuda_tc_lean.cu) instead of
      * tc_kernel: DI_CUDA_TC_LEAN=1, opt-in (measured no faster at one token). Same values. */
     int tc_lean;
+    /* Block-scaled FP8 weights on the tensor-core GEMV too (cuda_tc_gemv.cu: exact bf16
+     * values, each 32-column chunk's sum times its block scale), where the scale blocks
+     * hold whole chunks: DI_CUDA_TC_FP8=1. Changes the summation order (fixed for a run). */
+    int tc_fp8;
 } di_cuda_tuning;
 
 /* One product per head h < n_heads, all heads of the same shape, head h's weight starting
@@ -224,6 +228,7 @@ cudaError_t di_cuda_launch_matmul_tc_lean(const di_cuda_mm_params *p, int ks);
 extern int64_t di_cuda_wide_launches[2]; /* di_backend_cuda_wide_launches: plain, grouped */
 extern int64_t di_cuda_lean_launches;    /* di_backend_cuda_lean_launches */
 extern int64_t di_cuda_xs_launches;      /* di_backend_cuda_xs_launches */
+extern int64_t di_cuda_tc_fp8_launches;  /* di_backend_cuda_tc_fp8_launches */
 cudaError_t di_cuda_launch_matmul_tc_wide(const di_cuda_mm_params *p);
 
 /* silu(g) * u, rounded as silu_mul_kernel rounds it (the fused and the separate SwiGLU agree). */

@@ -11,6 +11,8 @@
 #include "backend/cuda/cuda_internal.cuh"
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #define TC_CHUNK      32 /* K elements per chunk: two m16n8k16 steps */
 #define TC_MAX_KS     8  /* K runs a row's chunks are dealt to */
@@ -34,6 +36,23 @@ static __device__ __forceinline__ void mma_chunk(float (&d)[4], const uint4 &w, 
                                                  uint32_t b3) {
     mma_bf16(d, w.x, v.x, w.y, v.y, b0, b1);
     mma_bf16(d, w.z, v.z, w.w, v.w, b2, b3);
+}
+
+/* Two e4m3 bytes (the low one first) as a bf16 pair, exactly: every e4m3 value (subnormals
+ * and NaN included) is a half, every half that an e4m3 byte gives is a bf16. */
+static __device__ __forceinline__ uint32_t e4m3x2_bf16x2(uint32_t two) {
+    const __half2_raw h =
+        __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(two & 0xffffu), __NV_E4M3);
+    const float2 f = __half22float2(*reinterpret_cast<const __half2 *>(&h));
+    const __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);
+    return *reinterpret_cast<const uint32_t *>(&b);
+}
+
+/* Eight e4m3 bytes (k .. k + 7, in a uint4's x and y) as the mma's eight bf16 values, in the
+ * layout a BF16 weight's 16-byte load has. */
+static __device__ __forceinline__ uint4 e4m3x8_bf16(const uint4 &raw) {
+    return make_uint4(e4m3x2_bf16x2(raw.x), e4m3x2_bf16x2(raw.x >> 16), e4m3x2_bf16x2(raw.y),
+                      e4m3x2_bf16x2(raw.y >> 16));
 }
 
 /* The bf16 pair (a, b) rounded to nearest, a in the low half; a and b become what is left
@@ -65,15 +84,18 @@ static __device__ __forceinline__ uint4 split_quad(float (&xv)[8]) {
  * with ROWS for an expert with no rows left at t0 (a cluster, whose blocks must stay
  * together, passes ROWS = false). */
 template <bool GLU, bool ROWS, typename T>
-static __device__ __forceinline__ bool tc_expert(const di_cuda_mm_params &p, int slot,
-                                                 const void *&wdata, const void *&udata, T &t0,
-                                                 T &t_end) {
+static __device__ __forceinline__ bool
+tc_expert(const di_cuda_mm_params &p, int slot, const void *&wdata, const void *&udata, T &t0,
+          T &t_end, const float **wscale = nullptr, const float **uscale = nullptr) {
     pdl_wait();
     pdl_trigger();
     if (slot >= p.g_active[0]) return false;
     const int e = p.g_active[1 + slot];
     wdata = p.experts[e].data;
     if constexpr (GLU) udata = p.glu_experts[e].data;
+    if (wscale) *wscale = p.experts[e].scale; /* FP8 weights' block scales */
+    if constexpr (GLU)
+        if (uscale) *uscale = p.glu_experts[e].scale;
     t0 += p.g_off[e];
     t_end = p.g_off[e + 1];
     return !ROWS || t0 < t_end;
@@ -103,15 +125,17 @@ static __device__ __forceinline__ void load_x8(const di_cuda_mm_params &p, int64
 
 /* K runs per row: the smallest power of two that spreads the product's 16-row tiles over
  * the target's warps (tune.tc_target, DI_CUDA_TC_TARGET by default; expert weights
- * tune.tc_target_experts where set), keeping TC_MIN_CHUNKS chunks per run. From the weight's
- * shape and kind only, so the products of one weight, at any n and in either kernel, share
- * their K order (with the experts' knob set, an expert weight's grouped products -- the only
- * ones the models run on it -- leave the K order of a plain product of the same weight, which
- * the op tests compare bitwise: they assume the knob unset). Run kw takes chunks
+ * tune.tc_target_experts where set; FP8 weights twice as many), keeping TC_MIN_CHUNKS chunks
+ * per run. From the weight's shape, dtype and kind only, so the products of one weight, at any n
+ * and in either kernel, share their K order (with the experts' knob set, an expert weight's grouped
+ * products -- the only ones the models run on it -- leave the K order of a plain product of the
+ * same weight, which the op tests compare bitwise: they assume the knob unset). Run kw takes chunks
  * [C kw / ks, C (kw + 1) / ks). */
 static inline int tc_ks(const di_cuda_mm_params *p) {
-    const int64_t target =
-        p->experts && p->tune.tc_target_experts > 0 ? p->tune.tc_target_experts : p->tune.tc_target;
+    /* FP8 (half the bytes per chunk): twice the warps, the same bytes per warp as BF16 */
+    const int64_t target = (p->experts && p->tune.tc_target_experts > 0 ? p->tune.tc_target_experts
+                                                                        : p->tune.tc_target) *
+                           (p->dtype == DI_DTYPE_F8_E4M3 ? 2 : 1);
     const int64_t tiles = (p->rows + 15) / 16, chunks = (p->cols + TC_CHUNK - 1) / TC_CHUNK;
     int ks = 1;
     while (ks < TC_MAX_KS && tiles * ks < target && chunks / (2 * ks) >= TC_MIN_CHUNKS)

@@ -34,6 +34,16 @@
  * bitwise the plain product followed by the separate op, since the products are the same.
  * With batch invariance off (di_backend_cuda_set_batch_invariant) the backend sends products
  * of up to 8 tokens to the SIMT GEMV instead, which streams one token's weights faster.
+ *
+ * FP8 (F8, DI_CUDA_TC_FP8=1): block-scaled e4m3 weights whose scale blocks hold whole
+ * chunks. A lane loads its 8 bytes of rows g and g + 8, converts them exactly to bf16 (every
+ * e4m3 value is a bf16), and each chunk's mma sums for a row are added to the row's total
+ * times the row's scale of the chunk's column block (fmaf) -- the block scale applied to
+ * partial sums, as DeepGEMM applies it, rather than to each weight as the SIMT GEMV does
+ * (float(e4m3 * scale) per element): the same product up to the rounding of those sums.
+ * The same K order at every n (the GEMV's variants; the wide kernel is BF16's only). Opt-in:
+ * on the H200 the V4-Flash slice's prefill went 4.3k -> 5.2k tok/s but its decode 1005 -> 961
+ * (the small products, wq_a's 64 tiles, launch too few warps; NOTES.md, twelfth round).
  */
 #include "backend/cuda/cuda_tc.cuh"
 
@@ -42,7 +52,8 @@
  * K = 2048 in 3 parts, two blocks per SM. */
 #define TC_XS_MAX (100 * 1024)
 
-int64_t di_cuda_xs_launches; /* cuda_backend.h: launches with staged parts (for tests) */
+int64_t di_cuda_xs_launches;     /* cuda_backend.h: launches with staged parts (for tests) */
+int64_t di_cuda_tc_fp8_launches; /* cuda_backend.h: FP8 launches (for tests) */
 
 /* Split activations in shared memory (xs_v > 0; the one-token-group variants). At a few
  * tokens the GEMV is bound by its warps' instruction chains, not by DRAM (Nsight Compute,
@@ -77,7 +88,7 @@ static __device__ __forceinline__ void stage_xsplit(const di_cuda_mm_params &p, 
  * the active-expert slot (grouped). U chunks of weights are requested before any is used.
  * MT, NG, U and RT only choose how much runs side by side, never a sum's order; nor does
  * xs_v (0: each warp loads and splits its activations; else split once per block, above). */
-template <int MT, int NG, int U, bool PIPE, bool G, bool GLU, int RT>
+template <int MT, int NG, int U, bool PIPE, bool G, bool GLU, int RT, bool F8>
 __global__ void __launch_bounds__(TC_THREADS)
     tc_kernel(const di_cuda_mm_params p, int ks, int terms, bool xvec, int xs_v) {
     extern __shared__ uint4 xs[]; /* [8][terms][xs_v] when staged (NG == 1) */
@@ -92,10 +103,12 @@ __global__ void __launch_bounds__(TC_THREADS)
         return (((int64_t)blockIdx.x * RT + rt) * tiles_per_block + warp / ks) * RO;
     };
     const void *wdata = p.data, *udata = p.glu_data;
+    const float *wscale = p.scale, *uscale = p.glu_scale; /* F8: the block scales */
     int64_t t0 = (int64_t)blockIdx.y * 8 * NG, t_end = p.n_tokens;
     if constexpr (G) /* the routing (active list, offsets) comes from earlier kernels */
-        if (!tc_expert<GLU, true>(p, (int)blockIdx.z, wdata, udata, t0, t_end))
-            return; /* block-uniform */
+        if (!tc_expert<GLU, true>(p, (int)blockIdx.z, wdata, udata, t0, t_end, &wscale, &uscale))
+            return;                 /* block-uniform */
+    constexpr int ESZ = F8 ? 1 : 2; /* bytes per weight element */
     const int64_t K = p.cols, C = (K + TC_CHUNK - 1) / TC_CHUNK;
     const int64_t c_begin = C * kw / ks, c_end = C * (kw + 1) / ks;
     const int64_t kl = 8 * tig; /* this lane's first column inside a chunk */
@@ -114,7 +127,7 @@ __global__ void __launch_bounds__(TC_THREADS)
             for (int h = 0; h < 2; h++) {
                 const int64_t r = min(r0 + (GLU ? 0 : 16 * mt) + g + 8 * h, p.rows - 1);
                 const void *base = GLU && mt == 1 ? udata : wdata;
-                wrow[mt][h] = static_cast<const char *>(base) + r * p.row_stride * 2;
+                wrow[mt][h] = static_cast<const char *>(base) + r * p.row_stride * ESZ;
             }
 #pragma unroll
         for (int u = 0; u < U; u++) {
@@ -123,11 +136,37 @@ __global__ void __launch_bounds__(TC_THREADS)
 #pragma unroll
             for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-                for (int h = 0; h < 2; h++)
-                    dst[u][mt][h] =
-                        ok ? __ldcs(reinterpret_cast<const uint4 *>(wrow[mt][h] + 2 * k))
-                           : make_uint4(0, 0, 0, 0);
+                for (int h = 0; h < 2; h++) {
+                    if constexpr (F8) { /* 8 bytes: x and y, converted at use */
+                        const uint2 q =
+                            ok ? __ldcs(reinterpret_cast<const uint2 *>(wrow[mt][h] + k))
+                               : make_uint2(0, 0);
+                        dst[u][mt][h] = make_uint4(q.x, q.y, 0, 0);
+                    } else {
+                        dst[u][mt][h] =
+                            ok ? __ldcs(reinterpret_cast<const uint4 *>(wrow[mt][h] + 2 * k))
+                               : make_uint4(0, 0, 0, 0);
+                    }
+                }
         }
+    };
+    /* F8: tile rt's block-scale rows (rows g and g + 8 of each m-tile; GLU's m-tile 1 the up
+     * weight's), and the scale of chunk c's column block (p.scale_vshift / scale_vpb: chunks
+     * per block as a shift or a count, set by the launcher). */
+    const float *srow[MT][2];
+    auto scale_rows = [&](int rt) {
+        const int64_t r0 = tile_r0(rt);
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int64_t r = min(r0 + (GLU ? 0 : 16 * mt) + g + 8 * h, p.rows - 1);
+                srow[mt][h] = (GLU && mt == 1 ? uscale : wscale) +
+                              ((p.row_offset + r) / p.block_rows) * p.scale_cols;
+            }
+    };
+    auto scale_col = [&](int64_t c) -> int64_t {
+        return p.scale_vshift >= 0 ? c >> p.scale_vshift : (int64_t)((uint32_t)c / p.scale_vpb);
     };
 
     for (; t0 < t_end; t0 += 8 * NG) {
@@ -156,6 +195,7 @@ __global__ void __launch_bounds__(TC_THREADS)
 #pragma unroll
         for (int rt = 0; rt < RT; rt++) {
             if (tile_r0(rt) >= p.rows) break; /* this and the later tiles are past the end */
+            if constexpr (F8) scale_rows(rt);
             for (int64_t c = c_begin; c < c_end; c += U) {
                 /* the next U chunks: this tile's, or the next tile's first */
                 const bool more = c + U < c_end;
@@ -168,6 +208,29 @@ __global__ void __launch_bounds__(TC_THREADS)
                 for (int u = 0; u < U; u++) {
                     if (c + u >= c_end) break;
                     const int64_t k = (c + u) * TC_CHUNK + kl;
+                    /* The chunk's weights as bf16 (F8: converted once for every token group
+                     * and part) and where its products go: F8 sums each chunk apart (pt) and
+                     * adds it to acc times its block scale, as DeepGEMM promotes a block's
+                     * partial sums; BF16 straight into acc. */
+                    uint4 w[MT][2];
+                    float pt[MT][NG][4];
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+                        for (int h = 0; h < 2; h++)
+                            w[mt][h] = F8 ? e4m3x8_bf16(a[u][mt][h]) : a[u][mt][h];
+#pragma unroll
+                        for (int j = 0; j < NG; j++)
+#pragma unroll
+                            for (int i = 0; i < 4; i++)
+                                pt[mt][j][i] = 0.0f;
+                    }
+                    auto dst = [&](int mt, int j) -> float(&)[4] {
+                        if constexpr (F8)
+                            return pt[mt][j];
+                        else
+                            return acc[rt][mt][j];
+                    };
 #pragma unroll
                     for (int j = 0; j < NG; j++) {
                         if (8 * j >= nt) break;
@@ -182,8 +245,7 @@ __global__ void __launch_bounds__(TC_THREADS)
                                 const uint4 q = tok ? b[s * xs_v] : make_uint4(0, 0, 0, 0);
 #pragma unroll
                                 for (int mt = 0; mt < MT; mt++)
-                                    mma_chunk(acc[rt][mt][j], a[u][mt][0], a[u][mt][1], q.x, q.y,
-                                              q.z, q.w);
+                                    mma_chunk(dst(mt, j), w[mt][0], w[mt][1], q.x, q.y, q.z, q.w);
                             }
                             continue;
                         }
@@ -193,8 +255,20 @@ __global__ void __launch_bounds__(TC_THREADS)
                             const uint4 b = split_quad(xv);
 #pragma unroll
                             for (int mt = 0; mt < MT; mt++)
-                                mma_chunk(acc[rt][mt][j], a[u][mt][0], a[u][mt][1], b.x, b.y, b.z,
-                                          b.w);
+                                mma_chunk(dst(mt, j), w[mt][0], w[mt][1], b.x, b.y, b.z, b.w);
+                        }
+                    }
+                    if constexpr (F8) { /* c0, c1: row g; c2, c3: row g + 8 */
+                        const int64_t sc = scale_col(c + u);
+#pragma unroll
+                        for (int mt = 0; mt < MT; mt++) {
+                            const float s0 = __ldg(srow[mt][0] + sc), s1 = __ldg(srow[mt][1] + sc);
+#pragma unroll
+                            for (int j = 0; j < NG; j++)
+#pragma unroll
+                                for (int i = 0; i < 4; i++)
+                                    acc[rt][mt][j][i] =
+                                        fmaf(pt[mt][j][i], i < 2 ? s0 : s1, acc[rt][mt][j][i]);
                         }
                     }
                 }
@@ -250,11 +324,17 @@ __global__ void __launch_bounds__(TC_THREADS)
     }
 }
 
-/* From the weight alone (never from x or n), so that one weight always takes one path. */
+/* From the weight alone (never from x or n), so that one weight always takes one path. BF16,
+ * or with tune.tc_fp8 block-scaled FP8 whose scale blocks hold whole 32-column chunks (each
+ * chunk's sum takes one scale per row: V3's and V4's 128 x 128 blocks). */
 bool di_cuda_tc_fits(const di_cuda_mm_params *p) {
-    return p->dtype == DI_DTYPE_BF16 && !p->transposed && (p->n_heads == 1 || p->experts) &&
+    const bool f8 = p->dtype == DI_DTYPE_F8_E4M3 && p->tune.tc_fp8 && p->scale &&
+                    p->block_cols % TC_CHUNK == 0 && (!p->glu_data || p->glu_scale);
+    const uintptr_t align = f8 ? 7u : 15u; /* 8 or 16 bytes per lane's load */
+    return (p->dtype == DI_DTYPE_BF16 || f8) && !p->transposed && (p->n_heads == 1 || p->experts) &&
            p->rows >= p->tune.tc_min_rows && p->cols % 8 == 0 && p->row_stride % 8 == 0 &&
-           ((uintptr_t)p->data & 15u) == 0 && (!p->glu_data || ((uintptr_t)p->glu_data & 15u) == 0);
+           ((uintptr_t)p->data & align) == 0 &&
+           (!p->glu_data || ((uintptr_t)p->glu_data & align) == 0);
 }
 
 /* xs_v of a launch (0: not staged) and *smem, the bytes of the parts a block stages: its
@@ -282,32 +362,38 @@ static int xs_v_for(const di_cuda_mm_params *p, int ng, bool xvec, size_t *smem)
 }
 
 /* The kernels that may stage x: their shared-memory limit raised once per device. */
-template <int MT, int U, bool GLU, int RT> static cudaError_t allow_xs(void) {
-    cudaError_t err = cudaFuncSetAttribute(tc_kernel<MT, 1, U, true, true, GLU, RT>,
+template <int MT, int U, bool GLU, int RT, bool F8> static cudaError_t allow_xs(void) {
+    cudaError_t err = cudaFuncSetAttribute(tc_kernel<MT, 1, U, true, true, GLU, RT, F8>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize, TC_XS_MAX);
     if constexpr (RT == 1) /* plain products too */
         if (err == cudaSuccess)
-            err = cudaFuncSetAttribute(tc_kernel<MT, 1, U, true, false, GLU, RT>,
+            err = cudaFuncSetAttribute(tc_kernel<MT, 1, U, true, false, GLU, RT, F8>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, TC_XS_MAX);
     return err;
 }
 
-cudaError_t di_cuda_tc_gemv_setup(void) {
-    cudaError_t err = allow_xs<1, 4, false, 1>();
-    if (err == cudaSuccess) err = allow_xs<2, 2, true, 1>();
-    if (err == cudaSuccess) err = allow_xs<2, 2, false, 1>();
-    if (err == cudaSuccess) err = allow_xs<2, 2, true, 2>();
-    if (err == cudaSuccess) err = allow_xs<2, 2, false, 2>();
+template <bool F8> static cudaError_t allow_xs_all(void) {
+    constexpr int U1 = F8 ? 8 : 4, U2 = 2; /* launch_tc_gemv's */
+    cudaError_t err = allow_xs<1, U1, false, 1, F8>();
+    if (err == cudaSuccess) err = allow_xs<2, U2, true, 1, F8>();
+    if (err == cudaSuccess) err = allow_xs<2, U2, false, 1, F8>();
+    if (err == cudaSuccess) err = allow_xs<2, U2, true, 2, F8>();
+    if (err == cudaSuccess) err = allow_xs<2, U2, false, 2, F8>();
     return err;
 }
 
-/* One launch of tc_kernel<MT, NG, U, PIPE, grouped or not, GLU, RT>. */
-template <int MT, int NG, int U, bool PIPE, bool GLU, int RT = 1>
+cudaError_t di_cuda_tc_gemv_setup(void) {
+    cudaError_t err = allow_xs_all<false>();
+    return err == cudaSuccess ? allow_xs_all<true>() : err;
+}
+
+/* One launch of tc_kernel<MT, NG, U, PIPE, grouped or not, GLU, RT, F8>. */
+template <int MT, int NG, int U, bool PIPE, bool GLU, int RT, bool F8>
 static cudaError_t launch_tc(const di_cuda_mm_params *p, int ks, bool xvec) {
     void (*k)(const di_cuda_mm_params, int, int, bool, int) =
-        tc_kernel<MT, NG, U, PIPE, true, GLU, RT>;
+        tc_kernel<MT, NG, U, PIPE, true, GLU, RT, F8>;
     if constexpr (RT == 1) /* several row tiles per warp: grouped products only */
-        if (!p->experts) k = tc_kernel<MT, NG, U, PIPE, false, GLU, RT>;
+        if (!p->experts) k = tc_kernel<MT, NG, U, PIPE, false, GLU, RT, F8>;
     size_t smem = 0;
     const int xs_v = PIPE ? xs_v_for(p, NG, xvec, &smem) : 0;
     if (xs_v) di_cuda_xs_launches++;
@@ -329,35 +415,57 @@ static cudaError_t launch_tc(const di_cuda_mm_params *p, int ks, bool xvec) {
  * average more than 4 rows (an expert of 9..16 rows, one in six at 64 sequences, read once
  * instead of twice) made no difference there (17180 vs 17126 output tok/s, three runs each)
  * and were dropped. */
-template <bool GLU>
+template <bool GLU, bool F8>
 static cudaError_t launch_tc_grouped(const di_cuda_mm_params *p, int ks, bool xvec) {
-    if (p->tune.tc_rt == 2) return launch_tc<2, 1, 2, true, GLU, 2>(p, ks, xvec);
-    return launch_tc<2, 1, 2, true, GLU, 1>(p, ks, xvec);
+    if (p->tune.tc_rt == 2) return launch_tc<2, 1, 2, true, GLU, 2, F8>(p, ks, xvec);
+    return launch_tc<2, 1, 2, true, GLU, 1, F8>(p, ks, xvec);
 }
 
-cudaError_t di_cuda_launch_matmul_tc(const di_cuda_mm_params *p) {
-    if (di_cuda_tc_wide_fits(p)) return di_cuda_launch_matmul_tc_wide(p);
+/* The GEMV's variants for BF16 or FP8 weights (the same choices). */
+template <bool F8> static cudaError_t launch_tc_gemv(const di_cuda_mm_params *p) {
     const bool glu = p->glu_data || p->glu_experts;
     const int ks = tc_ks(p);
     const bool xvec = ((uintptr_t)p->x & 15u) == 0 && p->x_tstride % 4 == 0;
     const int64_t n = di_cuda_rows_per_weight(p);
-    /* Opt-in (DI_CUDA_TC_LEAN=1): one token group on the swapped-operand kernel, whose row
-     * and token counts are 32-bit. */
-    if (n <= 8 && xvec && p->tune.tc_lean && p->rows < INT32_MAX && p->n_tokens < INT32_MAX)
+    /* Opt-in (DI_CUDA_TC_LEAN=1, BF16): one token group on the swapped-operand kernel,
+     * whose row and token counts are 32-bit. */
+    if (!F8 && n <= 8 && xvec && p->tune.tc_lean && p->rows < INT32_MAX && p->n_tokens < INT32_MAX)
         return di_cuda_launch_matmul_tc_lean(p, ks);
     /* Token groups of 8 per block as n needs, at most 4 (32 tokens: the registers of two
      * m-tiles). One m-tile per warp for a few tokens (more warps, more loads in flight),
      * two for more (each activation fragment serves twice the weights) and for grouped
      * experts with few tokens each (many small matrices: enough warps either way). One
      * token group: the next weights are requested before the current ones are used (PIPE). */
+    /* FP8 chunks are half the bytes: a plain one-token-group warp requests twice the chunks
+     * at a time (U; never changes a sum), the same bytes in flight as BF16's (123 registers;
+     * with two m-tiles U = 4 took 139-164, too many). */
+    constexpr int U1 = F8 ? 8 : 4, U2 = 2;
     if (glu) {
-        if (n <= 8 && p->experts) return launch_tc_grouped<true>(p, ks, xvec);
-        if (n <= 8) return launch_tc<2, 1, 2, true, true>(p, ks, xvec);
-        if (n <= 16) return launch_tc<2, 2, 2, false, true>(p, ks, xvec);
-        return launch_tc<2, 4, 2, false, true>(p, ks, xvec);
+        if (n <= 8 && p->experts) return launch_tc_grouped<true, F8>(p, ks, xvec);
+        if (n <= 8) return launch_tc<2, 1, U2, true, true, 1, F8>(p, ks, xvec);
+        if (n <= 16) return launch_tc<2, 2, 2, false, true, 1, F8>(p, ks, xvec);
+        return launch_tc<2, 4, 2, false, true, 1, F8>(p, ks, xvec);
     }
-    if (n <= 8 && p->experts) return launch_tc_grouped<false>(p, ks, xvec);
-    if (n <= 8) return launch_tc<1, 1, 4, true, false>(p, ks, xvec);
-    if (n <= 16) return launch_tc<1, 2, 4, false, false>(p, ks, xvec);
-    return launch_tc<2, 4, 2, false, false>(p, ks, xvec);
+    if (n <= 8 && p->experts) return launch_tc_grouped<false, F8>(p, ks, xvec);
+    if (n <= 8) return launch_tc<1, 1, U1, true, false, 1, F8>(p, ks, xvec);
+    if (n <= 16) return launch_tc<1, 2, 4, false, false, 1, F8>(p, ks, xvec);
+    return launch_tc<2, 4, 2, false, false, 1, F8>(p, ks, xvec);
+}
+
+cudaError_t di_cuda_launch_matmul_tc(const di_cuda_mm_params *p) {
+    if (p->dtype == DI_DTYPE_F8_E4M3) {
+        /* FP8 (di_cuda_tc_fits): the GEMV for every n (the wide kernel is BF16's), a chunk's
+         * scale column from the chunks per scale block (a shift when a power of two). */
+        di_cuda_mm_params q = *p;
+        const int64_t cpb = p->block_cols / TC_CHUNK;
+        q.scale_vpb = (uint32_t)cpb;
+        q.scale_vshift = -1;
+        if ((cpb & (cpb - 1)) == 0)
+            for (q.scale_vshift = 0; ((int64_t)1 << q.scale_vshift) < cpb; q.scale_vshift++) {
+            }
+        di_cuda_tc_fp8_launches++;
+        return launch_tc_gemv<true>(&q);
+    }
+    if (di_cuda_tc_wide_fits(p)) return di_cuda_launch_matmul_tc_wide(p);
+    return launch_tc_gemv<false>(p);
 }

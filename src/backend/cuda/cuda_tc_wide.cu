@@ -259,7 +259,8 @@ bool di_cuda_tc_wide_fits(const di_cuda_mm_params *p) {
     const bool grouped = p->experts != NULL;
     const int64_t slots = grouped ? DI_MAX(p->n_heads, 1) : 1;
     const int64_t row_blocks = (p->rows + tw_block_rows(p) - 1) / tw_block_rows(p);
-    return p->tune.tc_wide_min_n > 0 && di_cuda_rows_per_weight(p) >= p->tune.tc_wide_min_n &&
+    return p->dtype == DI_DTYPE_BF16 && p->tune.tc_wide_min_n > 0 &&
+           di_cuda_rows_per_weight(p) >= p->tune.tc_wide_min_n &&
            (!grouped || p->tune.tc_wide_grouped) && (grouped || p->n_heads == 1) &&
            p->tune.tc_terms <= TW_TERMS && row_blocks * slots <= 65535;
 }
