@@ -43,9 +43,10 @@ typedef struct {
     di_weight all, w;
 } test_weight;
 
-/* FP8 scale blocks: 48 columns (3 vectors) takes the kernels' 32-bit division, 128 and 32
- * their shift, 20 and 7 the per-element scales. */
-static const int64_t g_br[] = {128, 8, 3, 1, 2}, g_bc[] = {128, 32, 20, 7, 48};
+/* FP8 scale blocks: 48 columns (3 vectors) takes the SIMT kernel's 32-bit division, 128 and
+ * 32 its shift, 20 and 7 the per-element scales; on the tensor cores (whole 32-column chunks
+ * per block) 128 and 32 take the chunk shift and 96 (3 chunks) its division. */
+static const int64_t g_br[] = {128, 8, 3, 1, 2, 16}, g_bc[] = {128, 32, 20, 7, 48, 96};
 
 static test_weight make_weight(di_dtype dt, int64_t rows, int64_t cols, int64_t extra_rows,
                                int64_t extra_cols, int blk) {
@@ -75,8 +76,8 @@ static test_weight make_weight(di_dtype dt, int64_t rows, int64_t cols, int64_t 
     }
     di_weight w = {.dtype = dt, .rows = srows, .cols = cols, .row_stride = scols, .data = t.data};
     if (dt == DI_DTYPE_F8_E4M3) {
-        w.block_rows = g_br[blk % 5];
-        w.block_cols = g_bc[blk % 5];
+        w.block_rows = g_br[blk % DI_ARRAY_LEN(g_br)];
+        w.block_cols = g_bc[blk % DI_ARRAY_LEN(g_bc)];
         w.scale_cols = (scols + w.block_cols - 1) / w.block_cols;
         const int64_t n_sr = (srows + w.block_rows - 1) / w.block_rows;
         t.scale = malloc(sizeof(float) * (size_t)(n_sr * w.scale_cols));
@@ -1162,6 +1163,17 @@ static void check_same_bits(const di_backend *b, const char *what) {
         }
 }
 
+/* One BF16 product of n tokens (1408 x 2048) on backend be, waited for. */
+static void one_product(di_backend *be, int64_t n) {
+    test_weight t = make_weight(DI_DTYPE_BF16, 1408, 2048, 0, 0, 0);
+    di_weight dw = upload(&t.w);
+    float *x = rnd_vec(n * 2048, 1.0f), *dx = dev_floats(x, n * 2048), *dy = dev_poison(n * 1408);
+    be->ops->matmul(be->ctx, &dw, dx, n, dy);
+    CHECK(di_backend_cuda_sync(be) == DI_OK);
+    di_cuda_weight_free(&g_be, &dw);
+    dfree(dx), dfree(dy), free(x), free_weight(&t);
+}
+
 /* BF16 products on the tensor cores (cuda_tc_gemv.cu, the default, and from 9 tokens
  * cuda_tc_wide.cu): the reference's accuracy and the same bits for a token alone (the GEMV)
  * and in batches of any size (the wide kernel), over the kernels' cases: 1-8 K runs,
@@ -1169,7 +1181,8 @@ static void check_same_bits(const di_backend *b, const char *what) {
  * bf16 parts per activation (DI_CUDA_TC_TERMS=2) a looser bound. */
 static void check_tc(di_backend *be, di_dtype dt, int blk, int64_t rows, int64_t cols, double tol) {
     static const int64_t ns[] = {3, 8, 9, 17, 40, 64, 100};
-    test_weight t = make_weight(dt, rows, cols, 0, 0, blk);
+    /* FP8: a row view (5 rows skipped: row_offset 5, the scale rows shifted) */
+    test_weight t = make_weight(dt, rows, cols, dt == DI_DTYPE_F8_E4M3 ? 5 : 0, 0, blk);
     di_weight dw;
     CHECK(di_cuda_weight_upload(be, &t.w, &dw) == DI_OK);
     const int64_t nmax = 100;
@@ -1207,7 +1220,7 @@ static void check_tc(di_backend *be, di_dtype dt, int blk, int64_t rows, int64_t
 }
 
 /* GLU and accumulate on backend be: each token alone (the GEMV) bitwise the same token in a
- * batch of n (the wide kernel from 9 tokens). */
+ * batch of n (BF16: the wide kernel from 9 tokens; FP8: the GEMV's wider variants). */
 static void check_tc_modes(di_backend *be, di_dtype dt, int64_t rows, int64_t cols, int64_t n) {
     test_weight tg = make_weight(dt, rows, cols, 0, 0, 0);
     test_weight tu = make_weight(dt, rows, cols, 0, 0, 0);
@@ -1264,12 +1277,18 @@ TEST(matmul_tc) {
         di_backend bo = backend_with(opt_in[oi][0], opt_in[oi][1]);
         if (!bo.ctx) return;
         const bool lean = oi == 2, staged = oi == 0;
-        const int64_t ran = lean ? di_backend_cuda_lean_launches() : di_backend_cuda_xs_launches();
+        const int64_t ran = di_backend_cuda_lean_launches();
         check_same_bits(&bo, opt_in[oi][0]);
-        const int64_t now = lean ? di_backend_cuda_lean_launches() : di_backend_cuda_xs_launches();
-        /* (the xs counter also counts the default backend's staged launches: only the
-         * variants that must stage are checked by it) */
-        if (lean || staged) CHECK_MSG(now > ran, "%s: the variant never ran", opt_in[oi][0]);
+        if (lean) CHECK_MSG(di_backend_cuda_lean_launches() > ran, "the lean variant never ran");
+        if (!lean) { /* the staging of bo alone: 8 tokens of K = 2048 take 99.8 KB (staged
+                      * with 100 KiB, not by the default's 32); one token, 12.5 KB, not
+                      * staged with 0 */
+            const int64_t before = di_backend_cuda_xs_launches();
+            one_product(&bo, staged ? 8 : 1);
+            const int64_t d = di_backend_cuda_xs_launches() - before;
+            CHECK_MSG(staged ? d == 1 : d == 0, "%s=%s: %lld staged launches", opt_in[oi][0],
+                      opt_in[oi][1], (long long)d);
+        }
         g_xbe = &bo;
         check_experts(DI_DTYPE_BF16, 64, 6, 1, 1408, 2048);
         check_experts(DI_DTYPE_BF16, 64, 6, 64, 2048, 1408);
@@ -1317,8 +1336,6 @@ TEST(matmul_tc) {
     di_backend_cuda_set_batch_invariant(&g_be, true);
 }
 
-/* The SIMT GEMV for BF16 too (DI_CUDA_TC=0): the matmul, GLU, accumulate and grouped tests
- * again on a backend without the tensor-core path. */
 /* Block-scaled FP8 on the tensor-core GEMV (DI_CUDA_TC_FP8=1): the reference's accuracy
  * (the block scale applied to each chunk's sum instead of to each weight), each token alone
  * bitwise its batches at every n (plain, GLU, accumulate), grouped products bitwise the plain
@@ -1333,7 +1350,29 @@ TEST(matmul_tc_fp8) {
     check_tc(&b8, DI_DTYPE_F8_E4M3, 1, 300, 512, 1e-5);
     check_tc(&b8, DI_DTYPE_F8_E4M3, 0, 37, 2056, 1e-5);
     check_tc(&b8, DI_DTYPE_F8_E4M3, 0, 1024, 7168, 1e-5);
+    check_tc(&b8, DI_DTYPE_F8_E4M3, 5, 200, 1000, 1e-5); /* 96-column blocks: a division */
     CHECK_MSG(di_backend_cuda_tc_fp8_launches() > ran, "no FP8 tensor-core product ran");
+    /* GLU bitwise matmul of each weight + silu_mul (the up weight's own scales) */
+    for (int64_t n = 1; n <= 12; n += 11) {
+        const int64_t rows = 1408, cols = 2048;
+        test_weight tg = make_weight(DI_DTYPE_F8_E4M3, rows, cols, 0, 0, 0);
+        test_weight tu = make_weight(DI_DTYPE_F8_E4M3, rows, cols, 0, 0, 1);
+        di_weight dg = upload(&tg.w), du = upload(&tu.w);
+        float *x = rnd_vec(n * cols, 1.0f), *dx = dev_floats(x, n * cols);
+        float *dy = dev_poison(n * rows), *dyu = dev_poison(n * rows), *dgl = dev_poison(n * rows);
+        b8.ops->matmul(b8.ctx, &dg, dx, n, dy);
+        b8.ops->matmul(b8.ctx, &du, dx, n, dyu);
+        b8.ops->matmul_glu(b8.ctx, &dg, &du, dx, n, dgl);
+        CHECK(di_backend_cuda_sync(&b8) == DI_OK);
+        float *yg = host_floats(dy, n * rows), *yu = host_floats(dyu, n * rows);
+        float *want = gpu_silu_mul(yg, yu, n * rows), *got = host_floats(dgl, n * rows);
+        CHECK_MSG(memcmp(got, want, (size_t)(n * rows) * 4) == 0,
+                  "FP8 n=%lld: glu differs from matmul + silu_mul", (long long)n);
+        free(yg), free(yu), free(want), free(got);
+        dfree(dx), dfree(dy), dfree(dyu), dfree(dgl);
+        di_cuda_weight_free(&g_be, &dg), di_cuda_weight_free(&g_be, &du);
+        free(x), free_weight(&tg), free_weight(&tu);
+    }
     check_tc_modes(&b8, DI_DTYPE_F8_E4M3, 1408, 2048, 40);
     check_tc_modes(&b8, DI_DTYPE_F8_E4M3, 37, 2056, 12);
     const di_backend saved = g_be; /* check_experts compares with g_be's plain products */
@@ -1345,6 +1384,8 @@ TEST(matmul_tc_fp8) {
     di_backend_free(&b8);
 }
 
+/* The SIMT GEMV for BF16 too (DI_CUDA_TC=0): the matmul, GLU, accumulate and grouped tests
+ * again on a backend without the tensor-core path. */
 TEST(matmul_simt_bf16) {
     if (!g_have_gpu) SKIP("no CUDA device");
     di_backend simt = backend_with("DI_CUDA_TC", "0"), saved = g_be;
@@ -1470,6 +1511,7 @@ int main(void) {
     /* The default backend must be the default: the opt-in variants are compared with it. */
     unsetenv("DI_CUDA_TC_LEAN");
     unsetenv("DI_CUDA_TC_XS");
+    unsetenv("DI_CUDA_TC_FP8");
     di_status st = di_backend_cuda_init(&g_be, 0, 8192);
     g_have_gpu = st == DI_OK;
     if (!g_have_gpu)

@@ -114,9 +114,9 @@ typedef struct di_cuda_tuning {
     /* Largest token group (1, 2, 4 or 8): fewer tokens per group use fewer registers (more
      * blocks per SM) but read each weight vector more often. Same values. */
     int max_tb;
-    /* BF16 weights of a suitable shape (di_cuda_tc_fits) on the tensor cores (cuda_tc_gemv.cu)
-     * when tc is set, the activations split into tc_terms (2 or 3) bf16 parts; weights of
-     * fewer than tc_min_rows rows keep the SIMT GEMV. */
+    /* BF16 weights of a suitable shape (di_cuda_tc_fits; FP8 ones too with tc_fp8) on the
+     * tensor cores (cuda_tc_gemv.cu) when tc is set, the activations split into tc_terms (2
+     * or 3) bf16 parts; weights of fewer than tc_min_rows rows keep the SIMT GEMV. */
     int tc, tc_terms;
     int64_t tc_min_rows;
     /* The wide tensor-core product (cuda_tc_wide.cu) for plain products of at least
@@ -208,8 +208,10 @@ static inline int64_t di_cuda_rows_per_weight(const di_cuda_mm_params *p) {
 
 cudaError_t di_cuda_launch_matmul(const di_cuda_mm_params *p);
 
-/* The batch-invariant tensor-core product (cuda_tc_gemv.cu): does the weight suit it (BF16,
- * W x, one head or grouped, K and the row stride multiples of 8, 16-byte aligned data)? */
+/* The batch-invariant tensor-core product (cuda_tc_gemv.cu): does the weight suit it (BF16 with
+ * 16-byte aligned data, or with tune.tc_fp8 block-scaled FP8 with 8-byte aligned data and
+ * scale blocks of whole 32-column chunks; W x, one head or grouped, K and the row stride
+ * multiples of 8)? */
 bool di_cuda_tc_fits(const di_cuda_mm_params *p);
 cudaError_t di_cuda_launch_matmul_tc(const di_cuda_mm_params *p);
 

@@ -379,7 +379,7 @@ static __device__ void hc_row_softmax(const di_v4_hc_params &p, const float *mix
     const int64_t n = p.n_hc;
     float mx = -INFINITY;
     for (int64_t k = 0; k < n; k++) {
-        row[k] = mix[2 * n + j * n + k] * p.scale[2] + p.base[2 * n + j * n + k];
+        row[k] = __fmul_rn(mix[2 * n + j * n + k], p.scale[2]) + p.base[2 * n + j * n + k];
         mx = fmaxf(mx, row[k]);
     }
     double sum = 0.0;
@@ -390,18 +390,19 @@ static __device__ void hc_row_softmax(const di_v4_hc_params &p, const float *mix
 }
 
 /* The Sinkhorn for n x n <= 32 in one warp's registers: lane l holds M[l / n][l % n]. A row's
- * or column's sum gathers its n values by shuffles and adds them in the CPU's order, so every
- * value is the CPU's; no shared memory and no barrier in the chain (the block-barrier form,
- * a thread per row / column on a shared copy of M, took 27.7 us per launch on the H200; on
- * warp 0 with warp barriers, 32.4; this form with the collapse spread over blocks: 53.5 us
- * for a decode step's five launches, 4 of them with the Sinkhorn). All 32 lanes call it. */
+ * or column's sum gathers its n values by shuffles and adds them in the CPU's order (the
+ * CPU's arithmetic, double exp aside: see hc_pre_kernel); no shared memory and no barrier in the
+ * chain (the block-barrier form, a thread per row / column on a shared copy of M, took 27.7 us per
+ * launch on the H200; on warp 0 with warp barriers, 32.4; this form with the collapse spread over
+ * blocks: 53.5 us for a decode step's five launches, 4 of them with the Sinkhorn). All 32 lanes
+ * call it. */
 static __device__ void hc_sinkhorn_warp(const di_v4_hc_params &p, const float *mix, int64_t t,
                                         int lane) {
     const int n = (int)p.n_hc, r = lane / n, c = lane % n;
     const bool own = lane < n * n;
     const unsigned all = 0xffffffffu;
     /* row r's softmax: the max (order-free), the exponentials, their sum in k order */
-    const float v = own ? mix[2 * n + lane] * p.scale[2] + p.base[2 * n + lane] : 0.0f;
+    const float v = own ? __fmul_rn(mix[2 * n + lane], p.scale[2]) + p.base[2 * n + lane] : 0.0f;
     float mx = -INFINITY;
     for (int k = 0; k < n; k++)
         mx = fmaxf(mx, __shfl_sync(all, v, r * n + k));
@@ -426,6 +427,17 @@ static __device__ void hc_sinkhorn_warp(const di_v4_hc_params &p, const float *m
     if (own) p.mix[t * n * n + lane] = m;
 }
 
+/* v[0], v[stride], ..., v[(n - 1) stride] divided by their sum (a double, in order) plus eps
+ * rounded to float: one Sinkhorn row (stride 1) or column (stride n), as the CPU does it. */
+static __device__ void hc_normalise(float *v, int64_t n, int64_t stride, float eps) {
+    double sum = 0.0;
+    for (int64_t k = 0; k < n; k++)
+        sum += v[k * stride];
+    const float den = (float)sum + eps;
+    for (int64_t k = 0; k < n; k++)
+        v[k * stride] /= den;
+}
+
 /* The Sinkhorn for any n: thread j < n takes row j and column j of M in shared memory, the
  * steps apart by block barriers (the CPU's arithmetic in the CPU's order). All threads call
  * it; M is written out. */
@@ -436,24 +448,10 @@ static __device__ void hc_sinkhorn_block(const di_v4_hc_params &p, const float *
     __syncthreads();
     for (int64_t it = 0; it < p.iters; it++) {
         if (it > 0) {
-            if (j < n) { /* row j */
-                double sum = 0.0;
-                for (int64_t k = 0; k < n; k++)
-                    sum += M[j * n + k];
-                const float den = (float)sum + p.hc_eps;
-                for (int64_t k = 0; k < n; k++)
-                    M[j * n + k] /= den;
-            }
+            if (j < n) hc_normalise(M + j * n, n, 1, p.hc_eps); /* row j */
             __syncthreads();
         }
-        if (j < n) { /* column j */
-            double sum = 0.0;
-            for (int64_t r = 0; r < n; r++)
-                sum += M[r * n + j];
-            const float den = (float)sum + p.hc_eps;
-            for (int64_t r = 0; r < n; r++)
-                M[r * n + j] /= den;
-        }
+        if (j < n) hc_normalise(M + j, n, n, p.hc_eps); /* column j */
         __syncthreads();
     }
     for (int64_t i = threadIdx.x; i < n * n; i += blockDim.x)
@@ -464,9 +462,10 @@ static __device__ void hc_sinkhorn_block(const di_v4_hc_params &p, const float *
  * own copy, the same bits), the collapse h[d] = sum_i pre_i x_i[d] for its slice, one column
  * per thread with the streams' loads issued together; block y = 0 also computes post and
  * the Sinkhorn (in one warp's registers for n_hc <= 5, V4-Flash's 4, else on a shared copy
- * of M) -- all exactly as the CPU. One block per token that walked all of D with a chain of
- * dependent loads per column took 15 us at one token on the H200 for the collapse alone; one
- * thread on M in global memory, 230 us for the Sinkhorn. */
+ * of M) -- the CPU's formulas in the CPU's order (CUDA's double exp may differ from the C
+ * library's in the last bit, within the op tests' tolerance). One block per token that walked all
+ * of D with a chain of dependent loads per column took 15 us at one token on the H200 for the
+ * collapse alone; one thread on M in global memory, 230 us for the Sinkhorn. */
 #define HC_COLLAPSE_UNROLL 8 /* streams whose loads are issued together */
 
 __global__ void __launch_bounds__(HC_THREADS)
@@ -483,9 +482,12 @@ __global__ void __launch_bounds__(HC_THREADS)
     __syncthreads();
 
     const int64_t j = tid;
-    if (j < n) pre[j] = sigmoid_d(mix[j] * p.scale[0] + p.base[j]) + p.hc_eps;
+    /* (__fmul_rn: the multiply rounded apart from the add, as the CPU build rounds it; nvcc
+     * would fuse a * b + c into one fma) */
+    if (j < n) pre[j] = sigmoid_d(__fmul_rn(mix[j], p.scale[0]) + p.base[j]) + p.hc_eps;
     if (p.iters > 0 && blockIdx.y == 0) {
-        if (j < n) p.post[t * n + j] = 2.0f * sigmoid_d(mix[n + j] * p.scale[1] + p.base[n + j]);
+        if (j < n)
+            p.post[t * n + j] = 2.0f * sigmoid_d(__fmul_rn(mix[n + j], p.scale[1]) + p.base[n + j]);
         if (n * n <= 32) {
             if (tid < 32) hc_sinkhorn_warp(p, mix, t, tid);
         } else {
@@ -516,7 +518,9 @@ cudaError_t di_cuda_launch_v4_hc_pre(const di_v4_hc_params *p, float *scratch,
     const size_t smem = (size_t)(n_mix + n + (p->iters > 0 ? n * n : 0)) * sizeof(float);
     const int64_t piece = scratch_floats / n_mix; /* tokens whose mix rows fit the scratch */
     const int64_t slices = (p->dim + HC_THREADS - 1) / HC_THREADS;
-    if (piece < 1 || slices > 65535) return cudaErrorInvalidValue;
+    if (p->dim <= 0) return cudaSuccess;
+    /* pre[] and post[] take a thread per stream */
+    if (piece < 1 || slices > 65535 || n > HC_THREADS) return cudaErrorInvalidValue;
     for (int64_t t0 = 0; t0 < p->n_tokens; t0 += piece) {
         const int64_t nt = p->n_tokens - t0 < piece ? p->n_tokens - t0 : piece;
         cudaError_t err = di_cuda_launch(hc_mix_kernel, dim3((unsigned)nt, (unsigned)n_mix),
