@@ -1119,6 +1119,29 @@ TEST(matmul_experts) {
  * 8 runs), 2 K runs (K = 296), a last chunk short of 32 columns by 24, 16 or 8 (K = 2056,
  * 2064, 2072, 8), rows not a tile multiple. Nothing may be written past the n rows of y: a
  * poisoned tail of 8 rows must come back untouched. */
+/* A gate and an up weight of one shape (uploaded through g_be), n tokens of activations and
+ * a starting y: what the GLU and accumulate comparisons below share. */
+typedef struct {
+    test_weight tg, tu;
+    di_weight dg, du;
+    float *x, *dx, *y0;
+} glu_case;
+
+static glu_case glu_case_make(di_dtype dt, int64_t rows, int64_t cols, int64_t n) {
+    glu_case c;
+    c.tg = make_weight(dt, rows, cols, 0, 0, 0);
+    c.tu = make_weight(dt, rows, cols, 0, 0, 0);
+    c.dg = upload(&c.tg.w), c.du = upload(&c.tu.w);
+    c.x = rnd_vec(n * cols, 1.0f), c.dx = dev_floats(c.x, n * cols);
+    c.y0 = rnd_vec(n * rows, 1.0f);
+    return c;
+}
+
+static void glu_case_free(glu_case *c) {
+    di_cuda_weight_free(&g_be, &c->dg), di_cuda_weight_free(&g_be, &c->du);
+    dfree(c->dx), free(c->x), free(c->y0), free_weight(&c->tg), free_weight(&c->tu);
+}
+
 static void check_same_bits(const di_backend *b, const char *what) {
     static const int64_t shapes[][2] = {{1408, 2048}, {2048, 1408}, {37, 2056}, {40, 2064},
                                         {24, 2072},   {100, 296},   {300, 520}, {16, 8}};
@@ -1127,21 +1150,17 @@ static void check_same_bits(const di_backend *b, const char *what) {
     for (size_t si = 0; si < DI_ARRAY_LEN(shapes); si++)
         for (size_t ni = 0; ni < DI_ARRAY_LEN(ns); ni++) {
             const int64_t rows = shapes[si][0], cols = shapes[si][1], n = ns[ni];
-            test_weight tg = make_weight(DI_DTYPE_BF16, rows, cols, 0, 0, 0);
-            test_weight tu = make_weight(DI_DTYPE_BF16, rows, cols, 0, 0, 0);
-            di_weight dg = upload(&tg.w), du = upload(&tu.w);
-            float *x = rnd_vec(n * cols, 1.0f), *dx = dev_floats(x, n * cols);
-            float *y0 = rnd_vec(n * rows, 1.0f);
+            glu_case c = glu_case_make(DI_DTYPE_BF16, rows, cols, n);
             for (int k = 0; k < 3; k++) {
                 float *dy[2];
                 for (int v = 0; v < 2; v++) {
                     const di_backend *e = v ? b : &g_be;
                     dy[v] = dev_poison((n + 8) * rows);
                     if (k == 2)
-                        CHECK(di_cuda_upload(e, dy[v], y0, (size_t)(n * rows) * 4) == DI_OK);
-                    if (k == 0) e->ops->matmul(e->ctx, &dg, dx, n, dy[v]);
-                    if (k == 1) e->ops->matmul_glu(e->ctx, &dg, &du, dx, n, dy[v]);
-                    if (k == 2) e->ops->matmul_add(e->ctx, &dg, dx, n, dy[v]);
+                        CHECK(di_cuda_upload(e, dy[v], c.y0, (size_t)(n * rows) * 4) == DI_OK);
+                    if (k == 0) e->ops->matmul(e->ctx, &c.dg, c.dx, n, dy[v]);
+                    if (k == 1) e->ops->matmul_glu(e->ctx, &c.dg, &c.du, c.dx, n, dy[v]);
+                    if (k == 2) e->ops->matmul_add(e->ctx, &c.dg, c.dx, n, dy[v]);
                     CHECK(di_backend_cuda_sync(e) == DI_OK);
                 }
                 float *ya = host_floats(dy[0], (n + 8) * rows);
@@ -1158,8 +1177,7 @@ static void check_same_bits(const di_backend *b, const char *what) {
                 free(ya), free(yb);
                 dfree(dy[0]), dfree(dy[1]);
             }
-            di_cuda_weight_free(&g_be, &dg), di_cuda_weight_free(&g_be, &du);
-            dfree(dx), free(x), free(y0), free_weight(&tg), free_weight(&tu);
+            glu_case_free(&c);
         }
 }
 
@@ -1222,22 +1240,19 @@ static void check_tc(di_backend *be, di_dtype dt, int blk, int64_t rows, int64_t
 /* GLU and accumulate on backend be: each token alone (the GEMV) bitwise the same token in a
  * batch of n (BF16: the wide kernel from 9 tokens; FP8: the GEMV's wider variants). */
 static void check_tc_modes(di_backend *be, di_dtype dt, int64_t rows, int64_t cols, int64_t n) {
-    test_weight tg = make_weight(dt, rows, cols, 0, 0, 0);
-    test_weight tu = make_weight(dt, rows, cols, 0, 0, 0);
-    di_weight dg = upload(&tg.w), du = upload(&tu.w);
-    float *x = rnd_vec(n * cols, 1.0f), *dx = dev_floats(x, n * cols);
-    float *y0 = rnd_vec(n * rows, 1.0f);
+    glu_case c = glu_case_make(dt, rows, cols, n);
     for (int glu = 0; glu < 2; glu++) {
         float *dy[2];
         for (int v = 0; v < 2; v++) { /* v = 0: token by token; 1: the batch */
             dy[v] = dev_poison(n * rows);
-            CHECK(di_cuda_upload(be, dy[v], y0, (size_t)(n * rows) * 4) == DI_OK);
+            CHECK(di_cuda_upload(be, dy[v], c.y0, (size_t)(n * rows) * 4) == DI_OK);
             for (int64_t k = 0; k < (v ? 1 : n); k++) {
                 const int64_t m = v ? n : 1;
                 if (glu)
-                    be->ops->matmul_glu(be->ctx, &dg, &du, dx + k * cols, m, dy[v] + k * rows);
+                    be->ops->matmul_glu(be->ctx, &c.dg, &c.du, c.dx + k * cols, m,
+                                        dy[v] + k * rows);
                 else
-                    be->ops->matmul_add(be->ctx, &dg, dx + k * cols, m, dy[v] + k * rows);
+                    be->ops->matmul_add(be->ctx, &c.dg, c.dx + k * cols, m, dy[v] + k * rows);
             }
             CHECK(di_backend_cuda_sync(be) == DI_OK);
         }
@@ -1248,8 +1263,7 @@ static void check_tc_modes(di_backend *be, di_dtype dt, int64_t rows, int64_t co
         free(ya), free(yb);
         dfree(dy[0]), dfree(dy[1]);
     }
-    di_cuda_weight_free(&g_be, &dg), di_cuda_weight_free(&g_be, &du);
-    dfree(dx), free(x), free(y0), free_weight(&tg), free_weight(&tu);
+    glu_case_free(&c);
 }
 
 TEST(matmul_tc) {
