@@ -1366,26 +1366,23 @@ TEST(matmul_tc_fp8) {
     check_tc(&b8, DI_DTYPE_F8_E4M3, 0, 1024, 7168, 1e-5);
     check_tc(&b8, DI_DTYPE_F8_E4M3, 5, 200, 1000, 1e-5); /* 96-column blocks: a division */
     CHECK_MSG(di_backend_cuda_tc_fp8_launches() > ran, "no FP8 tensor-core product ran");
-    /* GLU bitwise matmul of each weight + silu_mul (the up weight's own scales) */
+    /* GLU bitwise matmul of each weight + silu_mul (the up weight's own scales; a GLU pair
+     * shares its scale layout, glu_pair_ok) */
     for (int64_t n = 1; n <= 12; n += 11) {
         const int64_t rows = 1408, cols = 2048;
-        test_weight tg = make_weight(DI_DTYPE_F8_E4M3, rows, cols, 0, 0, 0);
-        test_weight tu = make_weight(DI_DTYPE_F8_E4M3, rows, cols, 0, 0, 1);
-        di_weight dg = upload(&tg.w), du = upload(&tu.w);
-        float *x = rnd_vec(n * cols, 1.0f), *dx = dev_floats(x, n * cols);
+        glu_case c = glu_case_make(DI_DTYPE_F8_E4M3, rows, cols, n);
         float *dy = dev_poison(n * rows), *dyu = dev_poison(n * rows), *dgl = dev_poison(n * rows);
-        b8.ops->matmul(b8.ctx, &dg, dx, n, dy);
-        b8.ops->matmul(b8.ctx, &du, dx, n, dyu);
-        b8.ops->matmul_glu(b8.ctx, &dg, &du, dx, n, dgl);
+        b8.ops->matmul(b8.ctx, &c.dg, c.dx, n, dy);
+        b8.ops->matmul(b8.ctx, &c.du, c.dx, n, dyu);
+        b8.ops->matmul_glu(b8.ctx, &c.dg, &c.du, c.dx, n, dgl);
         CHECK(di_backend_cuda_sync(&b8) == DI_OK);
         float *yg = host_floats(dy, n * rows), *yu = host_floats(dyu, n * rows);
         float *want = gpu_silu_mul(yg, yu, n * rows), *got = host_floats(dgl, n * rows);
         CHECK_MSG(memcmp(got, want, (size_t)(n * rows) * 4) == 0,
                   "FP8 n=%lld: glu differs from matmul + silu_mul", (long long)n);
         free(yg), free(yu), free(want), free(got);
-        dfree(dx), dfree(dy), dfree(dyu), dfree(dgl);
-        di_cuda_weight_free(&g_be, &dg), di_cuda_weight_free(&g_be, &du);
-        free(x), free_weight(&tg), free_weight(&tu);
+        dfree(dy), dfree(dyu), dfree(dgl);
+        glu_case_free(&c);
     }
     check_tc_modes(&b8, DI_DTYPE_F8_E4M3, 1408, 2048, 40);
     check_tc_modes(&b8, DI_DTYPE_F8_E4M3, 37, 2056, 12);

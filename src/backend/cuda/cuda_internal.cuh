@@ -165,8 +165,9 @@ typedef struct di_cuda_mm_params {
     float *y;
     int64_t y_hstride, y_tstride;
     di_cuda_tuning tune;
-    /* Filled by the launcher: vectors per FP8 scale block as a shift (-1: not a power of
-     * two) and as a count. */
+    /* Filled by the launcher (di_cuda_set_scale_step): the FP8 GEMV's units per scale block
+     * -- 16-byte vectors (SIMT) or 32-column chunks (tensor cores) -- as a shift (-1: not a
+     * power of two) and as a count; di_cuda_scale_col maps a unit to its scale column. */
     int64_t scale_vshift;
     uint32_t scale_vpb;
     cudaStream_t stream;
@@ -191,6 +192,23 @@ typedef struct di_cuda_mm_params {
      * 2). */
     int64_t tc_min_n;
 } di_cuda_mm_params;
+
+/* p->scale_vshift / scale_vpb for `per_block` units (vectors or chunks) per scale block. */
+static inline void di_cuda_set_scale_step(di_cuda_mm_params *p, int64_t per_block) {
+    p->scale_vpb = (uint32_t)per_block;
+    p->scale_vshift = -1;
+    if ((per_block & (per_block - 1)) == 0)
+        for (p->scale_vshift = 0; ((int64_t)1 << p->scale_vshift) < per_block; p->scale_vshift++) {
+        }
+}
+
+/* The scale column of unit u (di_cuda_set_scale_step): a shift when the units per block are a
+ * power of two (128-column blocks: 8 FP8 vectors, 4 chunks), else a 32-bit division -- never
+ * the 64-bit division, a long subroutine on the GPU. */
+static __device__ __forceinline__ int64_t di_cuda_scale_col(const di_cuda_mm_params &p, int64_t u) {
+    if (p.scale_vshift >= 0) return u >> p.scale_vshift;
+    return (int64_t)((uint32_t)u / p.scale_vpb);
+}
 
 /* One expert's device weight pointers (a table of them per projection: expert_table). */
 typedef struct di_cuda_expert_ptrs {

@@ -165,14 +165,6 @@ dequant(const uint4 &raw, int64_t c0, int nvalid, const float *srow, int64_t blo
     }
 }
 
-/* Scale column of 16-byte vector v when block_cols is a multiple of V (one_scale): a shift
- * when the vectors per block are a power of two (128-column blocks: 8 FP8 vectors), else a
- * 32-bit division -- never the 64-bit division, a long subroutine on the GPU. */
-static __device__ __forceinline__ int64_t scale_col(const di_cuda_mm_params &p, int64_t v) {
-    if (p.scale_vshift >= 0) return v >> p.scale_vshift;
-    return (int64_t)((uint32_t)v / p.scale_vpb);
-}
-
 /* x(t)[c0 .. c0 + V) as floats, zeros past nvalid; 16-byte loads when allowed. */
 template <int V>
 static __device__ __forceinline__ void load_x(const float *x, int64_t c0, int nvalid, bool xvec,
@@ -399,7 +391,7 @@ __global__ void __launch_bounds__(MM_WARPS * 32, PIPE &&TB == 1 ? MM_FP8_MIN_BLO
                 if (v >= nvec) break;
                 const int64_t c0 = v * V;
                 const int nvalid = (int)min((int64_t)V, p.cols - c0);
-                const int64_t sc = one_scale ? scale_col(p, v) : 0;
+                const int64_t sc = one_scale ? di_cuda_scale_col(p, v) : 0;
                 if constexpr (PIPE) { /* FP8, one_scale (the launcher's condition) */
                     float sj[RB];
 #pragma unroll
@@ -600,15 +592,9 @@ template <di_dtype DT> static cudaError_t launch_dtype(const di_cuda_mm_params *
      * power of two, else a 32-bit division. */
     di_cuda_mm_params q = *pin;
     const di_cuda_mm_params *p = &q;
-    q.scale_vshift = -1;
-    q.scale_vpb = 1;
-    if (DT == DI_DTYPE_F8_E4M3 && q.block_cols % T::V == 0) {
-        const int64_t vpb = q.block_cols / T::V;
-        q.scale_vpb = (uint32_t)vpb;
-        if ((vpb & (vpb - 1)) == 0)
-            for (q.scale_vshift = 0; ((int64_t)1 << q.scale_vshift) < vpb; q.scale_vshift++) {
-            }
-    }
+    di_cuda_set_scale_step(&q, DT == DI_DTYPE_F8_E4M3 && q.block_cols % T::V == 0
+                                   ? q.block_cols / T::V
+                                   : 1);
     /* 16-byte weight loads need every row (of every head) to start on a 16-byte boundary;
      * reading a whole vector past `cols` then stays inside the row's stride. */
     const bool wvec = aligned16(p->data) && (!p->glu_data || aligned16(p->glu_data)) &&

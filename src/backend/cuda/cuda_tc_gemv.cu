@@ -151,8 +151,8 @@ __global__ void __launch_bounds__(TC_THREADS)
         }
     };
     /* F8: tile rt's block-scale rows (rows g and g + 8 of each m-tile; GLU's m-tile 1 the up
-     * weight's), and the scale of chunk c's column block (p.scale_vshift / scale_vpb: chunks
-     * per block as a shift or a count, set by the launcher). */
+     * weight's); chunk c's scale column is di_cuda_scale_col(p, c) (the launcher set the
+     * chunks per block). */
     const float *srow[MT][2];
     auto scale_rows = [&](int rt) {
         const int64_t r0 = tile_r0(rt);
@@ -164,9 +164,6 @@ __global__ void __launch_bounds__(TC_THREADS)
                 srow[mt][h] = (GLU && mt == 1 ? uscale : wscale) +
                               ((p.row_offset + r) / p.block_rows) * p.scale_cols;
             }
-    };
-    auto scale_col = [&](int64_t c) -> int64_t {
-        return p.scale_vshift >= 0 ? c >> p.scale_vshift : (int64_t)((uint32_t)c / p.scale_vpb);
     };
 
     for (; t0 < t_end; t0 += 8 * NG) {
@@ -259,7 +256,7 @@ __global__ void __launch_bounds__(TC_THREADS)
                         }
                     }
                     if constexpr (F8) { /* c0, c1: row g; c2, c3: row g + 8 */
-                        const int64_t sc = scale_col(c + u);
+                        const int64_t sc = di_cuda_scale_col(p, c + u);
 #pragma unroll
                         for (int mt = 0; mt < MT; mt++) {
                             const float s0 = __ldg(srow[mt][0] + sc), s1 = __ldg(srow[mt][1] + sc);
@@ -372,13 +369,17 @@ template <int MT, int U, bool GLU, int RT, bool F8> static cudaError_t allow_xs(
     return err;
 }
 
+/* Chunks a plain one-token-group warp of one m-tile requests at a time: FP8 chunks are half
+ * the bytes, so twice as many, the same bytes in flight as BF16's (U never changes a sum;
+ * 123 registers; the two-m-tile variants keep 2: with 4 they took 139-164). */
+template <bool F8> static constexpr int TC_U1 = F8 ? 8 : 4;
+
 template <bool F8> static cudaError_t allow_xs_all(void) {
-    constexpr int U1 = F8 ? 8 : 4, U2 = 2; /* launch_tc_gemv's */
-    cudaError_t err = allow_xs<1, U1, false, 1, F8>();
-    if (err == cudaSuccess) err = allow_xs<2, U2, true, 1, F8>();
-    if (err == cudaSuccess) err = allow_xs<2, U2, false, 1, F8>();
-    if (err == cudaSuccess) err = allow_xs<2, U2, true, 2, F8>();
-    if (err == cudaSuccess) err = allow_xs<2, U2, false, 2, F8>();
+    cudaError_t err = allow_xs<1, TC_U1<F8>, false, 1, F8>();
+    if (err == cudaSuccess) err = allow_xs<2, 2, true, 1, F8>();
+    if (err == cudaSuccess) err = allow_xs<2, 2, false, 1, F8>();
+    if (err == cudaSuccess) err = allow_xs<2, 2, true, 2, F8>();
+    if (err == cudaSuccess) err = allow_xs<2, 2, false, 2, F8>();
     return err;
 }
 
@@ -436,18 +437,14 @@ template <bool F8> static cudaError_t launch_tc_gemv(const di_cuda_mm_params *p)
      * two for more (each activation fragment serves twice the weights) and for grouped
      * experts with few tokens each (many small matrices: enough warps either way). One
      * token group: the next weights are requested before the current ones are used (PIPE). */
-    /* FP8 chunks are half the bytes: a plain one-token-group warp requests twice the chunks
-     * at a time (U; never changes a sum), the same bytes in flight as BF16's (123 registers;
-     * with two m-tiles U = 4 took 139-164, too many). */
-    constexpr int U1 = F8 ? 8 : 4, U2 = 2;
     if (glu) {
         if (n <= 8 && p->experts) return launch_tc_grouped<true, F8>(p, ks, xvec);
-        if (n <= 8) return launch_tc<2, 1, U2, true, true, 1, F8>(p, ks, xvec);
+        if (n <= 8) return launch_tc<2, 1, 2, true, true, 1, F8>(p, ks, xvec);
         if (n <= 16) return launch_tc<2, 2, 2, false, true, 1, F8>(p, ks, xvec);
         return launch_tc<2, 4, 2, false, true, 1, F8>(p, ks, xvec);
     }
     if (n <= 8 && p->experts) return launch_tc_grouped<false, F8>(p, ks, xvec);
-    if (n <= 8) return launch_tc<1, 1, U1, true, false, 1, F8>(p, ks, xvec);
+    if (n <= 8) return launch_tc<1, 1, TC_U1<F8>, true, false, 1, F8>(p, ks, xvec);
     if (n <= 16) return launch_tc<1, 2, 4, false, false, 1, F8>(p, ks, xvec);
     return launch_tc<2, 4, 2, false, false, 1, F8>(p, ks, xvec);
 }
@@ -457,12 +454,7 @@ cudaError_t di_cuda_launch_matmul_tc(const di_cuda_mm_params *p) {
         /* FP8 (di_cuda_tc_fits): the GEMV for every n (the wide kernel is BF16's), a chunk's
          * scale column from the chunks per scale block (a shift when a power of two). */
         di_cuda_mm_params q = *p;
-        const int64_t cpb = p->block_cols / TC_CHUNK;
-        q.scale_vpb = (uint32_t)cpb;
-        q.scale_vshift = -1;
-        if ((cpb & (cpb - 1)) == 0)
-            for (q.scale_vshift = 0; ((int64_t)1 << q.scale_vshift) < cpb; q.scale_vshift++) {
-            }
+        di_cuda_set_scale_step(&q, p->block_cols / TC_CHUNK);
         di_cuda_tc_fp8_launches++;
         return launch_tc_gemv<true>(&q);
     }
