@@ -60,7 +60,8 @@ typedef struct di_mla_attn_params {
     /* Head strides of q_lat and out in floats (optional; 0: n_tokens * R, the layout above).
      * The engine's runner sets them to address one sequence's rows inside a batch. */
     int64_t q_lat_hstride, out_hstride;
-    /* Queries of different sequences in one call (optional; a decode batch): when q_pos !=
+    /* Queries of different sequences in one call (optional; a decode batch, or a device's
+     * chunk of several prompts -- several queries may share a table): when q_pos !=
      * NULL, query t sits at position q_pos[t] (pos0 is ignored) and reads the paged cache
      * through its own block table q_tables + q_table_off[t] (block_size as above;
      * block_table is ignored). All three are backend memory, so a captured decode step
@@ -419,6 +420,11 @@ typedef struct di_backend_ops {
      * resid[t] += (moe_combine's sum for token t) + add[t], rounded exactly as those ops. */
     void (*moe_combine_add)(void *ctx, const float *rows, const int32_t *rows_of, const float *w,
                             int64_t n, int64_t K, int64_t dim, const float *add, float *resid);
+
+    /* (Appended.) head_matmul runs W x faster than W^T x here (CUDA: only W x takes the
+     * tensor cores), so a runner may keep a transposed backend copy of a weight it would
+     * multiply transposed (the V2/V3 runner's W_UK). A hint; false on the CPU. */
+    bool prefers_untransposed_heads;
 } di_backend_ops;
 
 typedef struct di_backend {

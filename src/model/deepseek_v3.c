@@ -197,8 +197,9 @@ typedef struct ds_state {
     const float *cos, *sin;     /* [n][dr / 2] */
     const int32_t *wsrc, *wdst; /* [nw] chunk rows -> pool rows of the new tokens */
     int64_t nw;
-    /* decode chunks (one token per sequence): each row's position, and where its block
-     * table starts among the tables, for one attention call over all rows */
+    /* decode: a decode chunk (one token per sequence). pos, toff: each row's position, and
+     * where its block table starts among the tables, for one attention call over all rows
+     * (a decode chunk's, or on a device a chunk of several sequences: attention()) */
     bool decode;
     const int32_t *pos, *toff, *tables;
     /* Captured decode steps (CUDA graphs), one per row count n <= C (graphs[n]), made on
@@ -250,7 +251,7 @@ static di_status state_create(const void *weights, int64_t rows, int64_t block_s
     s->block_size = block_size;
     s->max_blocks = (max_tokens + block_size - 1) / block_size;
     const int64_t C = s->chunk = chunk;
-    /* ids, cos, sin, write rows (src, dst), positions and table offsets (decode), then one
+    /* ids, cos, sin, write rows (src, dst), each row's position and table offset, then one
      * block table per segment */
     s->in_words = C * (1 + dr + 4) + C * s->max_blocks;
     di_status st = DI_OK;
@@ -386,7 +387,8 @@ static void matmul_add(const di_backend *be, const di_weight *w, const float *x,
 /* MLA for the chunk's n rows (s->nseg sequences): reads s->xn, writes the new tokens' latent
  * and rope-key rows into the paged pool through each sequence's block table, and adds its
  * output ([n][H]) to the residual stream s->x. Projections (W_UK and W_UV included) run over
- * all rows at once; the absorbed attention runs per sequence. */
+ * all rows at once; the absorbed attention runs per sequence (in one call where that can be
+ * one launch: below). */
 static void attention(const ds_model *m, const ds_layer *L, int64_t il, ds_state *s,
                       const di_backend *be, int64_t n, int64_t nseg) {
     const di_hparams *hp = m->hp;
@@ -460,9 +462,10 @@ static void attention(const ds_model *m, const ds_layer *L, int64_t il, ds_state
                             .interleaved = m->rope_interleaved};
     be->ops->rope(c, &rq);
 
-    /* Absorb W_UK over all rows: q_lat(h, t) = W_UK_h^T q_nope(h, t)  ([dn] -> [R]). */
-    di_head_matmul_params uk = {.w = L->w_uk,
-                                .transposed = true,
+    /* Absorb W_UK over all rows: q_lat(h, t) = W_UK_h^T q_nope(h, t)  ([dn] -> [R]); from the
+     * transposed copy where the backend has one (a plain product per head). */
+    di_head_matmul_params uk = {.w = L->w_ukt ? L->w_ukt : L->w_uk,
+                                .transposed = !L->w_ukt,
                                 .n_heads = nh,
                                 .n_tokens = n,
                                 .x = s->q,
@@ -473,10 +476,16 @@ static void attention(const ds_model *m, const ds_layer *L, int64_t il, ds_state
                                 .y_tstride = R};
     be->ops->head_matmul(c, &uk);
 
-    /* Attention per sequence, over its own rows of the pool; a decode chunk (one row per
-     * sequence) in one call, positions and block tables read from backend memory. */
+    /* Attention per sequence, over its own rows of the pool. A decode chunk (one row per
+     * sequence) is one call, each row's position and block table read from backend memory;
+     * so is a chunk of several sequences on a backend with its own memory (each row a query
+     * of its own: the same bits as its sequence's call, one launch instead of one per
+     * sequence -- on the H200 a 256-row prefill of 16 prompts took 16 launches of 9 us per
+     * layer, then one of 38 us). A host-memory backend (the CPU) keeps the call per sequence,
+     * which spreads a long prompt's queries over its threads. */
     if (beside) be->ops->side_join(c); /* the new rows are in the pool */
-    if (s->decode) {
+    const bool one_call = s->decode || (nseg > 1 && !be->ops->host_memory);
+    if (one_call) {
         di_mla_attn_params ap = {.n_tokens = n,
                                  .n_heads = nh,
                                  .kv_lora_rank = R,
@@ -497,7 +506,7 @@ static void attention(const ds_model *m, const ds_layer *L, int64_t il, ds_state
                                  .q_table_off = s->toff};
         be->ops->mla_attention(c, &ap);
     }
-    for (int64_t g = 0; !s->decode && g < nseg; g++) {
+    for (int64_t g = 0; !one_call && g < nseg; g++) {
         const ds_seg *sg = &s->segs[g];
         di_mla_attn_params ap = {.n_tokens = sg->n,
                                  .n_heads = nh,
@@ -640,17 +649,17 @@ static void pack_inputs(const ds_model *m, ds_state *s, const di_backend *be, in
             nw++;
         }
     }
-    /* Block tables after the write rows; in a decode chunk also each row's position and
-     * the offset of its table (row g = segment g). */
+    /* Block tables after the write rows; also each row's position and the offset of its
+     * segment's table, for an attention call over all rows (see attention()). */
     int64_t used = tab - h;
     for (int64_t g = 0; g < nseg; g++) {
         ds_seg *sg = &s->segs[g];
         int64_t nb = (sg->seq->pos0 + sg->off + sg->n + bs - 1) / bs;
         memcpy(h + used, sg->seq->block_table, (size_t)nb * sizeof(int32_t));
         sg->table = s->in + used;
-        if (s->decode) {
-            qpos[g] = (int32_t)(sg->seq->pos0 + sg->off);
-            toff[g] = (int32_t)(used - (tab - h));
+        for (int64_t t = 0; t < sg->n; t++) {
+            qpos[sg->row0 + t] = (int32_t)(sg->seq->pos0 + sg->off + t);
+            toff[sg->row0 + t] = (int32_t)(used - (tab - h));
         }
         used += nb;
     }

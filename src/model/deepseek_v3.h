@@ -39,6 +39,10 @@ typedef struct ds_layer {
     di_weight *w_uk;        /* [nh] views of kv_b_proj: head h's [dn][R] key rows */
     di_weight *w_uv;        /* [nh] views of kv_b_proj: head h's [dv][R] value rows */
     di_weight o_proj;       /* [H][nh * dv] */
+    /* [nh] views of a backend copy of W_UK transposed, head h's [R][dn] (BF16 kv_b_proj on a
+     * backend that prefers untransposed head products: deepseek_v3_device.c), else NULL
+     * (the runner multiplies by w_uk transposed). */
+    di_weight *w_ukt;
 
     /* feed-forward: dense, or MoE */
     bool is_moe;

@@ -1395,6 +1395,113 @@ TEST(matmul_tc_fp8) {
     di_backend_free(&b8);
 }
 
+/* Layouts of check_tc_heads' activations and outputs (bits). */
+enum {
+    HEADS_X_TOKEN_MAJOR = 1, /* x [n][nh][cols + pad] (else head-major [nh][n][cols]) */
+    HEADS_Y_TOKEN_MAJOR = 2, /* y [n][nh][rows], MLA's W_UV output (else head-major) */
+    HEADS_X_PAD2 = 4 /* token-major x padded by 2 floats, not 4: rows not 16-byte aligned (the
+                      * kernel's scalar loads) */
+};
+
+/* A product per head on backend be's tensor cores (head_matmul: MLA's W_UV, W_UK^T from its
+ * transposed copy, V4's wo_a): nh heads of [rows][cols] stored one after another, after skip
+ * rows (FP8: each head's scale rows shifted), x and y in the given layout. One launch per
+ * product (all heads), the reference's accuracy, and each token alone bitwise the same token
+ * in a batch of every token-group variant (1, 2-8, 9-16, 17+ tokens). */
+static void check_tc_heads(di_backend *be, di_dtype dt, int64_t nh, int64_t rows, int64_t cols,
+                           int64_t skip, int layout) {
+    static const int64_t ns[] = {3, 8, 9, 16, 17, 40};
+    const int64_t nmax = 40, pad = layout & HEADS_X_PAD2 ? 2 : 4;
+    test_weight t = make_weight(dt, nh * rows, cols, skip, 0, 0);
+    di_weight dall;
+    CHECK(di_cuda_weight_upload(be, &t.w, &dall) == DI_OK);
+    di_weight *hw = malloc((size_t)nh * sizeof(di_weight));
+    di_weight *dw = malloc((size_t)nh * sizeof(di_weight));
+    for (int64_t h = 0; h < nh; h++) {
+        hw[h] = di_weight_rows(&t.w, h * rows, rows);
+        dw[h] = di_weight_rows(&dall, h * rows, rows);
+    }
+    const bool xt_major = layout & (HEADS_X_TOKEN_MAJOR | HEADS_X_PAD2);
+    const int64_t xh = xt_major ? cols + pad : nmax * cols,
+                  xt = xt_major ? nh * (cols + pad) : cols;
+    const int64_t yh = layout & HEADS_Y_TOKEN_MAJOR ? rows : nmax * rows;
+    const int64_t yt = layout & HEADS_Y_TOKEN_MAJOR ? nh * rows : rows;
+    const int64_t nx = nh * nmax * (cols + pad), ny = nh * nmax * rows;
+    float *x = rnd_vec(nx, 1.0f), *ref = malloc((size_t)ny * sizeof(float));
+    di_head_matmul_params p = {.w = hw,
+                               .n_heads = nh,
+                               .n_tokens = nmax,
+                               .x = x,
+                               .x_hstride = xh,
+                               .x_tstride = xt,
+                               .y = ref,
+                               .y_hstride = yh,
+                               .y_tstride = yt};
+    di_cpu_head_matmul_ref(&p);
+    float *dx = dev_floats(x, nx), *dy = dev_poison(ny);
+    p.w = dw;
+    const int64_t launches = di_backend_cuda_tc_head_launches();
+    for (int64_t k = 0; k < nmax; k++) { /* every token alone */
+        p.n_tokens = 1;
+        p.x = dx + k * xt;
+        p.y = dy + k * yt;
+        be->ops->head_matmul(be->ctx, &p);
+    }
+    CHECK(di_backend_cuda_sync(be) == DI_OK);
+    float *alone = host_floats(dy, ny);
+    double e = nerr(alone, ref, ny);
+    CHECK_MSG(e <= 1e-5, "%s heads %lld x %lldx%lld layout %d n=1: error %.3g", di_dtype_name(dt),
+              (long long)nh, (long long)rows, (long long)cols, layout, e);
+    for (size_t ni = 0; ni < DI_ARRAY_LEN(ns); ni++) {
+        const int64_t n = ns[ni];
+        float *dz = dev_poison(ny);
+        p.n_tokens = n;
+        p.x = dx;
+        p.y = dz;
+        be->ops->head_matmul(be->ctx, &p);
+        CHECK(di_backend_cuda_sync(be) == DI_OK);
+        float *y = host_floats(dz, ny);
+        int64_t bad = -1;
+        for (int64_t h = 0; h < nh && bad < 0; h++)
+            for (int64_t k = 0; k < n && bad < 0; k++) {
+                const int64_t o = h * yh + k * yt;
+                if (memcmp(alone + o, y + o, (size_t)rows * sizeof(float)) != 0) bad = k;
+            }
+        CHECK_MSG(bad < 0,
+                  "%s heads %lld x %lldx%lld layout %d: token %lld in a batch of %lld differs "
+                  "from alone",
+                  di_dtype_name(dt), (long long)nh, (long long)rows, (long long)cols, layout,
+                  (long long)bad, (long long)n);
+        free(y);
+        dfree(dz);
+    }
+    CHECK_MSG(di_backend_cuda_tc_head_launches() == launches + nmax + (int64_t)DI_ARRAY_LEN(ns),
+              "%s heads %lld x %lldx%lld: not one tensor-core launch per product",
+              di_dtype_name(dt), (long long)nh, (long long)rows, (long long)cols);
+    di_cuda_weight_free(be, &dall);
+    dfree(dx), dfree(dy);
+    free(hw), free(dw), free(x), free(ref), free(alone);
+    free_weight(&t);
+}
+
+TEST(head_matmul_tc) {
+    if (!g_have_gpu) SKIP("no CUDA device");
+    /* V2-Lite's W_UV (16 x 128 x 512; x head-major, y token-major: the runner's layout) and
+     * W_UK^T copy (16 x 512 x 128; x token-major, y head-major), a partial row tile with a
+     * short last chunk (K % 32 == 8) and unaligned x rows, two 16 x 8 heads */
+    check_tc_heads(&g_be, DI_DTYPE_BF16, 16, 128, 512, 0, HEADS_Y_TOKEN_MAJOR);
+    check_tc_heads(&g_be, DI_DTYPE_BF16, 16, 512, 128, 0, HEADS_X_TOKEN_MAJOR);
+    check_tc_heads(&g_be, DI_DTYPE_BF16, 3, 40, 136, 8, HEADS_X_PAD2);
+    check_tc_heads(&g_be, DI_DTYPE_BF16, 2, 16, 8, 0, 0);
+    di_backend b8 = backend_with("DI_CUDA_TC_FP8", "1");
+    if (!b8.ctx) return;
+    /* FP8: heads of 128 rows after 128 skipped (kv_b_proj's layout), and heads of 40 rows
+     * from row 100, the first of which crosses a 128-row scale block */
+    check_tc_heads(&b8, DI_DTYPE_F8_E4M3, 16, 128, 512, 128, HEADS_Y_TOKEN_MAJOR);
+    check_tc_heads(&b8, DI_DTYPE_F8_E4M3, 3, 40, 256, 100, HEADS_X_TOKEN_MAJOR);
+    di_backend_free(&b8);
+}
+
 /* The SIMT GEMV for BF16 too (DI_CUDA_TC=0): the matmul, GLU, accumulate and grouped tests
  * again on a backend without the tensor-core path. */
 TEST(matmul_simt_bf16) {
@@ -1548,6 +1655,7 @@ int main(void) {
     RUN(matmul_experts);
     RUN(matmul_tc);
     RUN(matmul_tc_fp8);
+    RUN(head_matmul_tc);
     RUN(matmul_simt_bf16);
     RUN(argmax_rows);
     RUN(sample_rows);

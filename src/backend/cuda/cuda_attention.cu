@@ -334,7 +334,7 @@ static __device__ __forceinline__ float *slot(float *partial, const di_mla_attn_
     return partial + slot_at(p, t, h, c, cmax);
 }
 
-/* Key count of query t (its position from memory for a decode batch). */
+/* Key count of query t (its position from memory for queries of several sequences). */
 static __device__ __forceinline__ int64_t att_keys(const di_mla_attn_params &p, int64_t t) {
     return p.q_pos ? (int64_t)p.q_pos[t] + 1 : p.pos0 + t + 1;
 }
@@ -482,8 +482,8 @@ __global__ void __launch_bounds__(ATT_THREADS, 2) /* 2 blocks of <= 93 KiB per S
 /* Launcher                                                                                   */
 /* ---------------------------------------------------------------------------------------- */
 
-/* Most chunks of any query of the call: from the positions, or for a decode batch (positions
- * in device memory) from the caller's bound max_keys (0: unknown). */
+/* Most chunks of any query of the call: from the positions, or for queries of several
+ * sequences (positions in device memory) from the caller's bound max_keys (0: unknown). */
 static int64_t n_chunks_max(const di_mla_attn_params *p, int64_t max_keys) {
     const int64_t keys = p->q_pos ? max_keys : p->pos0 + p->n_tokens;
     return (keys + DI_CUDA_ATTN_CHUNK - 1) / DI_CUDA_ATTN_CHUNK;

@@ -663,6 +663,7 @@ static di_backend_ops make_ops(void) {
     o.copy2d = cuda_copy2d;
     o.free = cuda_free_ctx;
     o.host_memory = false;
+    o.prefers_untransposed_heads = true; /* the tensor cores take W x only */
     o.buf_alloc = cuda_buf_alloc;
     o.buf_free = cuda_buf_free;
     o.upload = cuda_upload_op;
@@ -897,6 +898,10 @@ extern "C" int64_t di_backend_cuda_lean_launches(void) {
 
 extern "C" int64_t di_backend_cuda_tc_fp8_launches(void) {
     return di_cuda_tc_fp8_launches;
+}
+
+extern "C" int64_t di_backend_cuda_tc_head_launches(void) {
+    return di_cuda_tc_head_launches;
 }
 
 extern "C" int64_t di_backend_cuda_xs_launches(void) {

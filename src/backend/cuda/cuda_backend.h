@@ -96,6 +96,8 @@ int64_t di_backend_cuda_lean_launches(void);
 int64_t di_backend_cuda_xs_launches(void);
 /* ... and FP8 products on the tensor cores (DI_CUDA_TC_FP8=1). */
 int64_t di_backend_cuda_tc_fp8_launches(void);
+/* ... and products per head (head_matmul) on the tensor cores, all heads in one launch. */
+int64_t di_backend_cuda_tc_head_launches(void);
 
 /* How many wide tensor-core products of many tokens this process has launched, grouped
  * (expert) ones or plain ones (0 without CUDA): lets a test see that they ran. */

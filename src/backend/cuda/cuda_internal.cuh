@@ -228,8 +228,8 @@ cudaError_t di_cuda_launch_matmul(const di_cuda_mm_params *p);
 
 /* The batch-invariant tensor-core product (cuda_tc_gemv.cu): does the weight suit it (BF16 with
  * 16-byte aligned data, or with tune.tc_fp8 block-scaled FP8 with 8-byte aligned data and
- * scale blocks of whole 32-column chunks; W x, one head or grouped, K and the row stride
- * multiples of 8)? */
+ * scale blocks of whole 32-column chunks; W x, one head, one per head or grouped, K and the
+ * row stride multiples of 8)? */
 bool di_cuda_tc_fits(const di_cuda_mm_params *p);
 cudaError_t di_cuda_launch_matmul_tc(const di_cuda_mm_params *p);
 
@@ -249,6 +249,7 @@ extern int64_t di_cuda_wide_launches[2]; /* di_backend_cuda_wide_launches: plain
 extern int64_t di_cuda_lean_launches;    /* di_backend_cuda_lean_launches */
 extern int64_t di_cuda_xs_launches;      /* di_backend_cuda_xs_launches */
 extern int64_t di_cuda_tc_fp8_launches;  /* di_backend_cuda_tc_fp8_launches */
+extern int64_t di_cuda_tc_head_launches; /* di_backend_cuda_tc_head_launches */
 cudaError_t di_cuda_launch_matmul_tc_wide(const di_cuda_mm_params *p);
 
 /* silu(g) * u, rounded as silu_mul_kernel rounds it (the fused and the separate SwiGLU agree). */

@@ -73,6 +73,10 @@ int64_t di_backend_cuda_tc_fp8_launches(void) {
     return 0;
 }
 
+int64_t di_backend_cuda_tc_head_launches(void) {
+    return 0;
+}
+
 int64_t di_backend_cuda_xs_launches(void) {
     return 0;
 }

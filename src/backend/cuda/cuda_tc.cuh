@@ -101,16 +101,18 @@ tc_expert(const di_cuda_mm_params &p, int slot, const void *&wdata, const void *
     return !ROWS || t0 < t_end;
 }
 
-/* x(t)[k .. k + 8) as floats (zeros unless ok). */
-static __device__ __forceinline__ void load_x8(const di_cuda_mm_params &p, int64_t t, int64_t k,
-                                               bool ok, bool xvec, float (&xv)[8]) {
+/* x(t)[k .. k + 8) as floats (zeros unless ok); x: the product's activations (a head's, in
+ * a product per head). */
+static __device__ __forceinline__ void load_x8(const di_cuda_mm_params &p, const float *x,
+                                               int64_t t, int64_t k, bool ok, bool xvec,
+                                               float (&xv)[8]) {
     if (!ok) {
 #pragma unroll
         for (int e = 0; e < 8; e++)
             xv[e] = 0.0f;
         return;
     }
-    const float *xp = p.x + t * p.x_tstride + k;
+    const float *xp = x + t * p.x_tstride + k;
     if (xvec) {
         const float4 q0 = __ldg(reinterpret_cast<const float4 *>(xp));
         const float4 q1 = __ldg(reinterpret_cast<const float4 *>(xp) + 1);
@@ -125,18 +127,20 @@ static __device__ __forceinline__ void load_x8(const di_cuda_mm_params &p, int64
 
 /* K runs per row: the smallest power of two that spreads the product's 16-row tiles over
  * the target's warps (tune.tc_target, DI_CUDA_TC_TARGET by default; expert weights
- * tune.tc_target_experts where set; FP8 weights twice as many), keeping TC_MIN_CHUNKS chunks
- * per run. From the weight's shape, dtype and kind only, so the products of one weight, at any n
- * and in either kernel, share their K order (with the experts' knob set, an expert weight's grouped
- * products -- the only ones the models run on it -- leave the K order of a plain product of the
- * same weight, which the op tests compare bitwise: they assume the knob unset). Run kw takes chunks
+ * tune.tc_target_experts where set; FP8 weights twice as many; the tiles of all heads of a
+ * product per head), keeping TC_MIN_CHUNKS chunks per run. From the weight's shape, dtype and
+ * kind only, so the products of one weight, at any n and in either kernel, share their K
+ * order (with the experts' knob set, an expert weight's grouped products -- the only ones the
+ * models run on it -- leave the K order of a plain product of the same weight, which the op
+ * tests compare bitwise: they assume the knob unset). Run kw takes chunks
  * [C kw / ks, C (kw + 1) / ks). */
 static inline int tc_ks(const di_cuda_mm_params *p) {
     /* FP8 (half the bytes per chunk): twice the warps, the same bytes per warp as BF16 */
     const int64_t target = (p->experts && p->tune.tc_target_experts > 0 ? p->tune.tc_target_experts
                                                                         : p->tune.tc_target) *
                            (p->dtype == DI_DTYPE_F8_E4M3 ? 2 : 1);
-    const int64_t tiles = (p->rows + 15) / 16, chunks = (p->cols + TC_CHUNK - 1) / TC_CHUNK;
+    const int64_t heads = p->experts ? 1 : DI_MAX(p->n_heads, 1); /* a product per head */
+    const int64_t tiles = (p->rows + 15) / 16 * heads, chunks = (p->cols + TC_CHUNK - 1) / TC_CHUNK;
     int ks = 1;
     while (ks < TC_MAX_KS && tiles * ks < target && chunks / (2 * ks) >= TC_MIN_CHUNKS)
         ks *= 2;

@@ -28,12 +28,14 @@
  * as fp32 (L1 / L2 resident: every row tile reads the same x) and split in registers; in the
  * one-token-group variants the block splits them once into shared memory (stage_xsplit).
  *
- * Modes as the SIMT GEMV's (di_cuda_mm_params): plain (one head), grouped (matmul_experts:
- * blockIdx.z an active-expert slot), GLU (a warp's two 16-row tiles are the gate's and the
- * up projection's same rows; silu(g) * u in the epilogue) and accumulate (y += W x). Each is
- * bitwise the plain product followed by the separate op, since the products are the same.
- * With batch invariance off (di_backend_cuda_set_batch_invariant) the backend sends products
- * of up to 8 tokens to the SIMT GEMV instead, which streams one token's weights faster.
+ * Modes as the SIMT GEMV's (di_cuda_mm_params): plain (one head), per head (head_matmul not
+ * transposed: blockIdx.z a head, whose weight, x and y the block moves to), grouped
+ * (matmul_experts: blockIdx.z an active-expert slot), GLU (a warp's two 16-row tiles are the
+ * gate's and the up projection's same rows; silu(g) * u in the epilogue) and accumulate
+ * (y += W x). Each is bitwise the plain product followed by the separate op, since the
+ * products are the same. With batch invariance off (di_backend_cuda_set_batch_invariant) the
+ * backend sends products of up to 8 tokens to the SIMT GEMV instead, which streams one
+ * token's weights faster.
  *
  * FP8 (F8, DI_CUDA_TC_FP8=1): block-scaled e4m3 weights whose scale blocks hold whole
  * chunks. A lane loads its 8 bytes of rows g and g + 8, converts them exactly to bf16 (every
@@ -52,8 +54,9 @@
  * K = 2048 in 3 parts, two blocks per SM. */
 #define TC_XS_MAX (100 * 1024)
 
-int64_t di_cuda_xs_launches;     /* cuda_backend.h: launches with staged parts (for tests) */
-int64_t di_cuda_tc_fp8_launches; /* cuda_backend.h: FP8 launches (for tests) */
+int64_t di_cuda_xs_launches;      /* cuda_backend.h: launches with staged parts (for tests) */
+int64_t di_cuda_tc_fp8_launches;  /* cuda_backend.h: FP8 launches (for tests) */
+int64_t di_cuda_tc_head_launches; /* cuda_backend.h: launches of a product per head */
 
 /* Split activations in shared memory (xs_v > 0; the one-token-group variants). At a few
  * tokens the GEMV is bound by its warps' instruction chains, not by DRAM (Nsight Compute,
@@ -65,13 +68,14 @@ int64_t di_cuda_tc_fp8_launches; /* cuda_backend.h: FP8 launches (for tests) */
  * xs[(t * terms + s) * xs_v + v], the mma's B registers of token t, part s, columns 8 v ..
  * 8 v + 7 (one 16-byte load per lane and part). xs_v = K / 8 rounded up to 4 mod 8, which
  * puts the two tokens of a quarter warp's loads in different banks. */
-static __device__ __forceinline__ void stage_xsplit(const di_cuda_mm_params &p, uint4 *xs,
-                                                    int64_t t0, int nt, int terms, int xs_v) {
+static __device__ __forceinline__ void stage_xsplit(const di_cuda_mm_params &p, const float *x,
+                                                    uint4 *xs, int64_t t0, int nt, int terms,
+                                                    int xs_v) {
     const int V = (int)(p.cols / 8);
     for (int i = threadIdx.x; i < nt * V; i += blockDim.x) {
         const int t = i / V, v = i - t * V;
         const float4 *src =
-            reinterpret_cast<const float4 *>(p.x + (t0 + t) * p.x_tstride + 8 * (int64_t)v);
+            reinterpret_cast<const float4 *>(x + (t0 + t) * p.x_tstride + 8 * (int64_t)v);
         const float4 q0 = __ldg(src), q1 = __ldg(src + 1);
         float xv[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
         for (int s = 0; s < terms; s++)
@@ -85,7 +89,8 @@ static __device__ __forceinline__ void stage_xsplit(const di_cuda_mm_params &p, 
  * takes RT row tiles one after the other (the block's tile group x RT + rt), its weight
  * loads running on from one tile into the next, and reduces and stores them at the end;
  * grid y: token chunks of 8 NG (grouped: one, the block walks its expert's chunks); grid z:
- * the active-expert slot (grouped). U chunks of weights are requested before any is used.
+ * the active-expert slot (grouped) or the head (a product per head). U chunks of weights are
+ * requested before any is used.
  * MT, NG, U and RT only choose how much runs side by side, never a sum's order; nor does
  * xs_v (0: each warp loads and splits its activations; else split once per block, above). */
 template <int MT, int NG, int U, bool PIPE, bool G, bool GLU, int RT, bool F8>
@@ -102,13 +107,23 @@ __global__ void __launch_bounds__(TC_THREADS)
     auto tile_r0 = [&](int rt) -> int64_t {
         return (((int64_t)blockIdx.x * RT + rt) * tiles_per_block + warp / ks) * RO;
     };
+    constexpr int ESZ = F8 ? 1 : 2; /* bytes per weight element */
     const void *wdata = p.data, *udata = p.glu_data;
     const float *wscale = p.scale, *uscale = p.glu_scale; /* F8: the block scales */
+    const float *xb = p.x; /* this block's activations and outputs (a head's, below) */
+    float *yb = p.y;
+    int64_t row_off = p.row_offset; /* F8: the weight's first stored row */
     int64_t t0 = (int64_t)blockIdx.y * 8 * NG, t_end = p.n_tokens;
-    if constexpr (G) /* the routing (active list, offsets) comes from earlier kernels */
+    if constexpr (G) { /* the routing (active list, offsets) comes from earlier kernels */
         if (!tc_expert<GLU, true>(p, (int)blockIdx.z, wdata, udata, t0, t_end, &wscale, &uscale))
-            return;                 /* block-uniform */
-    constexpr int ESZ = F8 ? 1 : 2; /* bytes per weight element */
+            return;             /* block-uniform */
+    } else if (p.n_heads > 1) { /* one product per head: blockIdx.z is head h */
+        const int64_t h = blockIdx.z;
+        wdata = static_cast<const char *>(p.data) + h * p.head_elem_stride * ESZ;
+        row_off += h * p.head_row_offset_stride;
+        xb += h * p.x_hstride;
+        yb += h * p.y_hstride;
+    }
     const int64_t K = p.cols, C = (K + TC_CHUNK - 1) / TC_CHUNK;
     const int64_t c_begin = C * kw / ks, c_end = C * (kw + 1) / ks;
     const int64_t kl = 8 * tig; /* this lane's first column inside a chunk */
@@ -162,7 +177,7 @@ __global__ void __launch_bounds__(TC_THREADS)
             for (int h = 0; h < 2; h++) {
                 const int64_t r = min(r0 + (GLU ? 0 : 16 * mt) + g + 8 * h, p.rows - 1);
                 srow[mt][h] = (GLU && mt == 1 ? uscale : wscale) +
-                              ((p.row_offset + r) / p.block_rows) * p.scale_cols;
+                              ((row_off + r) / p.block_rows) * p.scale_cols;
             }
     };
 
@@ -187,7 +202,7 @@ __global__ void __launch_bounds__(TC_THREADS)
         if constexpr (NG == 1)
             if (xs_v) {
                 if constexpr (G) __syncthreads(); /* the last chunk's reads are done */
-                stage_xsplit(p, xs, t0, nt, terms, xs_v);
+                stage_xsplit(p, xb, xs, t0, nt, terms, xs_v);
             }
 #pragma unroll
         for (int rt = 0; rt < RT; rt++) {
@@ -247,7 +262,7 @@ __global__ void __launch_bounds__(TC_THREADS)
                             continue;
                         }
                         float xv[8];
-                        load_x8(p, t, k, tok, xvec, xv);
+                        load_x8(p, xb, t, k, tok, xvec, xv);
                         for (int s = 0; s < terms; s++) {
                             const uint4 b = split_quad(xv);
 #pragma unroll
@@ -312,7 +327,7 @@ __global__ void __launch_bounds__(TC_THREADS)
                         const int64_t r = r0 + 16 * mt + row;
                         if (r >= p.rows) continue;
                         const float val = GLU ? silu_times(v[i], v[4 + i]) : v[4 * mt + i];
-                        store_y(p.y + t * p.y_tstride + r, val, p.accumulate);
+                        store_y(yb + t * p.y_tstride + r, val, p.accumulate);
                     }
                 }
             }
@@ -323,14 +338,20 @@ __global__ void __launch_bounds__(TC_THREADS)
 
 /* From the weight alone (never from x or n), so that one weight always takes one path. BF16,
  * or with tune.tc_fp8 block-scaled FP8 whose scale blocks hold whole 32-column chunks (each
- * chunk's sum takes one scale per row: V3's and V4's 128 x 128 blocks). */
+ * chunk's sum takes one scale per row: V3's and V4's 128 x 128 blocks). One product per
+ * head too (head_matmul, not transposed: MLA's W_UV and the W_UK^T copy, deepseek_v3.c; V4's
+ * grouped output projection wo_a, FP8 in V4-Flash, so only with tc_fp8), where every head's
+ * weight is aligned; the rows counted are all heads' (tc_min_rows). */
 bool di_cuda_tc_fits(const di_cuda_mm_params *p) {
     const bool f8 = p->dtype == DI_DTYPE_F8_E4M3 && p->tune.tc_fp8 && p->scale &&
                     p->block_cols % TC_CHUNK == 0 && (!p->glu_data || p->glu_scale);
     const uintptr_t align = f8 ? 7u : 15u; /* 8 or 16 bytes per lane's load */
-    return (p->dtype == DI_DTYPE_BF16 || f8) && !p->transposed && (p->n_heads == 1 || p->experts) &&
-           p->rows >= p->tune.tc_min_rows && p->cols % 8 == 0 && p->row_stride % 8 == 0 &&
-           ((uintptr_t)p->data & align) == 0 &&
+    const bool heads = p->n_heads > 1 && !p->experts;
+    const int64_t esz = f8 ? 1 : 2;
+    return (p->dtype == DI_DTYPE_BF16 || f8) && !p->transposed &&
+           (!heads || (!p->glu_data && ((uintptr_t)(p->head_elem_stride * esz) & align) == 0)) &&
+           p->rows * (heads ? p->n_heads : 1) >= p->tune.tc_min_rows && p->cols % 8 == 0 &&
+           p->row_stride % 8 == 0 && ((uintptr_t)p->data & align) == 0 &&
            (!p->glu_data || ((uintptr_t)p->glu_data & align) == 0);
 }
 
@@ -398,12 +419,14 @@ static cudaError_t launch_tc(const di_cuda_mm_params *p, int ks, bool xvec) {
     size_t smem = 0;
     const int xs_v = PIPE ? xs_v_for(p, NG, xvec, &smem) : 0;
     if (xs_v) di_cuda_xs_launches++;
+    if (p->n_heads > 1 && !p->experts) di_cuda_tc_head_launches++;
     const int64_t ro = GLU ? 16 : 16 * MT, tiles = (p->rows + ro - 1) / ro;
     const int warps = ks > 4 ? ks : 4, per_block = warps / ks * RT; /* row tiles */
     const int64_t tokens_per_block = 8 * NG;
+    /* grid z: the active-expert slots (grouped) or the heads (a product per head) */
     dim3 grid((unsigned)((tiles + per_block - 1) / per_block),
               p->experts ? 1u : (unsigned)((p->n_tokens + tokens_per_block - 1) / tokens_per_block),
-              p->experts ? (unsigned)p->n_heads : 1u);
+              (unsigned)DI_MAX(p->n_heads, 1));
     return di_cuda_launch(k, grid, dim3(32 * warps), smem, p->stream, *p, ks, p->tune.tc_terms,
                           xvec, xs_v);
 }
@@ -426,11 +449,14 @@ static cudaError_t launch_tc_grouped(const di_cuda_mm_params *p, int ks, bool xv
 template <bool F8> static cudaError_t launch_tc_gemv(const di_cuda_mm_params *p) {
     const bool glu = p->glu_data || p->glu_experts;
     const int ks = tc_ks(p);
-    const bool xvec = ((uintptr_t)p->x & 15u) == 0 && p->x_tstride % 4 == 0;
+    const bool heads = p->n_heads > 1 && !p->experts;
+    const bool xvec =
+        ((uintptr_t)p->x & 15u) == 0 && p->x_tstride % 4 == 0 && (!heads || p->x_hstride % 4 == 0);
     const int64_t n = di_cuda_rows_per_weight(p);
     /* Opt-in (DI_CUDA_TC_LEAN=1, BF16): one token group on the swapped-operand kernel,
-     * whose row and token counts are 32-bit. */
-    if (!F8 && n <= 8 && xvec && p->tune.tc_lean && p->rows < INT32_MAX && p->n_tokens < INT32_MAX)
+     * whose row and token counts are 32-bit (one head or grouped). */
+    if (!F8 && n <= 8 && xvec && p->tune.tc_lean && !heads && p->rows < INT32_MAX &&
+        p->n_tokens < INT32_MAX)
         return di_cuda_launch_matmul_tc_lean(p, ks);
     /* Token groups of 8 per block as n needs, at most 4 (32 tokens: the registers of two
      * m-tiles). One m-tile per warp for a few tokens (more warps, more loads in flight),

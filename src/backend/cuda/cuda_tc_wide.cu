@@ -121,7 +121,7 @@ __global__ void __launch_bounds__(TW_THREADS, 2)
                 if (cc >= sl || 8 * j >= nt) continue;
                 const int64_t t = t0 + 8 * j + (ln >> 2), k = (s0 + cc) * TC_CHUNK + 8 * (ln & 3);
                 float xv[8];
-                load_x8(p, t, k, t < t_end && k < K, xvec, xv);
+                load_x8(p, p.x, t, k, t < t_end && k < K, xvec, xv);
                 uint4 *dst = sb + (j * TW_SLAB + cc) * TW_TERMS * 32 + ln;
                 for (int s = 0; s < terms; s++)
                     dst[s * 32] = split_quad(xv);
