@@ -12,11 +12,17 @@
  * di_sampler_sample's tokens from the plain runner's logits, and where tokens came back the
  * logits buffer must be untouched (no rows downloaded); where rows came back, bitwise the
  * plain runner's. The separate-memory backend also has the second-stream ops (no-ops), so
- * these comparisons cover the runner's calls of them too.
+ * these comparisons cover the runner's calls of them too; its chunks of several prompts take
+ * the one-call attention a device backend gets.
+ *
+ * v3_untransposed_heads: with the backend flag prefers_untransposed_heads set (CUDA's), the
+ * runner's W_UK^T copy holds exactly kv_b_proj's transposed key rows, and the logits stay
+ * within rounding of the plain runner's.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "api_internal.h"
 #include "core/core.h"
+#include "model/deepseek_v3.h"
 #include "sample/sample_vec.h"
 #include "sample/sampler.h"
 #include "sep_backend.h"
@@ -171,7 +177,91 @@ TEST(v3_device_tokens) {
     check_model(DI_SOURCE_DIR "/tests/data/v2_lite");
 }
 
+/* A backend that prefers untransposed head products (CUDA's flag, set here on the
+ * separate-memory CPU backend): the runner uploads W_UK^T as a weight of its own
+ * (deepseek_v3_device.c) and multiplies by it untransposed. The copy must hold exactly the
+ * transposed key rows of kv_b_proj, and the logits stay within rounding of the plain
+ * runner's (the same products summed in another order). */
+TEST(v3_untransposed_heads) {
+    const char *dir = DI_SOURCE_DIR "/tests/data/v2_lite"; /* BF16 kv_b_proj */
+    di_model *m = sep_model_load(dir);
+    if (!m) return;
+    const di_arch_vtable *arch = m->arch;
+    const di_hparams *hp = &m->hp;
+    const int64_t V = hp->vocab_size, nh = hp->num_attention_heads, R = hp->kv_lora_rank;
+    const int64_t dn = hp->qk_nope_head_dim, dv = hp->v_head_dim;
+    di_backend cpu, sep;
+    CHECK(di_backend_cpu_init(&cpu, m->pool, 512) == DI_OK);
+    sep_init(&sep, m->pool, 512);
+    g_ops.prefers_untransposed_heads = true;
+    void *ws = NULL, *st_ref = NULL, *st_sep = NULL;
+    float *ref = NULL, *got = NULL;
+    CHECK_MSG(arch->load(hp, m->st, dir, &sep, &ws) == DI_OK && ws, "%s", di_last_error());
+    if (!ws) goto done;
+    const ds_model *host = m->weights, *dev = ws;
+    int64_t bad = 0;
+    for (int64_t il = 0; il < hp->num_hidden_layers; il++) {
+        const ds_layer *L = &dev->layers[il], *H = &host->layers[il];
+        CHECK_MSG(L->w_ukt != NULL, "layer %lld: no W_UK^T copy", (long long)il);
+        if (!L->w_ukt) continue;
+        const uint16_t *kv = H->kv_b_proj.data;
+        for (int64_t h = 0; h < nh; h++) {
+            const uint16_t *t = L->w_ukt[h].data;
+            CHECK(L->w_ukt[h].rows == R && L->w_ukt[h].cols == dn);
+            for (int64_t c = 0; c < R; c++)
+                for (int64_t d = 0; d < dn; d++)
+                    bad += t[c * L->w_ukt[h].row_stride + d] !=
+                           kv[(h * (dn + dv) + d) * H->kv_b_proj.row_stride + c];
+        }
+    }
+    CHECK_MSG(bad == 0, "%lld elements of the W_UK^T copy are not kv_b_proj's", (long long)bad);
+
+    di_batch_config cfg = {.n_blocks = 8,
+                           .block_size = BS,
+                           .n_slots = 2,
+                           .max_model_len = 4 * BS,
+                           .max_batch_tokens = 7};
+    CHECK(arch->batch_state_create(m->weights, &cfg, &st_ref) == DI_OK);
+    CHECK(arch->batch_state_create(ws, &cfg, &st_sep) == DI_OK);
+    ref = malloc((size_t)(2 * V) * sizeof(float));
+    got = malloc((size_t)(2 * V) * sizeof(float));
+    if (!st_ref || !st_sep || !ref || !got) goto done;
+    int32_t ids[2][9], table[2][4];
+    for (int s = 0; s < 2; s++) {
+        for (int i = 0; i < 9; i++)
+            ids[s][i] = (int32_t)((i * 7919 + 31 * s + 5) % (V - 2)) + 1;
+        for (int j = 0; j < 4; j++)
+            table[s][j] = s + 2 * j;
+    }
+    di_batch_seq q[2];
+    for (int s = 0; s < 2; s++) /* prompts of 5 and 9 tokens, in chunks of 7 rows */
+        q[s] = (di_batch_seq){.ids = ids[s],
+                              .n = s ? 9 : 5,
+                              .block_table = table[s],
+                              .slot = s,
+                              .reset_state = true,
+                              .n_logits = 1};
+    arch->forward_batch(m->weights, st_ref, &cpu, &(di_batch_args){q, 2, ref, NULL});
+    arch->forward_batch(ws, st_sep, &sep, &(di_batch_args){q, 2, got, NULL});
+    double max_ref = 0.0, max_diff = 0.0;
+    for (int64_t i = 0; i < 2 * V; i++) {
+        max_ref = fmax(max_ref, fabs(ref[i]));
+        max_diff = fmax(max_diff, fabs((double)ref[i] - got[i]));
+    }
+    CHECK_MSG(max_diff <= 1e-5 * max_ref, "logits: max difference %.3g of max |logit| %.3g",
+              max_diff, max_ref);
+done:
+    if (st_ref) arch->batch_state_free(st_ref);
+    if (st_sep) arch->batch_state_free(st_sep);
+    if (ws) arch->free(ws);
+    free(ref), free(got);
+    di_backend_free(&sep);
+    di_backend_free(&cpu);
+    di_model_free(m);
+}
+
 int main(void) {
     RUN(v3_device_tokens);
+    RUN(v3_untransposed_heads);
     return test_summary();
 }
