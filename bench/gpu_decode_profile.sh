@@ -12,6 +12,7 @@
 #               rate), summed by kernel, against the step time
 #   stepC.txt   the same for a decode step of C sequences (the engine, bench_engine at C
 #               concurrent requests) for each C in CONCURRENCY (e.g. CONCURRENCY="8 64")
+#   prefillC.txt the first forward of that run: the prefill chunk of its C 16-token prompts
 # Needs a CUDA build of deepinfer in BUILD_DIR, python3 with torch + transformers, and ncu
 # (Nsight Compute) for step.txt. MODEL_DIR overrides the model folder (/tmp/v2lite-L<LAYERS>).
 set -euo pipefail
@@ -72,6 +73,10 @@ if command -v ncu >/dev/null; then
             --prompt-len 16 --gen-len 3 >"$out/ncu$c.csv" 2>"$out/ncu$c.err"
         python3 "$here/ncu_step_table.py" "$out/ncu$c.csv" >"$out/step$c.txt"
         tail -40 "$out/step$c.txt"
+        # the same run's first forward: the prefill chunk of its C prompts (up to the
+        # engine's 512 prefill tokens per step)
+        python3 "$here/ncu_step_table.py" "$out/ncu$c.csv" --first >"$out/prefill$c.txt"
+        sed -n '/^by kernel/,$p' "$out/prefill$c.txt" | head -20
     done
 else
     echo "ncu not found: no per-kernel table" | tee "$out/step.txt"

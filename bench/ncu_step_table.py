@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
-"""ncu_step_table.py NCU_CSV [STEP_MS] -- where the time of one decode step goes, by kernel.
+"""ncu_step_table.py NCU_CSV [STEP_MS] [--first] -- where the time of one step goes, by kernel.
 
 Reads Nsight Compute's CSV (`ncu --csv --metrics gpu__time_duration.sum ...`) of a program
 that ran a few decode steps without CUDA graphs, cuts out the last step (from the last launch
 of the step's first kernel, `embed_kernel`, to the end) and prints: each kernel of that step
 in launch order with its duration, then the durations summed by kernel name, and their total
 next to STEP_MS (the step time measured without the profiler, when given): the difference is
-what launches and gaps between kernels cost. When the CSV also holds `dram__bytes_read.sum`
+what launches and gaps between kernels cost. --first takes the first step instead (up to the
+second `embed_kernel`): a profile of an engine run's first forward, e.g. a prefill chunk of
+several prompts (`bench_engine --gen-len 2` under ncu). When the CSV also holds `dram__bytes_read.sum`
 (add it to ncu's --metrics), each kernel's DRAM reads and their rate are printed too.
 """
 import csv
@@ -44,13 +46,18 @@ def read_rows(path):
 
 
 def main():
-    rows = read_rows(sys.argv[1])
+    first = "--first" in sys.argv[1:]
+    args = [a for a in sys.argv[1:] if a != "--first"]
+    if not args:
+        sys.exit(__doc__)
+    rows = read_rows(args[0])
     starts = [i for i, (n, _, _) in enumerate(rows) if n.startswith("embed_kernel")]
     if not starts:
-        sys.exit("no embed_kernel launch in %s" % sys.argv[1])
-    step = rows[starts[-1]:]
+        sys.exit("no embed_kernel launch in %s" % args[0])
+    step = rows[starts[0]:starts[1] if len(starts) > 1 else len(rows)] if first else rows[starts[-1]:]
     with_bytes = all(b is not None for _, _, b in step)
-    print("last decode step: %d kernels%s" % (len(step), "; DRAM MB read, GB/s" if with_bytes else ""))
+    print("%s step: %d kernels%s" % ("first" if first else "last", len(step),
+                                     "; DRAM MB read, GB/s" if with_bytes else ""))
     for i, (n, us, b) in enumerate(step):
         extra = " %8.2f MB %6.0f GB/s" % (b / 1e6, b / us / 1e3) if with_bytes and us > 0 else ""
         print("%4d %9.1f us%s  %s" % (i, us, extra, n))
@@ -67,8 +74,8 @@ def main():
     if with_bytes:
         tb = sum(b for _, _, b in step)
         print("DRAM read in the step: %.1f MB (%.0f GB/s over the kernel time)" % (tb / 1e6, tb / total / 1e3))
-    if len(sys.argv) > 2:
-        ms = float(sys.argv[2])
+    if len(args) > 1:
+        ms = float(args[1])
         print("measured step (no profiler): %.1f us; launches and gaps: %.1f us (%.0f %%)"
               % (ms * 1000, ms * 1000 - total, 100 * (ms * 1000 - total) / (ms * 1000)))
 
