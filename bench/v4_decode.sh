@@ -136,8 +136,10 @@ note "read bandwidth: $BANDWIDTH_GBS GB/s ($BW_SOURCE)"
 # ---- (b) bytes read per decoded token, from config.json and the safetensors headers -----------
 # Also the per-layer bytes by (attention type, router type), for the full-model line.
 BYTES_PY=$(cat << 'PY'
-import json, os, re, struct, sys
+import json, os, re, sys
 d, n_prompt, n_gen = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+sys.path.insert(0, sys.argv[4])  # bench/: the safetensors headers' reader
+from bytes_per_token import tensors
 cfg = json.load(open(os.path.join(d, "config.json")))
 L, V, D = cfg["num_hidden_layers"], cfg["vocab_size"], cfg["hidden_size"]
 K = cfg["num_experts_per_tok"]
@@ -145,28 +147,18 @@ E = cfg["n_routed_experts"]
 ratios = cfg["compress_ratios"][:L]
 n_hash = cfg.get("num_hash_layers", 0)
 W, hd, dI, topk = cfg["sliding_window"], cfg["head_dim"], cfg["index_head_dim"], cfg["index_topk"]
-idx = os.path.join(d, "model.safetensors.index.json")
-files = sorted(set(json.load(open(idx))["weight_map"].values())) if os.path.exists(idx) else \
-    sorted(f for f in os.listdir(d) if f.endswith(".safetensors"))
-ITEM = {"F32": 4, "I32": 4, "I64": 8, "BF16": 2, "F16": 2, "F8_E4M3": 1, "F8_E8M0": 1, "I8": 1, "U8": 1}
 stored, engine = {}, {}
-for f in files:
-    with open(os.path.join(d, f), "rb") as fh:
-        n = struct.unpack("<Q", fh.read(8))[0]
-        hdr = json.loads(fh.read(n))
-    for name, t in hdr.items():
-        if name == "__metadata__":
-            continue
-        b = t["data_offsets"][1] - t["data_offsets"][0]
-        stored[name] = b
-        # the engine's own copy: FP8 blocks' E8M0 scales -> f32 (x4; FP4 experts' per-32
-        # scales are read as stored); 1-D bf16 norms -> f32 (x2)
-        if t["dtype"] == "F8_E8M0" and ".experts." not in name:
-            engine[name] = 4 * b
-        elif t["dtype"] in ("BF16", "F16") and len(t["shape"]) == 1:
-            engine[name] = 2 * b
-        else:
-            engine[name] = b
+for name, t in tensors(d).items():
+    b = t["data_offsets"][1] - t["data_offsets"][0]
+    stored[name] = b
+    # the engine's own copy: FP8 blocks' E8M0 scales -> f32 (x4; FP4 experts' per-32
+    # scales are read as stored); 1-D bf16 norms -> f32 (x2)
+    if t["dtype"] == "F8_E8M0" and ".experts." not in name:
+        engine[name] = 4 * b
+    elif t["dtype"] in ("BF16", "F16") and len(t["shape"]) == 1:
+        engine[name] = 2 * b
+    else:
+        engine[name] = b
 kind_name = {0: "sliding", 4: "csa", 128: "hca"}
 lay = re.compile(r"^(?:model\.)?layers\.(\d+)\.(.*)$")
 exp = re.compile(r"^ffn\.experts\.(\d+)\.")
@@ -234,9 +226,10 @@ print(json.dumps({
     "context": [n_prompt, n_prompt + n_gen]}))
 PY
 )
-python3 -c "$BYTES_PY" "$MODEL_DIR" "$N_PROMPT" "$N_GEN" > "$RAW/bytes_per_token.json"
+python3 -c "$BYTES_PY" "$MODEL_DIR" "$N_PROMPT" "$N_GEN" "$REPO/bench" > "$RAW/bytes_per_token.json"
 if [ -n "$STATE_MODEL_DIR" ]; then
-    python3 -c "$BYTES_PY" "$STATE_MODEL_DIR" "$N_PROMPT" "$N_GEN" > "$RAW/bytes_per_token_state_model.json"
+    python3 -c "$BYTES_PY" "$STATE_MODEL_DIR" "$N_PROMPT" "$N_GEN" "$REPO/bench" \
+        > "$RAW/bytes_per_token_state_model.json"
 fi
 note "bytes per decoded token: $(python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); print(j["weights_engine"] + j["state_reads_f32"])' "$RAW/bytes_per_token.json")"
 
