@@ -224,6 +224,12 @@ static inline int64_t di_cuda_rows_per_weight(const di_cuda_mm_params *p) {
     return p->experts ? (p->n_tokens + p->n_heads - 1) / DI_MAX(p->n_heads, 1) : p->n_tokens;
 }
 
+/* Is p one product per head (head_matmul over several heads), rather than one weight's or a
+ * grouped one (whose n_heads counts active-expert slots)? */
+static inline bool di_cuda_per_head(const di_cuda_mm_params *p) {
+    return p->n_heads > 1 && !p->experts;
+}
+
 cudaError_t di_cuda_launch_matmul(const di_cuda_mm_params *p);
 
 /* The batch-invariant tensor-core product (cuda_tc_gemv.cu): does the weight suit it (BF16 with

@@ -139,7 +139,7 @@ static inline int tc_ks(const di_cuda_mm_params *p) {
     const int64_t target = (p->experts && p->tune.tc_target_experts > 0 ? p->tune.tc_target_experts
                                                                         : p->tune.tc_target) *
                            (p->dtype == DI_DTYPE_F8_E4M3 ? 2 : 1);
-    const int64_t heads = p->experts ? 1 : DI_MAX(p->n_heads, 1); /* a product per head */
+    const int64_t heads = di_cuda_per_head(p) ? p->n_heads : 1; /* the tiles of every head */
     const int64_t tiles = (p->rows + 15) / 16 * heads, chunks = (p->cols + TC_CHUNK - 1) / TC_CHUNK;
     int ks = 1;
     while (ks < TC_MAX_KS && tiles * ks < target && chunks / (2 * ks) >= TC_MIN_CHUNKS)

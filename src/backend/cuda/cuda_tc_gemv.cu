@@ -346,7 +346,7 @@ bool di_cuda_tc_fits(const di_cuda_mm_params *p) {
     const bool f8 = p->dtype == DI_DTYPE_F8_E4M3 && p->tune.tc_fp8 && p->scale &&
                     p->block_cols % TC_CHUNK == 0 && (!p->glu_data || p->glu_scale);
     const uintptr_t align = f8 ? 7u : 15u; /* 8 or 16 bytes per lane's load */
-    const bool heads = p->n_heads > 1 && !p->experts;
+    const bool heads = di_cuda_per_head(p);
     const int64_t esz = f8 ? 1 : 2;
     return (p->dtype == DI_DTYPE_BF16 || f8) && !p->transposed &&
            (!heads || (!p->glu_data && ((uintptr_t)(p->head_elem_stride * esz) & align) == 0)) &&
@@ -419,7 +419,7 @@ static cudaError_t launch_tc(const di_cuda_mm_params *p, int ks, bool xvec) {
     size_t smem = 0;
     const int xs_v = PIPE ? xs_v_for(p, NG, xvec, &smem) : 0;
     if (xs_v) di_cuda_xs_launches++;
-    if (p->n_heads > 1 && !p->experts) di_cuda_tc_head_launches++;
+    if (di_cuda_per_head(p)) di_cuda_tc_head_launches++;
     const int64_t ro = GLU ? 16 : 16 * MT, tiles = (p->rows + ro - 1) / ro;
     const int warps = ks > 4 ? ks : 4, per_block = warps / ks * RT; /* row tiles */
     const int64_t tokens_per_block = 8 * NG;
@@ -449,7 +449,7 @@ static cudaError_t launch_tc_grouped(const di_cuda_mm_params *p, int ks, bool xv
 template <bool F8> static cudaError_t launch_tc_gemv(const di_cuda_mm_params *p) {
     const bool glu = p->glu_data || p->glu_experts;
     const int ks = tc_ks(p);
-    const bool heads = p->n_heads > 1 && !p->experts;
+    const bool heads = di_cuda_per_head(p);
     const bool xvec =
         ((uintptr_t)p->x & 15u) == 0 && p->x_tstride % 4 == 0 && (!heads || p->x_hstride % 4 == 0);
     const int64_t n = di_cuda_rows_per_weight(p);
