@@ -1084,22 +1084,27 @@ TEST(matmul_experts) {
     check_experts(DI_DTYPE_BF16, 64, 6, 40, 1376, 2048);
     check_experts(DI_DTYPE_BF16, 16, 4, 16, 200, 256);
     check_experts(DI_DTYPE_BF16, 64, 6, 64, 1376, 2048);
-    /* a prefill's rows per expert on the GEMV's wider variants: 16 (two token groups) and
-     * 32 (four), each expert's rows in several passes where it has more */
-    check_experts(DI_DTYPE_BF16, 16, 4, 64, 1408, 2048);
-    check_experts(DI_DTYPE_BF16, 16, 4, 128, 2048, 1408);
-    /* many tokens per expert (a prefill) on the wide kernel (DI_CUDA_TC_WIDE_GROUPED=1):
-     * 8 K runs, 2 (200 x 256), 1 (300 x 200); experts of 9 to about 100 tokens. A tensor-core
-     * kernel: compared with the tensor-core products, not with matmul_simt_bf16's SIMT ones. */
     if (!g_tc) {
         check_experts(DI_DTYPE_F8_E4M3, 16, 8, 9, 256, 7168);
         return;
     }
-    di_backend bw = backend_with("DI_CUDA_TC_WIDE_GROUPED", "1");
-    if (!bw.ctx) return;
+    /* a prefill's rows per expert on the GEMV's wider variants (DI_CUDA_TC_WIDE_GROUPED=0):
+     * 16 (two token groups) and 32 (four), each expert's rows in several passes where it has
+     * more */
+    di_backend bn = backend_with("DI_CUDA_TC_WIDE_GROUPED", "0");
+    if (!bn.ctx) return;
     const int64_t wide = di_backend_cuda_wide_launches(true);
-    g_xbe = &bw;
-    /* (n K / E >= 9: the launcher's rows per active expert) */
+    g_xbe = &bn;
+    check_experts(DI_DTYPE_BF16, 16, 4, 64, 1408, 2048);
+    check_experts(DI_DTYPE_BF16, 16, 4, 128, 2048, 1408);
+    g_xbe = &g_be;
+    CHECK_MSG(di_backend_cuda_wide_launches(true) == wide,
+              "the opt-out ran a grouped wide product");
+    di_backend_free(&bn);
+    /* many tokens per expert (a prefill) on the wide kernel (the default from 9): 8 K runs, 2
+     * (200 x 256), 1 (300 x 200); experts of 9 to about 100 tokens. A tensor-core kernel:
+     * compared with the tensor-core products, not with matmul_simt_bf16's SIMT ones.
+     * (n K / E >= 9: the launcher's rows per active expert) */
     check_experts(DI_DTYPE_BF16, 8, 2, 100, 1408, 2048); /* 8 K runs */
     check_experts(DI_DTYPE_BF16, 8, 6, 80, 2048, 1408);
     check_experts(DI_DTYPE_BF16, 4, 2, 80, 200, 256); /* 2 */
@@ -1107,9 +1112,17 @@ TEST(matmul_experts) {
     check_experts(DI_DTYPE_BF16, 4, 2, 33, 300, 200); /* 1 */
     /* about 50 rows per expert: two passes of one K run, dead warps in the second row block */
     check_experts(DI_DTYPE_BF16, 2, 1, 100, 300, 200);
+    /* and a decode batch's few rows per expert (some with none) on it too
+     * (DI_CUDA_TC_WIDE_GROUPED=1: every grouped product) */
+    di_backend b1 = backend_with("DI_CUDA_TC_WIDE_GROUPED", "1");
+    if (!b1.ctx) return;
+    g_xbe = &b1;
+    check_experts(DI_DTYPE_BF16, 64, 6, 64, 1408, 2048);
+    check_experts(DI_DTYPE_BF16, 64, 6, 40, 2048, 1408);
+    check_experts(DI_DTYPE_BF16, 16, 4, 3, 200, 256);
     g_xbe = &g_be;
+    di_backend_free(&b1);
     CHECK_MSG(di_backend_cuda_wide_launches(true) > wide, "no grouped wide product ran");
-    di_backend_free(&bw);
     check_experts(DI_DTYPE_F8_E4M3, 16, 8, 9, 256, 7168);
 }
 
@@ -1624,7 +1637,7 @@ TEST(sample_rows) {
 
 int main(void) {
     /* Every BF16 weight on the tensor cores, however few its rows (the default sends
-     * weights of < 1024 rows to the SIMT GEMV): the odd small shapes below test that path. */
+     * weights of < 512 rows to the SIMT GEMV): the odd small shapes below test that path. */
     setenv("DI_CUDA_TC_MIN_ROWS", "1", 1);
     /* The default backend must be the default: the opt-in variants are compared with it. */
     unsetenv("DI_CUDA_TC_LEAN");

@@ -789,19 +789,20 @@ extern "C" di_status di_backend_cuda_init(di_backend *out, int device, int64_t m
     be->tune.tc = !(env && strcmp(env, "0") == 0);
     env = getenv("DI_CUDA_TC_TERMS");
     be->tune.tc_terms = env && atoi(env) == 2 ? 2 : 3;
-    /* Weights of fewer rows (a router, kv_a) keep the SIMT GEMV at every n: too few row
-     * tiles to fill the device, they were faster there at 1 and at 64 tokens (H200). */
+    /* Weights of fewer rows (a router) keep the SIMT GEMV at every n: too few row tiles to
+     * fill the device. kv_a (576 rows) is above the line since the fourteenth round: on the
+     * H200 a 256-row prefill chunk's kv_a went 84 -> 25 us, decode steps were no slower. */
     env = getenv("DI_CUDA_TC_MIN_ROWS");
-    be->tune.tc_min_rows = env ? atoll(env) : 1024;
+    be->tune.tc_min_rows = env ? atoll(env) : 512;
     /* Plain products of at least this many tokens take the wide tensor-core kernel (the
      * same sums as the GEMV: cuda_tc_wide.cu); 0: never. */
     env = getenv("DI_CUDA_TC_WIDE_MIN_N");
     be->tune.tc_wide_min_n = env ? atoll(env) : 9;
-    /* Grouped expert products of 9+ tokens per expert (prefill) on the wide kernel too:
-     * opt-in (it passed its tests on the H200, but a 4-layer prefill of 64 x 256 tokens was
-     * no faster: time to first token 307 vs 310 ms). */
+    /* Grouped expert products of at least this many tokens per active expert (a prefill)
+     * too; 0: never (the GEMV's wider variants). H200, 4-layer model, a 256-row prefill
+     * chunk: the routed experts 2915 -> 2158 us (NOTES.md, fourteenth round). */
     env = getenv("DI_CUDA_TC_WIDE_GROUPED");
-    be->tune.tc_wide_grouped = env && strcmp(env, "1") == 0;
+    be->tune.tc_wide_grouped = env ? atoll(env) : 9;
     env = getenv("DI_CUDA_TC_RT"); /* 1 or 2 (default) */
     be->tune.tc_rt = env && atoi(env) == 1 ? 1 : 2;
     env = getenv("DI_CUDA_TC_TARGET");
@@ -857,7 +858,8 @@ extern "C" di_status di_backend_cuda_init(di_backend *out, int device, int64_t m
                         cudaGetErrorString(err));
     }
     be->stream = be->main;
-    if (!wide_ok) be->tune.tc_wide_min_n = 0; /* no clusters here: the GEMV for every n */
+    if (!wide_ok) /* no clusters here: the GEMV for every n */
+        be->tune.tc_wide_min_n = be->tune.tc_wide_grouped = 0;
     const char *sample = getenv("DI_CUDA_SAMPLE");
     out->ops = sample && strcmp(sample, "0") == 0 ? &g_cuda_ops : &g_cuda_ops_sample;
     out->ctx = be;

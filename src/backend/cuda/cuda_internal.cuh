@@ -120,10 +120,9 @@ typedef struct di_cuda_tuning {
     int tc, tc_terms;
     int64_t tc_min_rows;
     /* The wide tensor-core product (cuda_tc_wide.cu) for plain products of at least
-     * tc_wide_min_n tokens (0: never), and grouped ones too with tc_wide_grouped
-     * (DI_CUDA_TC_WIDE_GROUPED=1: tested on the H200, no faster there). Same values. */
-    int64_t tc_wide_min_n;
-    int tc_wide_grouped;
+     * tc_wide_min_n tokens (0: never), and for grouped ones of at least tc_wide_grouped
+     * tokens per active expert (0: never). Same values. */
+    int64_t tc_wide_min_n, tc_wide_grouped;
     /* Row tiles per warp of the grouped tensor-core GEMV for a few tokens per expert (1 or
      * 2): fewer, longer-lived blocks. Same values. */
     int tc_rt;

@@ -1,8 +1,8 @@
 /*
  * cuda_tc_gemv.cu -- y = W x on the tensor cores for BF16 weights, batch-invariant, near the
  * fp32 GEMV's accuracy: the default for BF16 weights of suitable shape and at least
- * DI_CUDA_TC_MIN_ROWS (1024) rows (DI_CUDA_TC=0: the SIMT GEMV of cuda_matmul.cu everywhere;
- * smaller weights -- a router, kv_a -- were faster there at every batch size).
+ * DI_CUDA_TC_MIN_ROWS (512) rows (DI_CUDA_TC=0: the SIMT GEMV of cuda_matmul.cu everywhere;
+ * smaller weights -- a router -- were faster there at every batch size).
  *
  * Why: the SIMT GEMV is exact but at 8..64 tokens per weight it is bound by fp32 FMA issue;
  * tensor cores do that work at a small fraction of the cost. The usual tensor-core GEMM is

@@ -1,10 +1,9 @@
 /*
  * cuda_tc_wide.cu -- y = W x on the tensor cores for many tokens: plain BF16 products (one
  * head) of at least DI_CUDA_TC_WIDE_MIN_N tokens (default 9), bitwise the sums of the
- * tensor-core GEMV (cuda_tc_gemv.cu) in a work shape that shares the activations; with
- * DI_CUDA_TC_WIDE_GROUPED=1 also grouped expert products of that many tokens per expert on
- * average (a prefill), each block walking its expert's token chunks (opt-in: its op tests
- * pass on the H200, but a prefill was no faster).
+ * tensor-core GEMV (cuda_tc_gemv.cu) in a work shape that shares the activations; also
+ * grouped expert products of at least DI_CUDA_TC_WIDE_GROUPED (default 9) tokens per expert
+ * on average (a prefill), each block walking its expert's token chunks.
  *
  * Why: in the GEMV a block's warps take different K runs of the same rows, so every warp
  * loads and splits its own copy of the activations into bf16 parts. At 64 tokens that made
@@ -252,17 +251,16 @@ static int64_t tw_block_rows(const di_cuda_mm_params *p) {
 }
 
 /* Called after di_cuda_tc_fits (BF16, W x, 16-byte aligned rows of whole vectors). Grouped
- * products (n_heads active-expert slots) count the mean rows per slot, and take the wide
- * kernel only with p->tune.tc_wide_grouped (DI_CUDA_TC_WIDE_GROUPED=1: it passed its tests
- * on the H200 but was no faster for a prefill). */
+ * products (n_heads active-expert slots) count the mean rows per slot against their own
+ * threshold, p->tune.tc_wide_grouped. */
 bool di_cuda_tc_wide_fits(const di_cuda_mm_params *p) {
     const bool grouped = p->experts != NULL;
     const int64_t slots = grouped ? DI_MAX(p->n_heads, 1) : 1;
     const int64_t row_blocks = (p->rows + tw_block_rows(p) - 1) / tw_block_rows(p);
-    return p->dtype == DI_DTYPE_BF16 && p->tune.tc_wide_min_n > 0 &&
-           di_cuda_rows_per_weight(p) >= p->tune.tc_wide_min_n &&
-           (!grouped || p->tune.tc_wide_grouped) && (grouped || p->n_heads == 1) &&
-           p->tune.tc_terms <= TW_TERMS && row_blocks * slots <= 65535;
+    const int64_t min_n = grouped ? p->tune.tc_wide_grouped : p->tune.tc_wide_min_n;
+    return p->dtype == DI_DTYPE_BF16 && min_n > 0 && di_cuda_rows_per_weight(p) >= min_n &&
+           (grouped || p->n_heads == 1) && p->tune.tc_terms <= TW_TERMS &&
+           row_blocks * slots <= 65535;
 }
 
 cudaError_t di_cuda_launch_matmul_tc_wide(const di_cuda_mm_params *p) {
