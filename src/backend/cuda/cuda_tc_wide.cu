@@ -40,6 +40,8 @@ namespace cg = cooperative_groups;
 /* Floats per token of the partial-sum tile: 256 rows and 4 more, so that a warp's stores
  * (row g, token 2 tig) fall in 32 different banks. */
 #define TW_PSTRIDE (2 * TW_WARPS * 16 + 4)
+#define TW_SU      (TW_NG * TW_SLAB * 32 / TW_THREADS) /* fragments a thread stages per slab: 4 */
+static_assert(TW_SU * TW_THREADS == TW_NG * TW_SLAB * 32, "whole units per thread");
 static_assert(TW_TOKENS * TW_PSTRIDE * sizeof(float) <= (size_t)TW_SMEM,
               "the partial sums reuse the fragments' shared memory");
 
@@ -114,16 +116,26 @@ __global__ void __launch_bounds__(TW_THREADS, 2)
         for (int64_t s0 = c_begin; s0 < c_end; s0 += TW_SLAB) {
             const int sl = (int)min((int64_t)TW_SLAB, c_end - s0);
             __syncthreads(); /* every warp is done with the previous slab's fragments */
-            /* Stage: unit (j, cc, ln) is lane ln's B fragment of token group j, chunk cc. */
-            for (int u = threadIdx.x; u < TW_NG * TW_SLAB * 32; u += TW_THREADS) {
+            /* Stage: unit (j, cc, ln) is lane ln's B fragment of token group j, chunk cc; this
+             * thread's units are threadIdx.x + i TW_THREADS. All their loads are issued before
+             * the first split, so the block waits for L2 about once per slab, not once per
+             * unit. */
+            float xv[TW_SU][8];
+#pragma unroll
+            for (int i = 0; i < TW_SU; i++) {
+                const int u = (int)threadIdx.x + i * TW_THREADS;
                 const int ln = u & 31, cc = (u >> 5) % TW_SLAB, j = u / (32 * TW_SLAB);
-                if (cc >= sl || 8 * j >= nt) continue;
                 const int64_t t = t0 + 8 * j + (ln >> 2), k = (s0 + cc) * TC_CHUNK + 8 * (ln & 3);
-                float xv[8];
-                load_x8(p, p.x, t, k, t < t_end && k < K, xvec, xv);
+                load_x8(p, p.x, t, k, cc < sl && 8 * j < nt && t < t_end && k < K, xvec, xv[i]);
+            }
+#pragma unroll
+            for (int i = 0; i < TW_SU; i++) {
+                const int u = (int)threadIdx.x + i * TW_THREADS;
+                const int ln = u & 31, cc = (u >> 5) % TW_SLAB, j = u / (32 * TW_SLAB);
+                if (cc >= sl || 8 * j >= nt) continue; /* a unit no warp reads */
                 uint4 *dst = sb + (j * TW_SLAB + cc) * TW_TERMS * 32 + ln;
                 for (int s = 0; s < terms; s++)
-                    dst[s * 32] = split_quad(xv);
+                    dst[s * 32] = split_quad(xv[i]);
             }
             __syncthreads();
             for (int cc = 0; cc < sl; cc++) {
