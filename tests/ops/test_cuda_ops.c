@@ -1112,6 +1112,9 @@ TEST(matmul_experts) {
     check_experts(DI_DTYPE_BF16, 4, 2, 33, 300, 200); /* 1 */
     /* about 50 rows per expert: two passes of one K run, dead warps in the second row block */
     check_experts(DI_DTYPE_BF16, 2, 1, 100, 300, 200);
+    CHECK_MSG(di_backend_cuda_wide_launches(true) > wide,
+              "the default ran no grouped wide product");
+    const int64_t wide1 = di_backend_cuda_wide_launches(true);
     /* and a decode batch's few rows per expert (some with none) on it too
      * (DI_CUDA_TC_WIDE_GROUPED=1: every grouped product) */
     di_backend b1 = backend_with("DI_CUDA_TC_WIDE_GROUPED", "1");
@@ -1122,7 +1125,8 @@ TEST(matmul_experts) {
     check_experts(DI_DTYPE_BF16, 16, 4, 3, 200, 256);
     g_xbe = &g_be;
     di_backend_free(&b1);
-    CHECK_MSG(di_backend_cuda_wide_launches(true) > wide, "no grouped wide product ran");
+    CHECK_MSG(di_backend_cuda_wide_launches(true) > wide1,
+              "DI_CUDA_TC_WIDE_GROUPED=1 ran no grouped wide product");
     check_experts(DI_DTYPE_F8_E4M3, 16, 8, 9, 256, 7168);
 }
 
