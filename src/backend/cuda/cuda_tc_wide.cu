@@ -126,7 +126,7 @@ __global__ void __launch_bounds__(TW_THREADS, 2)
                 const int u = (int)threadIdx.x + i * TW_THREADS;
                 const int ln = u & 31, cc = (u >> 5) % TW_SLAB, j = u / (32 * TW_SLAB);
                 const int64_t t = t0 + 8 * j + (ln >> 2), k = (s0 + cc) * TC_CHUNK + 8 * (ln & 3);
-                load_x8(p, p.x, t, k, cc < sl && 8 * j < nt && t < t_end && k < K, xvec, xv[i]);
+                load_x8(p, p.x, t, k, cc < sl && t < t_end && k < K, xvec, xv[i]);
             }
 #pragma unroll
             for (int i = 0; i < TW_SU; i++) {
