@@ -45,6 +45,38 @@ static_assert(TW_SU * TW_THREADS == TW_NG * TW_SLAB * 32, "whole units per threa
 static_assert(TW_TOKENS * TW_PSTRIDE * sizeof(float) <= (size_t)TW_SMEM,
               "the partial sums reuse the fragments' shared memory");
 
+/* One chunk's mma for the first NGA token groups: per accumulator (m-tile mt, group j) the
+ * GEMV's sequence -- for each term, the chunk's two k-steps -- but the accumulators'
+ * sequences interleaved: each k-step runs over every (j, mt) before the next, so 2 NGA
+ * independent mma are in flight where a loop over j, then terms, had two (the SASS showed a
+ * NOP between every pair of dependent mma). The same sums in the same order per accumulator.
+ * b: the chunk's B fragments (staged), cc: its place in the slab. */
+template <int NGA>
+static __device__ __forceinline__ void tw_chunk_mma(float (&acc)[2][TW_NG][4],
+                                                    const uint4 (&a)[2][2], const uint4 *sb, int cc,
+                                                    int lane, int terms) {
+#pragma unroll
+    for (int s = 0; s < TW_TERMS; s++) {
+        if (s >= terms) break; /* uniform: 2 or 3 terms */
+        uint4 b[NGA];
+#pragma unroll
+        for (int j = 0; j < NGA; j++)
+            b[j] = sb[((j * TW_SLAB + cc) * TW_TERMS + s) * 32 + lane];
+#pragma unroll
+        for (int j = 0; j < NGA; j++)
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+                mma_bf16(acc[mt][j], a[mt][0].x, a[mt][1].x, a[mt][0].y, a[mt][1].y, b[j].x,
+                         b[j].y);
+#pragma unroll
+        for (int j = 0; j < NGA; j++)
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+                mma_bf16(acc[mt][j], a[mt][0].z, a[mt][1].z, a[mt][0].w, a[mt][1].w, b[j].z,
+                         b[j].w);
+    }
+}
+
 /* Block (token chunk x, K run y = the rank in its cluster of ks, row block z; grouped: z =
  * active-expert slot x row blocks + row block, and the block walks its expert's token
  * chunks). acc[mt][j][i]: m-tile mt (GLU: 0 the gate, 1 the up projection, same rows), token
@@ -141,16 +173,19 @@ __global__ void __launch_bounds__(TW_THREADS, 2)
             for (int cc = 0; cc < sl; cc++) {
                 uint4 nx[2][2];
                 load_a(nx, s0 + cc + 1); /* the next chunk (maybe the next slab's first) */
-#pragma unroll
-                for (int j = 0; j < TW_NG; j++) {
-                    if (8 * j >= nt) break;
-                    const uint4 *src = sb + (j * TW_SLAB + cc) * TW_TERMS * 32 + lane;
-                    for (int s = 0; s < terms; s++) {
-                        const uint4 b = src[s * 32];
-#pragma unroll
-                        for (int mt = 0; mt < 2; mt++)
-                            mma_chunk(acc[mt][j], a[mt][0], a[mt][1], b.x, b.y, b.z, b.w);
-                    }
+                switch ((nt + 7) / 8) {  /* the token groups with tokens (uniform) */
+                case 1:
+                    tw_chunk_mma<1>(acc, a, sb, cc, lane, terms);
+                    break;
+                case 2:
+                    tw_chunk_mma<2>(acc, a, sb, cc, lane, terms);
+                    break;
+                case 3:
+                    tw_chunk_mma<3>(acc, a, sb, cc, lane, terms);
+                    break;
+                default:
+                    tw_chunk_mma<TW_NG>(acc, a, sb, cc, lane, terms);
+                    break;
                 }
 #pragma unroll
                 for (int mt = 0; mt < 2; mt++)
