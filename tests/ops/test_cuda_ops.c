@@ -1075,9 +1075,13 @@ TEST(matmul_experts) {
         check_experts(g_dtypes[d], 8, 2, 1, rnd_int(1, 200), rnd_int(1, 700));
         check_experts(g_dtypes[d], 12, 3, rnd_int(2, 40), rnd_int(1, 200), rnd_int(1, 700));
     }
-    /* V2-Lite's expert shapes (gate / up 1408 x 2048, down 2048 x 1408), decode batches */
+    /* V2-Lite's expert shapes (gate / up 1408 x 2048, down 2048 x 1408), decode batches (at
+     * 64 sequences, 6 rows per expert: 2 and 4 K runs per warp, tc_runs) */
+    const int64_t runs = di_backend_cuda_tc_runs_launches();
     check_experts(DI_DTYPE_BF16, 64, 6, 1, 1408, 2048);
     check_experts(DI_DTYPE_BF16, 64, 6, 64, 2048, 1408);
+    CHECK_MSG(!g_tc || di_backend_cuda_tc_runs_launches() > runs,
+              "no grouped product took several K runs per warp");
     /* two row tiles per warp (at most 4 rows per active expert): the last block's second
      * tile past the end (43 tiles), and two tiles per block (2 K runs) with the last one
      * past the end; 5..8 rows per expert, rows past the end */
@@ -1128,6 +1132,26 @@ TEST(matmul_experts) {
     CHECK_MSG(di_backend_cuda_wide_launches(true) > wide1,
               "DI_CUDA_TC_WIDE_GROUPED=1 ran no grouped wide product");
     check_experts(DI_DTYPE_F8_E4M3, 16, 8, 9, 256, 7168);
+    /* Several K runs per warp at other targets: 8 runs per warp (target 1: one warp per
+     * tile, no shared-memory tree) and 4 or 8 (target 128); runs of 8 and 9 chunks with a
+     * short last chunk (K = 2056), rows past the last tile, 2..8 rows per expert. Each
+     * expert's rows bitwise its plain product (one run per warp). */
+    static const char *targets[] = {"1", "128"};
+    for (size_t ti = 0; ti < DI_ARRAY_LEN(targets); ti++) {
+        di_backend bt = backend_with("DI_CUDA_TC_RUNS_TARGET", targets[ti]);
+        if (!bt.ctx) return;
+        const int64_t ran = di_backend_cuda_tc_runs_launches();
+        g_xbe = &bt;
+        check_experts(DI_DTYPE_BF16, 64, 6, 64, 1408, 2048);
+        check_experts(DI_DTYPE_BF16, 64, 6, 40, 2048, 1408);
+        check_experts(DI_DTYPE_BF16, 16, 4, 16, 1376, 2056);
+        check_experts(DI_DTYPE_BF16, 16, 4, 8, 300, 2056);
+        g_xbe = &g_be;
+        di_backend_free(&bt);
+        CHECK_MSG(di_backend_cuda_tc_runs_launches() > ran,
+                  "DI_CUDA_TC_RUNS_TARGET=%s: no product took several K runs per warp",
+                  targets[ti]);
+    }
 }
 
 /* Backend b's one-token-group products (an opt-in variant, `what`) bitwise the default
@@ -1423,8 +1447,9 @@ enum {
 /* A product per head on backend be's tensor cores (head_matmul: MLA's W_UV, W_UK^T from its
  * transposed copy, V4's wo_a): nh heads of [rows][cols] stored one after another, after skip
  * rows (FP8: each head's scale rows shifted), x and y in the given layout. One launch per
- * product (all heads), the reference's accuracy, and each token alone bitwise the same token
- * in a batch of every token-group variant (1, 2-8, 9-16, 17+ tokens). */
+ * product (all heads), the reference's accuracy, and each token alone (the GEMV) bitwise the
+ * same token in a batch of every token-group variant (1, 2-8 tokens; BF16 batches of 9+ on
+ * the wide kernel, counted). */
 static void check_tc_heads(di_backend *be, di_dtype dt, int64_t nh, int64_t rows, int64_t cols,
                            int64_t skip, int layout) {
     static const int64_t ns[] = {3, 8, 9, 16, 17, 40};
@@ -1458,6 +1483,10 @@ static void check_tc_heads(di_backend *be, di_dtype dt, int64_t nh, int64_t rows
     float *dx = dev_floats(x, nx), *dy = dev_poison(ny);
     p.w = dw;
     const int64_t launches = di_backend_cuda_tc_head_launches();
+    const int64_t wide = di_backend_cuda_wide_launches(false);
+    int64_t wide_want = 0; /* BF16 batches of 9+ tokens (DI_CUDA_TC_WIDE_MIN_N's default) */
+    for (size_t ni = 0; ni < DI_ARRAY_LEN(ns); ni++)
+        wide_want += dt == DI_DTYPE_BF16 && ns[ni] >= 9;
     for (int64_t k = 0; k < nmax; k++) { /* every token alone */
         p.n_tokens = 1;
         p.x = dx + k * xt;
@@ -1495,6 +1524,10 @@ static void check_tc_heads(di_backend *be, di_dtype dt, int64_t nh, int64_t rows
     CHECK_MSG(di_backend_cuda_tc_head_launches() == launches + nmax + (int64_t)DI_ARRAY_LEN(ns),
               "%s heads %lld x %lldx%lld: not one tensor-core launch per product",
               di_dtype_name(dt), (long long)nh, (long long)rows, (long long)cols);
+    CHECK_MSG(di_backend_cuda_wide_launches(false) - wide == wide_want,
+              "%s heads %lld x %lldx%lld: %lld of %lld batches on the wide kernel",
+              di_dtype_name(dt), (long long)nh, (long long)rows, (long long)cols,
+              (long long)(di_backend_cuda_wide_launches(false) - wide), (long long)wide_want);
     di_cuda_weight_free(be, &dall);
     dfree(dx), dfree(dy);
     free(hw), free(dw), free(x), free(ref), free(alone);

@@ -805,6 +805,13 @@ extern "C" di_status di_backend_cuda_init(di_backend *out, int device, int64_t m
     be->tune.tc_wide_grouped = env ? atoll(env) : 9;
     env = getenv("DI_CUDA_TC_RT"); /* 1 or 2 (default) */
     be->tune.tc_rt = env && atoi(env) == 1 ? 1 : 2;
+    /* A decode batch's grouped products with several K runs per warp (the same sums as one
+     * run per warp): from DI_CUDA_TC_RUNS_MIN_N tokens per active expert (0: never), the
+     * tiles on the fewest warps that reach DI_CUDA_TC_RUNS_TARGET. */
+    env = getenv("DI_CUDA_TC_RUNS_MIN_N");
+    be->tune.tc_runs_min_n = env ? atoll(env) : 2;
+    env = getenv("DI_CUDA_TC_RUNS_TARGET");
+    be->tune.tc_runs_target = env && atoll(env) > 0 ? atoll(env) : 256;
     env = getenv("DI_CUDA_TC_TARGET");
     be->tune.tc_target = env && atoll(env) > 0 ? atoll(env) : DI_CUDA_TC_TARGET;
     env = getenv("DI_CUDA_TC_TARGET_EXPERTS");
@@ -904,6 +911,10 @@ extern "C" int64_t di_backend_cuda_tc_fp8_launches(void) {
 
 extern "C" int64_t di_backend_cuda_tc_head_launches(void) {
     return di_cuda_tc_head_launches;
+}
+
+extern "C" int64_t di_backend_cuda_tc_runs_launches(void) {
+    return di_cuda_tc_runs_launches;
 }
 
 extern "C" int64_t di_backend_cuda_xs_launches(void) {

@@ -98,6 +98,8 @@ int64_t di_backend_cuda_xs_launches(void);
 int64_t di_backend_cuda_tc_fp8_launches(void);
 /* ... and products per head (head_matmul) on the tensor cores, all heads in one launch. */
 int64_t di_backend_cuda_tc_head_launches(void);
+/* ... and grouped products whose warps took several K runs each (DI_CUDA_TC_RUNS_*). */
+int64_t di_backend_cuda_tc_runs_launches(void);
 
 /* How many wide tensor-core products of many tokens this process has launched, grouped
  * (expert) ones or plain ones (0 without CUDA): lets a test see that they ran. */

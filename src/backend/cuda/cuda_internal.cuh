@@ -126,6 +126,11 @@ typedef struct di_cuda_tuning {
     /* Row tiles per warp of the grouped tensor-core GEMV for a few tokens per expert (1 or
      * 2): fewer, longer-lived blocks. Same values. */
     int tc_rt;
+    /* Grouped BF16 products of at least tc_runs_min_n tokens per active-expert slot (a decode
+     * batch; 0: never) give a warp several of a tile's K runs -- the tile on the fewest warps
+     * (a power of two) that reach tc_runs_target warps -- and fold their sums in the tree's
+     * order (cuda_tc_gemv.cu). Same values: the K order stays tc_ks's. */
+    int64_t tc_runs_min_n, tc_runs_target;
     /* Warps of 16 rows a tensor-core product should spread over, which chooses its K runs
      * (cuda_tc.cuh: tc_ks); expert weights tc_target_experts when set (> 0). A different
      * value changes the summation order: fixed for a run, like ksplit_min. */
@@ -255,6 +260,7 @@ extern int64_t di_cuda_lean_launches;    /* di_backend_cuda_lean_launches */
 extern int64_t di_cuda_xs_launches;      /* di_backend_cuda_xs_launches */
 extern int64_t di_cuda_tc_fp8_launches;  /* di_backend_cuda_tc_fp8_launches */
 extern int64_t di_cuda_tc_head_launches; /* di_backend_cuda_tc_head_launches */
+extern int64_t di_cuda_tc_runs_launches; /* di_backend_cuda_tc_runs_launches */
 cudaError_t di_cuda_launch_matmul_tc_wide(const di_cuda_mm_params *p);
 
 /* silu(g) * u, rounded as silu_mul_kernel rounds it (the fused and the separate SwiGLU agree). */

@@ -84,28 +84,84 @@ static __device__ __forceinline__ void stage_xsplit(const di_cuda_mm_params &p, 
     __syncthreads();
 }
 
-/* Block: max(4, ks) warps, ks per row tile (warp = tile * ks + kw). A warp's row tile is MT
- * m-tiles of 16 rows (GLU: MT = 2, the gate's and the up projection's same 16 rows); a warp
- * takes RT row tiles one after the other (the block's tile group x RT + rt), its weight
- * loads running on from one tile into the next, and reduces and stores them at the end;
- * grid y: token chunks of 8 NG (grouped: one, the block walks its expert's chunks); grid z:
- * the active-expert slot (grouped) or the head (a product per head). U chunks of weights are
- * requested before any is used.
- * MT, NG, U and RT only choose how much runs side by side, never a sum's order; nor does
- * xs_v (0: each warp loads and splits its activations; else split once per block, above). */
-template <int MT, int NG, int U, bool PIPE, bool G, bool GLU, int RT, bool F8>
-__global__ void __launch_bounds__(TC_THREADS)
+/* Zeros for a tile's sums. */
+template <int MT, int NG> static __device__ __forceinline__ void zero_acc(float (&v)[MT][NG][4]) {
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int j = 0; j < NG; j++)
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                v[mt][j][i] = 0.0f;
+}
+
+/* A warp's q-th run of a row tile (of 2^LR, visited in bit-reversed order: local runs 0,
+ * R/2, R/4, 3R/4, ...) is done, its sums in cur: fold them into st as the tree of
+ * tc_tree_reduce adds the tile's runs (level s adds run k + s to run k). A binary counter:
+ * st[l] holds, while bit l of q is set, the sum of the 2^l runs visited before the current
+ * subtree; each set bit from the bottom adds it in front of the running sum, the first clear
+ * bit keeps the running sum there. After the last run (every bit set), out holds the sum of
+ * the warp's runs -- what the shared-memory tree had after its levels s >= W. The indices
+ * are the unrolled loop's, whatever q is. */
+template <int LR, int MT, int NG>
+static __device__ __forceinline__ void run_fold(float (&st)[LR][MT][NG][4], float (&cur)[MT][NG][4],
+                                                int q, float (&out)[MT][NG][4]) {
+    bool kept = false;
+#pragma unroll
+    for (int l = 0; l < LR && !kept; l++) {
+        kept = !((q >> l) & 1);
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int j = 0; j < NG; j++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    if (kept)
+                        st[l][mt][j][i] = cur[mt][j][i];
+                    else
+                        cur[mt][j][i] = st[l][mt][j][i] + cur[mt][j][i];
+                }
+    }
+    if (!kept) /* the last run */
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int j = 0; j < NG; j++)
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    out[mt][j][i] = cur[mt][j][i];
+}
+
+/* Block: max(4, ks) warps, W = ks / R per row tile (warp = tile * W + kw), each taking R of
+ * the tile's ks K runs: kw, kw + W, ..., kw + (R - 1) W. A warp's row tile is MT m-tiles of
+ * 16 rows (GLU: MT = 2, the gate's and the up projection's same 16 rows); a warp takes RT
+ * row tiles one after the other (the block's tile group x RT + rt), its weight loads running
+ * on from one run into the next and from one tile into the next, and reduces and stores them
+ * at the end; grid y: token chunks of 8 NG (grouped: one, the block walks its expert's
+ * chunks); grid z: the active-expert slot (grouped) or the head (a product per head). U
+ * chunks of weights are requested before any is used.
+ * MT, NG, U, RT and R only choose how much runs side by side, never a sum's order; nor does
+ * xs_v (0: each warp loads and splits its activations; else split once per block, above).
+ * With R > 1 a warp's runs are added in registers as the tree adds them (run_fold), the
+ * tree's last log2 W levels in shared memory as before. R = 2 and 4 are held to 128
+ * registers (two blocks per SM; R = 4 spills a few bytes), R = 8 takes 190-196. */
+template <int MT, int NG, int U, bool PIPE, bool G, bool GLU, int RT, bool F8, int R = 1>
+__global__ void __launch_bounds__(TC_THREADS, R == 2 || R == 4 ? 2 : 0)
     tc_kernel(const di_cuda_mm_params p, int ks, int terms, bool xvec, int xs_v) {
     extern __shared__ uint4 xs[]; /* [8][terms][xs_v] when staged (NG == 1) */
     static_assert(!GLU || MT == 2, "GLU pairs a gate tile with an up tile");
+    static_assert(R == 1 || R == 2 || R == 4 || R == 8, "R: a power of two up to TC_MAX_KS");
+    static_assert(!F8 || R == 1, "FP8 adds its chunks' scaled sums straight into acc");
+    constexpr int LOG2_R = R == 8 ? 3 : R == 4 ? 2 : R == 2 ? 1 : 0;
     constexpr int RO = GLU ? 16 : 16 * MT; /* output rows per tile */
     __shared__ float red[TC_MAX_KS][32][4 * MT];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, tig = lane & 3;
-    const int kw = warp % ks, tiles_per_block = (int)(blockDim.x >> 5) / ks;
+    const int W = ks / R; /* warps per row tile (the launcher keeps R <= ks) */
+    const int kw = warp % W, tiles_per_block = (int)(blockDim.x >> 5) / W;
     /* Row tile rt's first row; a tile past the last row still takes part in the barriers. */
     auto tile_r0 = [&](int rt) -> int64_t {
-        return (((int64_t)blockIdx.x * RT + rt) * tiles_per_block + warp / ks) * RO;
+        return (((int64_t)blockIdx.x * RT + rt) * tiles_per_block + warp / W) * RO;
     };
     constexpr int ESZ = F8 ? 1 : 2; /* bytes per weight element */
     const void *wdata = p.data, *udata = p.glu_data;
@@ -125,14 +181,27 @@ __global__ void __launch_bounds__(TC_THREADS)
         yb += h * p.y_hstride;
     }
     const int64_t K = p.cols, C = (K + TC_CHUNK - 1) / TC_CHUNK;
-    const int64_t c_begin = C * kw / ks, c_end = C * (kw + 1) / ks;
+    /* Step vt = rt R + q walks row tile rt's run kw + W rev(q), rev reversing q's log2 R
+     * bits: the order in which run_fold adds the runs as the tree does. Run kr takes chunks
+     * [C kr / ks, C (kr + 1) / ks): step q's are [c_first[q], c_last[q]), computed once
+     * (after step R - 1 comes the next tile's step 0). */
+    int64_t c_first[R], c_last[R];
+#pragma unroll
+    for (int q = 0; q < R; q++) {
+        int rq = 0;
+#pragma unroll
+        for (int b = 1, qq = q; b < R; b *= 2, qq /= 2)
+            rq = 2 * rq + (qq & 1);
+        const int64_t kr = kw + W * rq;
+        c_first[q] = C * kr / ks, c_last[q] = C * (kr + 1) / ks;
+    }
     const int64_t kl = 8 * tig; /* this lane's first column inside a chunk */
 
-    /* Weights of U chunks from chunk c of tile rt: m-tile mt's rows g and g + 8 (rows past
-     * the end alias the last row; their results are never stored), zeros past the run, the
-     * tile or the last tile. */
+    /* Weights of U chunks from chunk c of row tile rt, whose run ends at chunk ce: m-tile
+     * mt's rows g and g + 8 (rows past the end alias the last row; their results are never
+     * stored), zeros past the run, the tile or the last tile. */
     uint4 a[U][MT][2];
-    auto load_a = [&](uint4(&dst)[U][MT][2], int rt, int64_t c) {
+    auto load_a = [&](uint4(&dst)[U][MT][2], int rt, int64_t c, int64_t ce) {
         const int64_t r0 = tile_r0(rt);
         const bool tile_ok = rt < RT && r0 < p.rows;
         const char *wrow[MT][2];
@@ -147,7 +216,7 @@ __global__ void __launch_bounds__(TC_THREADS)
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int64_t k = (c + u) * TC_CHUNK + kl;
-            const bool ok = tile_ok && c + u < c_end && k < K; /* K % 8 == 0: whole vectors */
+            const bool ok = tile_ok && c + u < ce && k < K; /* K % 8 == 0: whole vectors */
 #pragma unroll
             for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -194,7 +263,7 @@ __global__ void __launch_bounds__(TC_THREADS)
                     for (int i = 0; i < 4; i++)
                         acc[rt][mt][j][i] = 0.0f;
 
-        load_a(a, 0, c_begin);
+        load_a(a, 0, c_first[0], c_last[0]);
         if constexpr (!G) { /* the first weights are on their way; now wait for x (PDL) */
             pdl_wait();     /* (a plain block runs this loop once) */
             pdl_trigger();
@@ -204,18 +273,25 @@ __global__ void __launch_bounds__(TC_THREADS)
                 if constexpr (G) __syncthreads(); /* the last chunk's reads are done */
                 stage_xsplit(p, xb, xs, t0, nt, terms, xs_v);
             }
+        float st[R > 1 ? LOG2_R : 1][MT][NG][4]; /* R > 1: run_fold's partial tree sums */
 #pragma unroll
-        for (int rt = 0; rt < RT; rt++) {
+        for (int vt = 0; vt < RT * R; vt++) {
+            const int rt = vt / R;
             if (tile_r0(rt) >= p.rows) break; /* this and the later tiles are past the end */
             if constexpr (F8) scale_rows(rt);
-            for (int64_t c = c_begin; c < c_end; c += U) {
-                /* the next U chunks: this tile's, or the next tile's first */
+            float cur[MT][NG][4]; /* R > 1: this run's sums */
+            if constexpr (R > 1) zero_acc(cur);
+            const int q = vt % R;
+            const int64_t c_end = c_last[q];
+            for (int64_t c = c_first[q]; c < c_end; c += U) {
+                /* the next U chunks: this run's, or the next step's first */
                 const bool more = c + U < c_end;
-                const int nrt = more ? rt : rt + 1;
-                const int64_t nc = more ? c + U : c_begin;
+                const int nrt = more ? rt : (vt + 1) / R;
+                const int64_t nc = more ? c + U : c_first[(q + 1) % R];
+                const int64_t nce = R == 1 || more ? c_end : c_last[(q + 1) % R];
                 /* PIPE: the next U chunks are requested before this U are used */
                 uint4 next[PIPE ? U : 1][MT][2];
-                if constexpr (PIPE) load_a(next, nrt, nc);
+                if constexpr (PIPE) load_a(next, nrt, nc, nce);
 #pragma unroll
                 for (int u = 0; u < U; u++) {
                     if (c + u >= c_end) break;
@@ -240,6 +316,8 @@ __global__ void __launch_bounds__(TC_THREADS)
                     auto dst = [&](int mt, int j) -> float(&)[4] {
                         if constexpr (F8)
                             return pt[mt][j];
+                        else if constexpr (R > 1)
+                            return cur[mt][j];
                         else
                             return acc[rt][mt][j];
                     };
@@ -291,9 +369,10 @@ __global__ void __launch_bounds__(TC_THREADS)
                         for (int mt = 0; mt < MT; mt++)
                             a[u][mt][0] = next[u][mt][0], a[u][mt][1] = next[u][mt][1];
                 } else {
-                    load_a(a, nrt, nc);
+                    load_a(a, nrt, nc, nce);
                 }
             }
+            if constexpr (R > 1) run_fold<LOG2_R>(st, cur, q, acc[rt]);
         }
 
         /* Result (rt, mt, j): c0, c1 = row g, tokens 2 tig, 2 tig + 1; c2, c3 = row g + 8.
@@ -312,8 +391,8 @@ __global__ void __launch_bounds__(TC_THREADS)
 #pragma unroll
                     for (int i = 0; i < 4; i++)
                         v[4 * mt + i] = acc[rt][mt][j][i];
-                if (ks > 1) {
-                    tc_tree_reduce<4 * MT>(v, red, warp, lane, kw, ks);
+                if (W > 1) {
+                    tc_tree_reduce<4 * MT>(v, red, warp, lane, kw, W);
                     if (kw != 0) continue;
                 }
                 if (!live) continue;
@@ -395,6 +474,16 @@ template <int MT, int U, bool GLU, int RT, bool F8> static cudaError_t allow_xs(
  * 123 registers; the two-m-tile variants keep 2: with 4 they took 139-164). */
 template <bool F8> static constexpr int TC_U1 = F8 ? 8 : 4;
 
+/* ... and the grouped BF16 kernels with R K runs per warp (tc_runs), GLU or not. */
+template <int R> static cudaError_t allow_xs_runs(void) {
+    cudaError_t err = cudaFuncSetAttribute(tc_kernel<2, 1, 2, true, true, true, 1, false, R>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, TC_XS_MAX);
+    if (err == cudaSuccess)
+        err = cudaFuncSetAttribute(tc_kernel<2, 1, 2, true, true, false, 1, false, R>,
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize, TC_XS_MAX);
+    return err;
+}
+
 template <bool F8> static cudaError_t allow_xs_all(void) {
     cudaError_t err = allow_xs<1, TC_U1<F8>, false, 1, F8>();
     if (err == cudaSuccess) err = allow_xs<2, 2, true, 1, F8>();
@@ -406,14 +495,18 @@ template <bool F8> static cudaError_t allow_xs_all(void) {
 
 cudaError_t di_cuda_tc_gemv_setup(void) {
     cudaError_t err = allow_xs_all<false>();
+    if (err == cudaSuccess) err = allow_xs_runs<2>();
+    if (err == cudaSuccess) err = allow_xs_runs<4>();
+    if (err == cudaSuccess) err = allow_xs_runs<8>();
     return err == cudaSuccess ? allow_xs_all<true>() : err;
 }
 
-/* One launch of tc_kernel<MT, NG, U, PIPE, grouped or not, GLU, RT, F8>. */
-template <int MT, int NG, int U, bool PIPE, bool GLU, int RT, bool F8>
+/* One launch of tc_kernel<MT, NG, U, PIPE, grouped or not, GLU, RT, F8, R> (R runs per
+ * warp: grouped products only, R <= ks). */
+template <int MT, int NG, int U, bool PIPE, bool GLU, int RT, bool F8, int R = 1>
 static cudaError_t launch_tc(const di_cuda_mm_params *p, int ks, bool xvec) {
     void (*k)(const di_cuda_mm_params, int, int, bool, int) =
-        tc_kernel<MT, NG, U, PIPE, true, GLU, RT, F8>;
+        tc_kernel<MT, NG, U, PIPE, true, GLU, RT, F8, R>;
     if constexpr (RT == 1) /* several row tiles per warp: grouped products only */
         if (!p->experts) k = tc_kernel<MT, NG, U, PIPE, false, GLU, RT, F8>;
     size_t smem = 0;
@@ -421,7 +514,7 @@ static cudaError_t launch_tc(const di_cuda_mm_params *p, int ks, bool xvec) {
     if (xs_v) di_cuda_xs_launches++;
     if (di_cuda_per_head(p)) di_cuda_tc_head_launches++;
     const int64_t ro = GLU ? 16 : 16 * MT, tiles = (p->rows + ro - 1) / ro;
-    const int warps = ks > 4 ? ks : 4, per_block = warps / ks * RT; /* row tiles */
+    const int warps = ks > 4 ? ks : 4, per_block = warps / (ks / R) * RT; /* row tiles */
     const int64_t tokens_per_block = 8 * NG;
     /* grid z: the active-expert slots (grouped) or the heads (a product per head) */
     dim3 grid((unsigned)((tiles + per_block - 1) / per_block),
@@ -429,6 +522,26 @@ static cudaError_t launch_tc(const di_cuda_mm_params *p, int ks, bool xvec) {
               (unsigned)DI_MAX(p->n_heads, 1));
     return di_cuda_launch(k, grid, dim3(32 * warps), smem, p->stream, *p, ks, p->tune.tc_terms,
                           xvec, xs_v);
+}
+
+int64_t di_cuda_tc_runs_launches; /* cuda_backend.h: grouped launches with R > 1 (for tests) */
+
+/* K runs per warp of a grouped product (1, 2, 4 or 8; at most ks): at tune.tc_runs_min_n
+ * tokens per active-expert slot or more, the tile's ks runs on the fewest warps W (a power of
+ * two) with tiles x W >= tune.tc_runs_target, so R = ks / W; else one run per warp. The
+ * sums do not change (run_fold), only how many warps share a tile. At a decode batch of 64
+ * sequences (V2-Lite, about 6 rows per expert) fewer, longer warps stream the experts'
+ * weights with less of the tree through shared memory; at one token per expert (batch 1)
+ * every warp counts, and one run each stays. */
+static int tc_runs(const di_cuda_mm_params *p, int ks) {
+    if (p->tune.tc_runs_min_n <= 0 || di_cuda_rows_per_weight(p) < p->tune.tc_runs_min_n) return 1;
+    const int64_t tiles = (p->rows + 15) / 16; /* tc_ks's tiles */
+    int w = 1;
+    while (w < ks && tiles * w < p->tune.tc_runs_target)
+        w *= 2;
+    const int r = ks / w;
+    if (r > 1) di_cuda_tc_runs_launches++;
+    return r;
 }
 
 /* Grouped experts with a few tokens each: two row tiles per warp (p->tune.tc_rt = 2, the
@@ -441,7 +554,16 @@ static cudaError_t launch_tc(const di_cuda_mm_params *p, int ks, bool xvec) {
  * and were dropped. */
 template <bool GLU, bool F8>
 static cudaError_t launch_tc_grouped(const di_cuda_mm_params *p, int ks, bool xvec) {
-    if (p->tune.tc_rt == 2) return launch_tc<2, 1, 2, true, GLU, 2, F8>(p, ks, xvec);
+    if (p->tune.tc_rt == 2) {
+        if constexpr (!F8) { /* a decode batch: several K runs per warp (tc_runs) in place
+                              * of the second row tile (the registers of both did not fit) */
+            const int r = tc_runs(p, ks);
+            if (r == 8) return launch_tc<2, 1, 2, true, GLU, 1, F8, 8>(p, ks, xvec);
+            if (r == 4) return launch_tc<2, 1, 2, true, GLU, 1, F8, 4>(p, ks, xvec);
+            if (r == 2) return launch_tc<2, 1, 2, true, GLU, 1, F8, 2>(p, ks, xvec);
+        }
+        return launch_tc<2, 1, 2, true, GLU, 2, F8>(p, ks, xvec);
+    }
     return launch_tc<2, 1, 2, true, GLU, 1, F8>(p, ks, xvec);
 }
 

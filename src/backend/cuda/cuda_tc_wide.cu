@@ -1,9 +1,10 @@
 /*
- * cuda_tc_wide.cu -- y = W x on the tensor cores for many tokens: plain BF16 products (one
- * head) of at least DI_CUDA_TC_WIDE_MIN_N tokens (default 9), bitwise the sums of the
- * tensor-core GEMV (cuda_tc_gemv.cu) in a work shape that shares the activations; also
- * grouped expert products of at least DI_CUDA_TC_WIDE_GROUPED (default 9) tokens per expert
- * on average (a prefill), each block walking its expert's token chunks.
+ * cuda_tc_wide.cu -- y = W x on the tensor cores for many tokens: plain BF16 products and
+ * products per head (MLA's W_UV and W_UK^T, grid z the head) of at least
+ * DI_CUDA_TC_WIDE_MIN_N tokens (default 9), bitwise the sums of the tensor-core GEMV
+ * (cuda_tc_gemv.cu) in a work shape that shares the activations; also grouped expert
+ * products of at least DI_CUDA_TC_WIDE_GROUPED (default 9) tokens per expert on average (a
+ * prefill), each block walking its expert's token chunks.
  *
  * Why: in the GEMV a block's warps take different K runs of the same rows, so every warp
  * loads and splits its own copy of the activations into bf16 parts. At 64 tokens that made
@@ -79,8 +80,9 @@ static __device__ __forceinline__ void tw_chunk_mma(float (&acc)[2][TW_NG][4],
 
 /* Block (token chunk x, K run y = the rank in its cluster of ks, row block z; grouped: z =
  * active-expert slot x row blocks + row block, and the block walks its expert's token
- * chunks). acc[mt][j][i]: m-tile mt (GLU: 0 the gate, 1 the up projection, same rows), token
- * group j; i = 0, 1: row g, tokens 2 tig, 2 tig + 1; i = 2, 3: row g + 8. */
+ * chunks; per head: z = head x row blocks + row block). acc[mt][j][i]: m-tile mt (GLU: 0 the gate,
+ * 1 the up projection, same rows), token group j; i = 0, 1: row g, tokens 2 tig, 2 tig + 1; i = 2,
+ * 3: row g + 8. */
 template <bool GLU, bool G>
 __global__ void __launch_bounds__(TW_THREADS, 2)
     tw_kernel(const di_cuda_mm_params p, int ks, int terms, bool xvec, int row_blocks) {
@@ -92,12 +94,19 @@ __global__ void __launch_bounds__(TW_THREADS, 2)
     const int64_t rb0 = (int64_t)(blockIdx.z % row_blocks) * RB, r0 = rb0 + (int64_t)warp * RO;
     const bool live = r0 < p.rows;
     const void *wdata = p.data, *udata = p.glu_data;
+    const float *xb = p.x; /* this block's activations and outputs (a head's, below) */
+    float *yb = p.y;
     int64_t t_first = 0, t_end = p.n_tokens;
+    const int zs = (int)(blockIdx.z / row_blocks); /* the slot or head of blockIdx.z */
     /* grouped: the routing (active list, offsets) comes from earlier kernels; exits uniform
      * over the cluster (its blocks share blockIdx.z) */
-    if constexpr (G)
-        if (!tc_expert<GLU, false>(p, (int)(blockIdx.z / row_blocks), wdata, udata, t_first, t_end))
-            return;
+    if constexpr (G) {
+        if (!tc_expert<GLU, false>(p, zs, wdata, udata, t_first, t_end)) return;
+    } else if (p.n_heads > 1) { /* one product per head (BF16, no GLU): head zs */
+        wdata = static_cast<const char *>(p.data) + zs * p.head_elem_stride * 2;
+        xb += zs * p.x_hstride;
+        yb += zs * p.y_hstride;
+    }
     const int64_t K = p.cols, C = (K + TC_CHUNK - 1) / TC_CHUNK;
     const int64_t c_begin = C * kw / ks, c_end = C * (kw + 1) / ks;
 
@@ -158,7 +167,7 @@ __global__ void __launch_bounds__(TW_THREADS, 2)
                 const int u = (int)threadIdx.x + i * TW_THREADS;
                 const int ln = u & 31, cc = (u >> 5) % TW_SLAB, j = u / (32 * TW_SLAB);
                 const int64_t t = t0 + 8 * j + (ln >> 2), k = (s0 + cc) * TC_CHUNK + 8 * (ln & 3);
-                load_x8(p, p.x, t, k, cc < sl && t < t_end && k < K, xvec, xv[i]);
+                load_x8(p, xb, t, k, cc < sl && t < t_end && k < K, xvec, xv[i]);
             }
 #pragma unroll
             for (int i = 0; i < TW_SU; i++) {
@@ -208,7 +217,7 @@ __global__ void __launch_bounds__(TW_THREADS, 2)
                         if (r >= p.rows) continue;
                         const float val =
                             GLU ? silu_times(acc[0][j][i], acc[1][j][i]) : acc[mt][j][i];
-                        store_y(p.y + t * p.y_tstride + r, val, p.accumulate);
+                        store_y(yb + t * p.y_tstride + r, val, p.accumulate);
                     }
                 }
             }
@@ -251,7 +260,7 @@ __global__ void __launch_bounds__(TW_THREADS, 2)
                     v[k] = k < ks ? runs[k][tl * TW_PSTRIDE + RB + rl] : 0.0f;
                 val = silu_times(val, tc_tree_sum(v, ks));
             }
-            store_y(p.y + t * p.y_tstride + r, val, p.accumulate);
+            store_y(yb + t * p.y_tstride + r, val, p.accumulate);
         }
         cluster.sync(); /* no block reuses or leaves its shared memory while another reads it */
     }
@@ -297,27 +306,31 @@ static int64_t tw_block_rows(const di_cuda_mm_params *p) {
     return TW_WARPS * (p->glu_data || p->glu_experts ? 16 : 32);
 }
 
-/* Called after di_cuda_tc_fits (BF16, W x, 16-byte aligned rows of whole vectors). Grouped
- * products (n_heads active-expert slots) count the mean rows per slot against their own
- * threshold, p->tune.tc_wide_grouped. */
+/* Called after di_cuda_tc_fits (BF16, W x, 16-byte aligned rows of whole vectors; a product
+ * per head: every head's weight aligned, no GLU). Grouped products (n_heads active-expert
+ * slots) count the mean rows per slot against their own threshold, p->tune.tc_wide_grouped;
+ * plain ones and products per head (n_heads heads, each n_tokens rows) tc_wide_min_n. */
 bool di_cuda_tc_wide_fits(const di_cuda_mm_params *p) {
     const bool grouped = p->experts != NULL;
-    const int64_t slots = grouped ? DI_MAX(p->n_heads, 1) : 1;
+    const int64_t slots = DI_MAX(p->n_heads, 1); /* active-expert slots or heads */
     const int64_t row_blocks = (p->rows + tw_block_rows(p) - 1) / tw_block_rows(p);
     const int64_t min_n = grouped ? p->tune.tc_wide_grouped : p->tune.tc_wide_min_n;
     return p->dtype == DI_DTYPE_BF16 && min_n > 0 && di_cuda_rows_per_weight(p) >= min_n &&
-           (grouped || p->n_heads == 1) && p->tune.tc_terms <= TW_TERMS &&
-           row_blocks * slots <= 65535;
+           p->tune.tc_terms <= TW_TERMS && row_blocks * slots <= 65535;
 }
 
 cudaError_t di_cuda_launch_matmul_tc_wide(const di_cuda_mm_params *p) {
     const bool grouped = p->experts != NULL, glu = p->glu_data || p->glu_experts;
-    const int ks = tc_ks(p);
-    const bool xvec = ((uintptr_t)p->x & 15u) == 0 && p->x_tstride % 4 == 0;
+    const bool heads = di_cuda_per_head(p);
+    const int ks = tc_ks(p); /* a product per head: from the tiles of all heads */
+    const bool xvec =
+        ((uintptr_t)p->x & 15u) == 0 && p->x_tstride % 4 == 0 && (!heads || p->x_hstride % 4 == 0);
     const int row_blocks = (int)((p->rows + tw_block_rows(p) - 1) / tw_block_rows(p));
-    /* plain: one block per token chunk; grouped: one per slot, walking its expert's chunks */
+    /* plain: one block per token chunk; grouped: one per slot, walking its expert's chunks;
+     * grid z: the row blocks of each slot or head */
     const dim3 grid(grouped ? 1u : (unsigned)((p->n_tokens + TW_TOKENS - 1) / TW_TOKENS),
-                    (unsigned)ks, (unsigned)(row_blocks * (grouped ? p->n_heads : 1)));
+                    (unsigned)ks, (unsigned)(row_blocks * DI_MAX(p->n_heads, 1)));
+    if (heads) di_cuda_tc_head_launches++;
     void (*k)(const di_cuda_mm_params, int, int, bool, int) =
         grouped ? (glu ? tw_kernel<true, true> : tw_kernel<false, true>)
                 : (glu ? tw_kernel<true, false> : tw_kernel<false, false>);
