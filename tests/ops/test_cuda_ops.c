@@ -1075,18 +1075,30 @@ TEST(matmul_experts) {
         check_experts(g_dtypes[d], 8, 2, 1, rnd_int(1, 200), rnd_int(1, 700));
         check_experts(g_dtypes[d], 12, 3, rnd_int(2, 40), rnd_int(1, 200), rnd_int(1, 700));
     }
-    /* V2-Lite's expert shapes (gate / up 1408 x 2048, down 2048 x 1408), decode batches (at
-     * 64 sequences, 6 rows per expert: 2 and 4 K runs per warp, tc_runs) */
+    /* V2-Lite's expert shapes (gate / up 1408 x 2048, down 2048 x 1408), decode batches: one
+     * row per expert (one K run per warp) and, at 64 sequences, 6 rows per expert (4 K runs
+     * per warp for the down projection's shape, tc_runs) */
     const int64_t runs = di_backend_cuda_tc_runs_launches();
     check_experts(DI_DTYPE_BF16, 64, 6, 1, 1408, 2048);
     check_experts(DI_DTYPE_BF16, 64, 6, 64, 2048, 1408);
     CHECK_MSG(!g_tc || di_backend_cuda_tc_runs_launches() > runs,
               "no grouped product took several K runs per warp");
-    /* two row tiles per warp (at most 4 rows per active expert): the last block's second
-     * tile past the end (43 tiles), and two tiles per block (2 K runs) with the last one
-     * past the end; 5..8 rows per expert, rows past the end */
+    /* two row tiles per warp, one K run each (the runs off: with them a warp takes one row
+     * tile): the last block's second tile past the end (43 tiles), and two tiles per block
+     * (2 K runs) with the last one past the end; 5..8 rows per expert, rows past the end */
+    di_backend b0 = backend_with("DI_CUDA_TC_RUNS_MIN_N", "0");
+    if (!b0.ctx) return;
+    const int64_t runs0 = di_backend_cuda_tc_runs_launches();
+    g_xbe = &b0;
     check_experts(DI_DTYPE_BF16, 64, 6, 40, 1376, 2048);
     check_experts(DI_DTYPE_BF16, 16, 4, 16, 200, 256);
+    check_experts(DI_DTYPE_BF16, 64, 6, 64, 1376, 2048);
+    g_xbe = &g_be;
+    di_backend_free(&b0);
+    CHECK_MSG(di_backend_cuda_tc_runs_launches() == runs0,
+              "DI_CUDA_TC_RUNS_MIN_N=0 ran a product with several K runs per warp");
+    /* the same shapes with the default's 2 K runs per warp (1376 rows) */
+    check_experts(DI_DTYPE_BF16, 64, 6, 40, 1376, 2048);
     check_experts(DI_DTYPE_BF16, 64, 6, 64, 1376, 2048);
     if (!g_tc) {
         check_experts(DI_DTYPE_F8_E4M3, 16, 8, 9, 256, 7168);
@@ -1486,7 +1498,7 @@ static void check_tc_heads(di_backend *be, di_dtype dt, int64_t nh, int64_t rows
     const int64_t wide = di_backend_cuda_wide_launches(false);
     int64_t wide_want = 0; /* BF16 batches of 9+ tokens (DI_CUDA_TC_WIDE_MIN_N's default) */
     for (size_t ni = 0; ni < DI_ARRAY_LEN(ns); ni++)
-        wide_want += dt == DI_DTYPE_BF16 && ns[ni] >= 9;
+        wide_want += dt == DI_DTYPE_BF16 && ns[ni] >= 9 && !getenv("DI_CUDA_TC_WIDE_MIN_N");
     for (int64_t k = 0; k < nmax; k++) { /* every token alone */
         p.n_tokens = 1;
         p.x = dx + k * xt;
@@ -1676,10 +1688,16 @@ int main(void) {
     /* Every BF16 weight on the tensor cores, however few its rows (the default sends
      * weights of < 512 rows to the SIMT GEMV): the odd small shapes below test that path. */
     setenv("DI_CUDA_TC_MIN_ROWS", "1", 1);
-    /* The default backend must be the default: the opt-in variants are compared with it. */
-    unsetenv("DI_CUDA_TC_LEAN");
-    unsetenv("DI_CUDA_TC_XS");
-    unsetenv("DI_CUDA_TC_FP8");
+    /* The default backend must be the default: the opt-in variants are compared with it, and
+     * the K order must be the default's (grouped products are compared with plain ones). The
+     * knobs that tools/gpu_check.sh's VARIANTS runs set (DI_CUDA_TC_RT, the wide kernel's)
+     * stay as given. */
+    static const char *knobs[] = {
+        "DI_CUDA_TC_LEAN",           "DI_CUDA_TC_XS",          "DI_CUDA_TC_FP8",
+        "DI_CUDA_TC_RUNS_MIN_N",     "DI_CUDA_TC_RUNS_TARGET", "DI_CUDA_TC_TARGET",
+        "DI_CUDA_TC_TARGET_EXPERTS", "DI_CUDA_TC_TERMS"};
+    for (size_t i = 0; i < DI_ARRAY_LEN(knobs); i++)
+        unsetenv(knobs[i]);
     di_status st = di_backend_cuda_init(&g_be, 0, 8192);
     g_have_gpu = st == DI_OK;
     if (!g_have_gpu)

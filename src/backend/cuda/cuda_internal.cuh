@@ -127,9 +127,10 @@ typedef struct di_cuda_tuning {
      * 2): fewer, longer-lived blocks. Same values. */
     int tc_rt;
     /* Grouped BF16 products of at least tc_runs_min_n tokens per active-expert slot (a decode
-     * batch; 0: never) give a warp several of a tile's K runs -- the tile on the fewest warps
-     * (a power of two) that reach tc_runs_target warps -- and fold their sums in the tree's
-     * order (cuda_tc_gemv.cu). Same values: the K order stays tc_ks's. */
+     * batch; 0: never) give a warp several of a tile's K runs -- W warps per tile, the
+     * fewest (a power of two) with W times the weight's 16-row tiles (tc_ks's count) at least
+     * tc_runs_target -- and fold their sums in the tree's order (cuda_tc_gemv.cu). Same
+     * values: the K order stays tc_ks's. */
     int64_t tc_runs_min_n, tc_runs_target;
     /* Warps of 16 rows a tensor-core product should spread over, which chooses its K runs
      * (cuda_tc.cuh: tc_ks); expert weights tc_target_experts when set (> 0). A different

@@ -12,9 +12,11 @@
  *     (8 columns per token group; a missing token is a zero column). Column j of the mma's
  *     result depends only on column j of B, so a token's sums do not depend on the others.
  *   - The K order is a function of the weight's shape only: K is cut into 32-element chunks
- *     (two mma), a row tile's chunks are dealt to ks warps in contiguous runs (ks from rows and
- *     K, tc_ks), each warp walks its run in order, and the ks partial sums are added by a
- *     fixed tree in shared memory. n only decides how many token groups run side by side.
+ *     (two mma), a row tile's chunks are dealt to ks K runs in contiguous runs (ks from rows
+ *     and K, tc_ks), each run walked in order by one warp (or R runs by one warp, in a decode
+ *     batch's grouped products: tc_runs), and the ks partial sums are added by a fixed tree
+ *     (in registers for a warp's own runs, then in shared memory). n only decides how many token
+ * groups run side by side.
  *   - fp32 activations are split into `terms` bf16 parts (x = hi + mid + lo: exact for normal
  *     floats with 3 terms, 16 significant bits with 2), one mma per part, in that order.
  *     Products of bf16 values are exact; the mma's fp32 accumulation is the only rounding
@@ -507,7 +509,7 @@ template <int MT, int NG, int U, bool PIPE, bool GLU, int RT, bool F8, int R = 1
 static cudaError_t launch_tc(const di_cuda_mm_params *p, int ks, bool xvec) {
     void (*k)(const di_cuda_mm_params, int, int, bool, int) =
         tc_kernel<MT, NG, U, PIPE, true, GLU, RT, F8, R>;
-    if constexpr (RT == 1) /* several row tiles per warp: grouped products only */
+    if constexpr (RT == 1 && R == 1) /* several row tiles or runs per warp: grouped only */
         if (!p->experts) k = tc_kernel<MT, NG, U, PIPE, false, GLU, RT, F8>;
     size_t smem = 0;
     const int xs_v = PIPE ? xs_v_for(p, NG, xvec, &smem) : 0;
@@ -528,7 +530,8 @@ int64_t di_cuda_tc_runs_launches; /* cuda_backend.h: grouped launches with R > 1
 
 /* K runs per warp of a grouped product (1, 2, 4 or 8; at most ks): at tune.tc_runs_min_n
  * tokens per active-expert slot or more, the tile's ks runs on the fewest warps W (a power of
- * two) with tiles x W >= tune.tc_runs_target, so R = ks / W; else one run per warp. The
+ * two) with W x the weight's 16-row tiles (tc_ks's count; the kernel's non-GLU tiles are two
+ * of them) >= tune.tc_runs_target, so R = ks / W; else one run per warp. The
  * sums do not change (run_fold), only how many warps share a tile. At a decode batch of 64
  * sequences (V2-Lite, about 6 rows per expert) fewer, longer warps stream the experts'
  * weights with less of the tree through shared memory; at one token per expert (batch 1)
@@ -554,16 +557,14 @@ static int tc_runs(const di_cuda_mm_params *p, int ks) {
  * and were dropped. */
 template <bool GLU, bool F8>
 static cudaError_t launch_tc_grouped(const di_cuda_mm_params *p, int ks, bool xvec) {
-    if (p->tune.tc_rt == 2) {
-        if constexpr (!F8) { /* a decode batch: several K runs per warp (tc_runs) in place
-                              * of the second row tile (the registers of both did not fit) */
-            const int r = tc_runs(p, ks);
-            if (r == 8) return launch_tc<2, 1, 2, true, GLU, 1, F8, 8>(p, ks, xvec);
-            if (r == 4) return launch_tc<2, 1, 2, true, GLU, 1, F8, 4>(p, ks, xvec);
-            if (r == 2) return launch_tc<2, 1, 2, true, GLU, 1, F8, 2>(p, ks, xvec);
-        }
-        return launch_tc<2, 1, 2, true, GLU, 2, F8>(p, ks, xvec);
+    if constexpr (!F8) { /* a decode batch: several K runs per warp (tc_runs), one row tile
+                          * per warp (the registers of two did not fit) */
+        const int r = tc_runs(p, ks);
+        if (r == 8) return launch_tc<2, 1, 2, true, GLU, 1, F8, 8>(p, ks, xvec);
+        if (r == 4) return launch_tc<2, 1, 2, true, GLU, 1, F8, 4>(p, ks, xvec);
+        if (r == 2) return launch_tc<2, 1, 2, true, GLU, 1, F8, 2>(p, ks, xvec);
     }
+    if (p->tune.tc_rt == 2) return launch_tc<2, 1, 2, true, GLU, 2, F8>(p, ks, xvec);
     return launch_tc<2, 1, 2, true, GLU, 1, F8>(p, ks, xvec);
 }
 
