@@ -86,15 +86,15 @@ static __device__ __forceinline__ void stage_xsplit(const di_cuda_mm_params &p, 
     __syncthreads();
 }
 
+/* A tile's sums (MT m-tiles x NG token groups x 4 values per lane) as one flat run of N
+ * floats, for the helpers below. */
+#define TC_SUMS(v) (&(v)[0][0][0])
+
 /* Zeros for a tile's sums. */
 template <int MT, int NG> static __device__ __forceinline__ void zero_acc(float (&v)[MT][NG][4]) {
 #pragma unroll
-    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-        for (int j = 0; j < NG; j++)
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-                v[mt][j][i] = 0.0f;
+    for (int e = 0; e < MT * NG * 4; e++)
+        TC_SUMS(v)[e] = 0.0f;
 }
 
 /* A warp's q-th run of a row tile (of 2^LR, visited in bit-reversed order: local runs 0,
@@ -108,30 +108,25 @@ template <int MT, int NG> static __device__ __forceinline__ void zero_acc(float 
 template <int LR, int MT, int NG>
 static __device__ __forceinline__ void run_fold(float (&st)[LR][MT][NG][4], float (&cur)[MT][NG][4],
                                                 int q, float (&out)[MT][NG][4]) {
+    constexpr int N = MT * NG * 4;
+    float *c = TC_SUMS(cur);
     bool kept = false;
 #pragma unroll
     for (int l = 0; l < LR && !kept; l++) {
         kept = !((q >> l) & 1);
+        float *h = TC_SUMS(st[l]);
 #pragma unroll
-        for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-            for (int j = 0; j < NG; j++)
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    if (kept)
-                        st[l][mt][j][i] = cur[mt][j][i];
-                    else
-                        cur[mt][j][i] = st[l][mt][j][i] + cur[mt][j][i];
-                }
+        for (int e = 0; e < N; e++) {
+            if (kept)
+                h[e] = c[e];
+            else
+                c[e] = h[e] + c[e];
+        }
     }
     if (!kept) /* the last run */
 #pragma unroll
-        for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-            for (int j = 0; j < NG; j++)
-#pragma unroll
-                for (int i = 0; i < 4; i++)
-                    out[mt][j][i] = cur[mt][j][i];
+        for (int e = 0; e < N; e++)
+            TC_SUMS(out)[e] = c[e];
 }
 
 /* Block: max(4, ks) warps, W = ks / R per row tile (warp = tile * W + kw), each taking R of
