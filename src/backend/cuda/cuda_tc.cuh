@@ -101,6 +101,22 @@ tc_expert(const di_cuda_mm_params &p, int slot, const void *&wdata, const void *
     return !ROWS || t0 < t_end;
 }
 
+/* A product per head (di_cuda_per_head): head h's weight (esz bytes per element), activations
+ * and outputs, which the caller's block moves to. */
+static __device__ __forceinline__ void tc_head(const di_cuda_mm_params &p, int64_t h, int esz,
+                                               const void *&wdata, const float *&x, float *&y) {
+    wdata = static_cast<const char *>(p.data) + h * p.head_elem_stride * esz;
+    x += h * p.x_hstride;
+    y += h * p.y_hstride;
+}
+
+/* Can the products' kernels read x with 16-byte loads (every token's row, and every head's in
+ * a product per head, 16-byte aligned)? */
+static inline bool tc_xvec(const di_cuda_mm_params *p) {
+    return ((uintptr_t)p->x & 15u) == 0 && p->x_tstride % 4 == 0 &&
+           (!di_cuda_per_head(p) || p->x_hstride % 4 == 0);
+}
+
 /* x(t)[k .. k + 8) as floats (zeros unless ok); x: the product's activations (a head's, in
  * a product per head). */
 static __device__ __forceinline__ void load_x8(const di_cuda_mm_params &p, const float *x,

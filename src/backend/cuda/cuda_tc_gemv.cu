@@ -15,8 +15,8 @@
  *     (two mma), a row tile's chunks are dealt to ks K runs in contiguous runs (ks from rows
  *     and K, tc_ks), each run walked in order by one warp (or R runs by one warp, in a decode
  *     batch's grouped products: tc_runs), and the ks partial sums are added by a fixed tree
- *     (in registers for a warp's own runs, then in shared memory). n only decides how many token
- * groups run side by side.
+ *     (in registers for a warp's own runs, then in shared memory). n only decides how many
+ *     token groups run side by side.
  *   - fp32 activations are split into `terms` bf16 parts (x = hi + mid + lo: exact for normal
  *     floats with 3 terms, 16 significant bits with 2), one mma per part, in that order.
  *     Products of bf16 values are exact; the mma's fp32 accumulation is the only rounding
@@ -59,6 +59,7 @@
 int64_t di_cuda_xs_launches;      /* cuda_backend.h: launches with staged parts (for tests) */
 int64_t di_cuda_tc_fp8_launches;  /* cuda_backend.h: FP8 launches (for tests) */
 int64_t di_cuda_tc_head_launches; /* cuda_backend.h: launches of a product per head */
+int64_t di_cuda_tc_runs_launches; /* cuda_backend.h: grouped launches with R > 1 (for tests) */
 
 /* Split activations in shared memory (xs_v > 0; the one-token-group variants). At a few
  * tokens the GEMV is bound by its warps' instruction chains, not by DRAM (Nsight Compute,
@@ -172,10 +173,8 @@ __global__ void __launch_bounds__(TC_THREADS, R == 2 || R == 4 ? 2 : 0)
             return;             /* block-uniform */
     } else if (p.n_heads > 1) { /* one product per head: blockIdx.z is head h */
         const int64_t h = blockIdx.z;
-        wdata = static_cast<const char *>(p.data) + h * p.head_elem_stride * ESZ;
-        row_off += h * p.head_row_offset_stride;
-        xb += h * p.x_hstride;
-        yb += h * p.y_hstride;
+        row_off += h * p.head_row_offset_stride; /* F8: its scale rows */
+        tc_head(p, h, ESZ, wdata, xb, yb);
     }
     const int64_t K = p.cols, C = (K + TC_CHUNK - 1) / TC_CHUNK;
     /* Step vt = rt R + q walks row tile rt's run kw + W rev(q), rev reversing q's log2 R
@@ -510,6 +509,7 @@ static cudaError_t launch_tc(const di_cuda_mm_params *p, int ks, bool xvec) {
     const int xs_v = PIPE ? xs_v_for(p, NG, xvec, &smem) : 0;
     if (xs_v) di_cuda_xs_launches++;
     if (di_cuda_per_head(p)) di_cuda_tc_head_launches++;
+    if (R > 1) di_cuda_tc_runs_launches++;
     const int64_t ro = GLU ? 16 : 16 * MT, tiles = (p->rows + ro - 1) / ro;
     const int warps = ks > 4 ? ks : 4, per_block = warps / (ks / R) * RT; /* row tiles */
     const int64_t tokens_per_block = 8 * NG;
@@ -520,8 +520,6 @@ static cudaError_t launch_tc(const di_cuda_mm_params *p, int ks, bool xvec) {
     return di_cuda_launch(k, grid, dim3(32 * warps), smem, p->stream, *p, ks, p->tune.tc_terms,
                           xvec, xs_v);
 }
-
-int64_t di_cuda_tc_runs_launches; /* cuda_backend.h: grouped launches with R > 1 (for tests) */
 
 /* K runs per warp of a grouped product (1, 2, 4 or 8; at most ks): at tune.tc_runs_min_n
  * tokens per active-expert slot or more, the tile's ks runs on the fewest warps W (a power of
@@ -537,9 +535,7 @@ static int tc_runs(const di_cuda_mm_params *p, int ks) {
     int w = 1;
     while (w < ks && tiles * w < p->tune.tc_runs_target)
         w *= 2;
-    const int r = ks / w;
-    if (r > 1) di_cuda_tc_runs_launches++;
-    return r;
+    return ks / w;
 }
 
 /* Grouped experts with a few tokens each: two row tiles per warp (p->tune.tc_rt = 2, the
@@ -567,9 +563,7 @@ static cudaError_t launch_tc_grouped(const di_cuda_mm_params *p, int ks, bool xv
 template <bool F8> static cudaError_t launch_tc_gemv(const di_cuda_mm_params *p) {
     const bool glu = p->glu_data || p->glu_experts;
     const int ks = tc_ks(p);
-    const bool heads = di_cuda_per_head(p);
-    const bool xvec =
-        ((uintptr_t)p->x & 15u) == 0 && p->x_tstride % 4 == 0 && (!heads || p->x_hstride % 4 == 0);
+    const bool heads = di_cuda_per_head(p), xvec = tc_xvec(p);
     const int64_t n = di_cuda_rows_per_weight(p);
     /* Opt-in (DI_CUDA_TC_LEAN=1, BF16): one token group on the swapped-operand kernel,
      * whose row and token counts are 32-bit (one head or grouped). */

@@ -103,9 +103,7 @@ __global__ void __launch_bounds__(TW_THREADS, 2)
     if constexpr (G) {
         if (!tc_expert<GLU, false>(p, zs, wdata, udata, t_first, t_end)) return;
     } else if (p.n_heads > 1) { /* one product per head (BF16, no GLU): head zs */
-        wdata = static_cast<const char *>(p.data) + zs * p.head_elem_stride * 2;
-        xb += zs * p.x_hstride;
-        yb += zs * p.y_hstride;
+        tc_head(p, zs, 2, wdata, xb, yb);
     }
     const int64_t K = p.cols, C = (K + TC_CHUNK - 1) / TC_CHUNK;
     const int64_t c_begin = C * kw / ks, c_end = C * (kw + 1) / ks;
@@ -323,8 +321,7 @@ cudaError_t di_cuda_launch_matmul_tc_wide(const di_cuda_mm_params *p) {
     const bool grouped = p->experts != NULL, glu = p->glu_data || p->glu_experts;
     const bool heads = di_cuda_per_head(p);
     const int ks = tc_ks(p); /* a product per head: from the tiles of all heads */
-    const bool xvec =
-        ((uintptr_t)p->x & 15u) == 0 && p->x_tstride % 4 == 0 && (!heads || p->x_hstride % 4 == 0);
+    const bool xvec = tc_xvec(p);
     const int row_blocks = (int)((p->rows + tw_block_rows(p) - 1) / tw_block_rows(p));
     /* plain: one block per token chunk; grouped: one per slot, walking its expert's chunks;
      * grid z: the row blocks of each slot or head */
