@@ -1076,17 +1076,51 @@ TEST(matmul_experts) {
         check_experts(g_dtypes[d], 12, 3, rnd_int(2, 40), rnd_int(1, 200), rnd_int(1, 700));
     }
     /* V2-Lite's expert shapes (gate / up 1408 x 2048, down 2048 x 1408), decode batches: one
-     * row per expert (one K run per warp) and, at 64 sequences, 6 rows per expert (4 K runs
-     * per warp for the down projection's shape, tc_runs) */
+     * row per expert (one K run per warp) and, at 64 sequences, 6 rows per expert (2 K runs
+     * per warp for the down projection's shape at the default target, tc_runs), on the
+     * streaming kernel (the default for them) */
     const int64_t runs = di_backend_cuda_tc_runs_launches();
     check_experts(DI_DTYPE_BF16, 64, 6, 1, 1408, 2048);
     check_experts(DI_DTYPE_BF16, 64, 6, 64, 2048, 1408);
     CHECK_MSG(!g_tc || di_backend_cuda_tc_runs_launches() > runs,
               "no grouped product took several K runs per warp");
-    /* two row tiles per warp, one K run each (the runs off: with them a warp takes one row
-     * tile): the last block's second tile past the end (43 tiles), and two tiles per block
-     * (2 K runs) with the last one past the end; 5..8 rows per expert, rows past the end */
+    /* A decode batch's grouped products take the streaming kernel by default (above, and
+     * the RUNS cases below: R = 1, 2, 4 and 8 on it). tc_kernel's grouped path
+     * (DI_CUDA_TC_STREAM=0) at one K run per warp (batch 1), 2 and 4 (64 sequences), 8
+     * (target 1: one warp per tile, no tree); rows past the last tile (1376 rows: 43 GLU
+     * tiles), 2 K runs (K = 256), a short last chunk (K = 2056), experts of 1..8 rows and of
+     * more than 8 (two passes), some with none. Each expert's rows bitwise the plain
+     * product. */
+    CHECK_MSG(!g_tc || di_backend_cuda_tc_stream_launches() > 0,
+              "the default ran no grouped product on the streaming kernel");
+    for (int ti = 0; g_tc && ti < 2; ti++) {
+        setenv("DI_CUDA_TC_STREAM", "0", 1);
+        di_backend bs = backend_with("DI_CUDA_TC_RUNS_TARGET", ti == 0 ? "256" : "1");
+        unsetenv("DI_CUDA_TC_STREAM");
+        if (!bs.ctx) return;
+        const int64_t streamed = di_backend_cuda_tc_stream_launches();
+        const int64_t ran = di_backend_cuda_tc_runs_launches();
+        g_xbe = &bs;
+        check_experts(DI_DTYPE_BF16, 64, 6, 1, 1408, 2048);
+        check_experts(DI_DTYPE_BF16, 64, 6, 64, 2048, 1408);
+        check_experts(DI_DTYPE_BF16, 64, 6, 40, 1376, 2048);
+        check_experts(DI_DTYPE_BF16, 16, 4, 16, 200, 256);
+        check_experts(DI_DTYPE_BF16, 16, 4, 8, 300, 2056);
+        check_experts(DI_DTYPE_BF16, 16, 4, 30, 1376, 2056);
+        g_xbe = &g_be;
+        di_backend_free(&bs);
+        CHECK_MSG(di_backend_cuda_tc_stream_launches() == streamed,
+                  "DI_CUDA_TC_STREAM=0 ran the streaming kernel");
+        CHECK_MSG(di_backend_cuda_tc_runs_launches() > ran,
+                  "DI_CUDA_TC_STREAM=0: no product took several K runs per warp");
+    }
+    /* tc_kernel's two row tiles per warp, one K run each (the runs off: with them a warp
+     * takes one row tile; the streaming kernel off: it takes one): the last block's second
+     * tile past the end (43 tiles), and two tiles per block (2 K runs) with the last one past
+     * the end; 5..8 rows per expert, rows past the end */
+    setenv("DI_CUDA_TC_STREAM", "0", 1);
     di_backend b0 = backend_with("DI_CUDA_TC_RUNS_MIN_N", "0");
+    unsetenv("DI_CUDA_TC_STREAM");
     if (!b0.ctx) return;
     const int64_t runs0 = di_backend_cuda_tc_runs_launches();
     g_xbe = &b0;
@@ -1097,7 +1131,7 @@ TEST(matmul_experts) {
     di_backend_free(&b0);
     CHECK_MSG(di_backend_cuda_tc_runs_launches() == runs0,
               "DI_CUDA_TC_RUNS_MIN_N=0 ran a product with several K runs per warp");
-    /* the same shapes with the default's 2 K runs per warp (1376 rows) */
+    /* the same shapes on the default's kernel and runs (1376 rows) */
     check_experts(DI_DTYPE_BF16, 64, 6, 40, 1376, 2048);
     check_experts(DI_DTYPE_BF16, 64, 6, 64, 1376, 2048);
     if (!g_tc) {
@@ -1695,7 +1729,7 @@ int main(void) {
     static const char *knobs[] = {
         "DI_CUDA_TC_LEAN",           "DI_CUDA_TC_XS",          "DI_CUDA_TC_FP8",
         "DI_CUDA_TC_RUNS_MIN_N",     "DI_CUDA_TC_RUNS_TARGET", "DI_CUDA_TC_TARGET",
-        "DI_CUDA_TC_TARGET_EXPERTS", "DI_CUDA_TC_TERMS"};
+        "DI_CUDA_TC_TARGET_EXPERTS", "DI_CUDA_TC_TERMS",       "DI_CUDA_TC_STREAM"};
     for (size_t i = 0; i < DI_ARRAY_LEN(knobs); i++)
         unsetenv(knobs[i]);
     di_status st = di_backend_cuda_init(&g_be, 0, 8192);

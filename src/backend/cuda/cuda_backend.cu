@@ -808,12 +808,13 @@ extern "C" di_status di_backend_cuda_init(di_backend *out, int device, int64_t m
     /* A decode batch's grouped products with several K runs per warp (the same sums as one
      * run per warp): from DI_CUDA_TC_RUNS_MIN_N tokens per active expert (0: never), W warps
      * per tile, the fewest with W x the weight's 16-row tiles >= DI_CUDA_TC_RUNS_TARGET. H200,
-     * 4-layer V2-Lite model, 64 sequences: 256 2.28 ms per step, 128 2.38, 512 2.27, off 2.30
-     * (NOTES.md, fifteenth round). */
+     * 4-layer V2-Lite model, 64 sequences, tc_kernel: 256 2.28 ms per step, 128 2.38, 512
+     * 2.27, off 2.30 (NOTES.md, fifteenth round); the streaming kernel: 512 2.01, 256 2.14,
+     * 128 2.34, off 2.05 (sixteenth round). */
     env = getenv("DI_CUDA_TC_RUNS_MIN_N");
     be->tune.tc_runs_min_n = env ? atoll(env) : 2;
     env = getenv("DI_CUDA_TC_RUNS_TARGET");
-    be->tune.tc_runs_target = env && atoll(env) > 0 ? atoll(env) : 256;
+    be->tune.tc_runs_target = env && atoll(env) > 0 ? atoll(env) : 512;
     env = getenv("DI_CUDA_TC_TARGET");
     be->tune.tc_target = env && atoll(env) > 0 ? atoll(env) : DI_CUDA_TC_TARGET;
     env = getenv("DI_CUDA_TC_TARGET_EXPERTS");
@@ -827,6 +828,12 @@ extern "C" di_status di_backend_cuda_init(di_backend *out, int device, int64_t m
     be->tune.tc_fp8 = env && strcmp(env, "1") == 0;
     env = getenv("DI_CUDA_TC_LEAN"); /* 1: the short-chain GEMV for up to 8 tokens */
     be->tune.tc_lean = env && strcmp(env, "1") == 0;
+    /* A decode batch's grouped BF16 products on the kernel that streams each warp's weights
+     * through shared memory (cuda_tc_stream.cu); DI_CUDA_TC_STREAM=0: tc_kernel. H200,
+     * 4-layer V2-Lite model: 64 sequences 2.28 -> 2.14 ms per step, 2.01 with a runs
+     * target of 512; batch 1 unchanged (0.57 ms; NOTES.md, sixteenth round). */
+    env = getenv("DI_CUDA_TC_STREAM");
+    be->tune.tc_stream = !(env && strcmp(env, "0") == 0);
     be->invariant = true;
     const int64_t chunks = (max_ctx + DI_CUDA_ATTN_CHUNK - 1) / DI_CUDA_ATTN_CHUNK;
     int64_t floats = DI_CUDA_ATTN_SPLIT_TOKENS * 128 * chunks * (DI_CUDA_ATTN_MAX_R + 2);
@@ -861,7 +868,8 @@ extern "C" di_status di_backend_cuda_init(di_backend *out, int device, int64_t m
                                be->main)) != cudaSuccess ||
         (err = di_cuda_attn_setup()) != cudaSuccess || (err = di_cuda_v4_setup()) != cudaSuccess ||
         (err = di_cuda_tc_wide_setup(&wide_ok)) != cudaSuccess ||
-        (err = di_cuda_tc_gemv_setup()) != cudaSuccess) {
+        (err = di_cuda_tc_gemv_setup()) != cudaSuccess ||
+        (err = di_cuda_tc_stream_setup()) != cudaSuccess) {
         cuda_free_ctx(be);
         return di_error(DI_ERR_OUT_OF_MEMORY, "cuda backend: device %d: %s", device,
                         cudaGetErrorString(err));
@@ -917,6 +925,10 @@ extern "C" int64_t di_backend_cuda_tc_head_launches(void) {
 
 extern "C" int64_t di_backend_cuda_tc_runs_launches(void) {
     return di_cuda_tc_runs_launches;
+}
+
+extern "C" int64_t di_backend_cuda_tc_stream_launches(void) {
+    return di_cuda_tc_stream_launches;
 }
 
 extern "C" int64_t di_backend_cuda_xs_launches(void) {

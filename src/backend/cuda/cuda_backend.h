@@ -98,8 +98,11 @@ int64_t di_backend_cuda_xs_launches(void);
 int64_t di_backend_cuda_tc_fp8_launches(void);
 /* ... and products per head (head_matmul) on the tensor cores, all heads in one launch. */
 int64_t di_backend_cuda_tc_head_launches(void);
-/* ... and grouped products whose warps took several K runs each (DI_CUDA_TC_RUNS_*). */
+/* ... and grouped products whose warps took several K runs each (DI_CUDA_TC_RUNS_*), on
+ * either grouped kernel. */
 int64_t di_backend_cuda_tc_runs_launches(void);
+/* ... and grouped products on the streaming kernel (the default; DI_CUDA_TC_STREAM=0 off). */
+int64_t di_backend_cuda_tc_stream_launches(void);
 
 /* How many wide tensor-core products of many tokens this process has launched, grouped
  * (expert) ones or plain ones (0 without CUDA): lets a test see that they ran. */

@@ -144,6 +144,10 @@ typedef struct di_cuda_tuning {
     /* The one-token-group products on the short-chain kernel (cuda_tc_lean.cu) instead of
      * tc_kernel: DI_CUDA_TC_LEAN=1, opt-in (measured no faster at one token). Same values. */
     int tc_lean;
+    /* A decode batch's grouped BF16 products on the kernel that streams each warp's weights
+     * through shared memory (cuda_tc_stream.cu; the default, DI_CUDA_TC_STREAM=0: tc_kernel).
+     * Same values. */
+    int tc_stream;
     /* Block-scaled FP8 weights on the tensor-core GEMV too (cuda_tc_gemv.cu: exact bf16
      * values, each 32-column chunk's sum times its block scale), where the scale blocks
      * hold whole chunks: DI_CUDA_TC_FP8=1. Changes the summation order (fixed for a run). */
@@ -256,12 +260,21 @@ cudaError_t di_cuda_tc_gemv_setup(void);
  * the same sums as the GEMV's one-token-group variants, for up to 8 tokens per weight whose
  * activations lie in 16-byte aligned rows. */
 cudaError_t di_cuda_launch_matmul_tc_lean(const di_cuda_mm_params *p, int ks);
-extern int64_t di_cuda_wide_launches[2]; /* di_backend_cuda_wide_launches: plain, grouped */
-extern int64_t di_cuda_lean_launches;    /* di_backend_cuda_lean_launches */
-extern int64_t di_cuda_xs_launches;      /* di_backend_cuda_xs_launches */
-extern int64_t di_cuda_tc_fp8_launches;  /* di_backend_cuda_tc_fp8_launches */
-extern int64_t di_cuda_tc_head_launches; /* di_backend_cuda_tc_head_launches */
-extern int64_t di_cuda_tc_runs_launches; /* di_backend_cuda_tc_runs_launches */
+/* A decode batch's grouped BF16 products with each warp's weights streamed through shared
+ * memory (cuda_tc_stream.cu; p->tune.tc_stream, the default): the same sums as the GEMV's
+ * grouped variants with r K runs per warp (1, 2, 4 or 8), for up to 8 rows per active expert
+ * whose activations lie in 16-byte aligned rows (di_cuda_tc_stream_fits); its setup raises
+ * the kernels' shared-memory limit, once per backend. */
+bool di_cuda_tc_stream_fits(const di_cuda_mm_params *p);
+cudaError_t di_cuda_launch_matmul_tc_stream(const di_cuda_mm_params *p, int ks, int r);
+cudaError_t di_cuda_tc_stream_setup(void);
+extern int64_t di_cuda_tc_stream_launches; /* di_backend_cuda_tc_stream_launches */
+extern int64_t di_cuda_wide_launches[2];   /* di_backend_cuda_wide_launches: plain, grouped */
+extern int64_t di_cuda_lean_launches;      /* di_backend_cuda_lean_launches */
+extern int64_t di_cuda_xs_launches;        /* di_backend_cuda_xs_launches */
+extern int64_t di_cuda_tc_fp8_launches;    /* di_backend_cuda_tc_fp8_launches */
+extern int64_t di_cuda_tc_head_launches;   /* di_backend_cuda_tc_head_launches */
+extern int64_t di_cuda_tc_runs_launches;   /* di_backend_cuda_tc_runs_launches */
 cudaError_t di_cuda_launch_matmul_tc_wide(const di_cuda_mm_params *p);
 
 /* silu(g) * u, rounded as silu_mul_kernel rounds it (the fused and the separate SwiGLU agree). */

@@ -163,6 +163,66 @@ static inline int tc_ks(const di_cuda_mm_params *p) {
     return ks;
 }
 
+/* A tile's sums (MT m-tiles x NG token groups x 4 values per lane) as one flat run of N
+ * floats, for the helpers below. */
+#define TC_SUMS(v) (&(v)[0][0][0])
+
+/* Zeros for a tile's sums. */
+template <int MT, int NG> static __device__ __forceinline__ void zero_acc(float (&v)[MT][NG][4]) {
+#pragma unroll
+    for (int e = 0; e < MT * NG * 4; e++)
+        TC_SUMS(v)[e] = 0.0f;
+}
+
+/* A warp's q-th run of a row tile (of 2^LR, visited in bit-reversed order: local runs 0,
+ * R/2, R/4, 3R/4, ...) is done, its sums in cur: fold them into st as the tree of
+ * tc_tree_reduce adds the tile's runs (level s adds run k + s to run k). A binary counter:
+ * st[l] holds, while bit l of q is set, the sum of the 2^l runs visited before the current
+ * subtree; each set bit from the bottom adds it in front of the running sum, the first clear
+ * bit keeps the running sum there. After the last run (every bit set), out holds the sum of
+ * the warp's runs -- what the shared-memory tree had after its levels s >= W. The indices
+ * are the unrolled loop's, whatever q is. */
+template <int LR, int MT, int NG>
+static __device__ __forceinline__ void run_fold(float (&st)[LR][MT][NG][4], float (&cur)[MT][NG][4],
+                                                int q, float (&out)[MT][NG][4]) {
+    constexpr int N = MT * NG * 4;
+    float *c = TC_SUMS(cur);
+    bool kept = false;
+#pragma unroll
+    for (int l = 0; l < LR && !kept; l++) {
+        kept = !((q >> l) & 1);
+        float *h = TC_SUMS(st[l]);
+#pragma unroll
+        for (int e = 0; e < N; e++) {
+            if (kept)
+                h[e] = c[e];
+            else
+                c[e] = h[e] + c[e];
+        }
+    }
+    if (!kept) /* the last run */
+#pragma unroll
+        for (int e = 0; e < N; e++)
+            TC_SUMS(out)[e] = c[e];
+}
+
+/* The chunks of a warp's R K runs of a tile (warp kw of the tile's W = ks / R), in the order
+ * run_fold adds them: step q walks run kw + W rev(q), rev reversing q's log2 R bits, whose
+ * chunks are [c_first[q], c_last[q]) (run kr takes [C kr / ks, C (kr + 1) / ks)). */
+template <int R>
+static __device__ __forceinline__ void tc_run_chunks(int64_t C, int ks, int kw, int W,
+                                                     int64_t (&c_first)[R], int64_t (&c_last)[R]) {
+#pragma unroll
+    for (int q = 0; q < R; q++) {
+        int rq = 0;
+#pragma unroll
+        for (int b = 1, qq = q; b < R; b *= 2, qq /= 2)
+            rq = 2 * rq + (qq & 1);
+        const int64_t kr = kw + W * rq;
+        c_first[q] = C * kr / ks, c_last[q] = C * (kr + 1) / ks;
+    }
+}
+
 /* A tile's ks K runs' partial sums (NV per lane, in v) added in shared memory by the GEMV's
  * fixed tree: warp kw adds warp kw + s for s = ks / 2, ..., 1. Every warp of the block calls
  * it (it holds barriers); afterwards v holds the tile's sums (those the run-0 warp stores). */

@@ -87,49 +87,6 @@ static __device__ __forceinline__ void stage_xsplit(const di_cuda_mm_params &p, 
     __syncthreads();
 }
 
-/* A tile's sums (MT m-tiles x NG token groups x 4 values per lane) as one flat run of N
- * floats, for the helpers below. */
-#define TC_SUMS(v) (&(v)[0][0][0])
-
-/* Zeros for a tile's sums. */
-template <int MT, int NG> static __device__ __forceinline__ void zero_acc(float (&v)[MT][NG][4]) {
-#pragma unroll
-    for (int e = 0; e < MT * NG * 4; e++)
-        TC_SUMS(v)[e] = 0.0f;
-}
-
-/* A warp's q-th run of a row tile (of 2^LR, visited in bit-reversed order: local runs 0,
- * R/2, R/4, 3R/4, ...) is done, its sums in cur: fold them into st as the tree of
- * tc_tree_reduce adds the tile's runs (level s adds run k + s to run k). A binary counter:
- * st[l] holds, while bit l of q is set, the sum of the 2^l runs visited before the current
- * subtree; each set bit from the bottom adds it in front of the running sum, the first clear
- * bit keeps the running sum there. After the last run (every bit set), out holds the sum of
- * the warp's runs -- what the shared-memory tree had after its levels s >= W. The indices
- * are the unrolled loop's, whatever q is. */
-template <int LR, int MT, int NG>
-static __device__ __forceinline__ void run_fold(float (&st)[LR][MT][NG][4], float (&cur)[MT][NG][4],
-                                                int q, float (&out)[MT][NG][4]) {
-    constexpr int N = MT * NG * 4;
-    float *c = TC_SUMS(cur);
-    bool kept = false;
-#pragma unroll
-    for (int l = 0; l < LR && !kept; l++) {
-        kept = !((q >> l) & 1);
-        float *h = TC_SUMS(st[l]);
-#pragma unroll
-        for (int e = 0; e < N; e++) {
-            if (kept)
-                h[e] = c[e];
-            else
-                c[e] = h[e] + c[e];
-        }
-    }
-    if (!kept) /* the last run */
-#pragma unroll
-        for (int e = 0; e < N; e++)
-            TC_SUMS(out)[e] = c[e];
-}
-
 /* Block: max(4, ks) warps, W = ks / R per row tile (warp = tile * W + kw), each taking R of
  * the tile's ks K runs: kw, kw + W, ..., kw + (R - 1) W. A warp's row tile is MT m-tiles of
  * 16 rows (GLU: MT = 2, the gate's and the up projection's same 16 rows); a warp takes RT
@@ -177,20 +134,10 @@ __global__ void __launch_bounds__(TC_THREADS, R == 2 || R == 4 ? 2 : 0)
         tc_head(p, h, ESZ, wdata, xb, yb);
     }
     const int64_t K = p.cols, C = (K + TC_CHUNK - 1) / TC_CHUNK;
-    /* Step vt = rt R + q walks row tile rt's run kw + W rev(q), rev reversing q's log2 R
-     * bits: the order in which run_fold adds the runs as the tree does. Run kr takes chunks
-     * [C kr / ks, C (kr + 1) / ks): step q's are [c_first[q], c_last[q]), computed once
-     * (after step R - 1 comes the next tile's step 0). */
+    /* Step vt = rt R + q walks row tile rt's run q of the warp (tc_run_chunks), computed
+     * once (after step R - 1 comes the next tile's step 0). */
     int64_t c_first[R], c_last[R];
-#pragma unroll
-    for (int q = 0; q < R; q++) {
-        int rq = 0;
-#pragma unroll
-        for (int b = 1, qq = q; b < R; b *= 2, qq /= 2)
-            rq = 2 * rq + (qq & 1);
-        const int64_t kr = kw + W * rq;
-        c_first[q] = C * kr / ks, c_last[q] = C * (kr + 1) / ks;
-    }
+    tc_run_chunks<R>(C, ks, kw, W, c_first, c_last);
     const int64_t kl = 8 * tig; /* this lane's first column inside a chunk */
 
     /* Weights of U chunks from chunk c of row tile rt, whose run ends at chunk ce: m-tile
@@ -551,6 +498,7 @@ static cudaError_t launch_tc_grouped(const di_cuda_mm_params *p, int ks, bool xv
     if constexpr (!F8) { /* a decode batch: several K runs per warp (tc_runs), one row tile
                           * per warp (the registers of two did not fit) */
         const int r = tc_runs(p, ks);
+        if (di_cuda_tc_stream_fits(p)) return di_cuda_launch_matmul_tc_stream(p, ks, r);
         if (r == 8) return launch_tc<2, 1, 2, true, GLU, 1, F8, 8>(p, ks, xvec);
         if (r == 4) return launch_tc<2, 1, 2, true, GLU, 1, F8, 4>(p, ks, xvec);
         if (r == 2) return launch_tc<2, 1, 2, true, GLU, 1, F8, 2>(p, ks, xvec);

@@ -1,0 +1,238 @@
+/*
+ * cuda_tc_stream.cu -- a decode batch's grouped BF16 expert products (up to 8 rows per
+ * expert) with each warp's weights and activations streamed through a ring in shared memory
+ * (cp.async), the sums bitwise tc_kernel's (cuda_tc_gemv.cu). Opt-in: DI_CUDA_TC_STREAM=1.
+ *
+ * Why: tc_kernel holds the weights it requested in registers (U = 2 chunks ahead of the two
+ * it multiplies), so a warp has at most a few KB in flight, and at 128 registers an SM runs
+ * 16 warps. Nsight Compute on the H200 (64 sequences, V2-Lite's routed gate / up): 2.35 TB/s
+ * under the profiler, 0.78 eligible of 3.8 warps per scheduler, 8.4 cycles between a warp's
+ * instructions, about 200 instructions per chunk -- most of them the per-load address
+ * arithmetic and predicates, the moves between the two register buffers, and branches
+ * around the loads. Here a lane copies its own 16-byte pieces of TS_STAGES - 1 chunks ahead
+ * into its slots of the ring (zero-filled past the rows, the run or K), waits for the oldest,
+ * reads it back and multiplies: the bytes in flight no longer cost registers, and a load is
+ * one cp.async from a pointer fixed per tile.
+ *
+ * The same sums as tc_kernel: the same chunks (tc_ks's K runs, R of them per warp as tc_runs
+ * chooses, visited as run_fold adds them), the same weights and activations (the same 16
+ * bytes per lane, only through shared memory), the same split and mma sequence per chunk,
+ * the same tree over the tile's warps. matmul_experts' op test compares it bitwise with the
+ * plain product.
+ */
+#include "backend/cuda/cuda_tc.cuh"
+
+#define TS_STAGES 4 /* chunks a warp's ring holds: TS_STAGES - 1 in flight, one in use */
+/* 16-byte slots per lane and chunk: the weights of rows g and g + 8 of two m-tiles (GLU: the
+ * gate's and the up projection's same rows), then the lane's token's 8 activations (fp32) */
+#define TS_SLOTS      6
+#define TS_WARP_BYTES (TS_STAGES * TS_SLOTS * 32 * (int)sizeof(uint4)) /* 12 KiB */
+
+int64_t di_cuda_tc_stream_launches; /* cuda_backend.h: launches of this kernel (for tests) */
+
+/* cp.async of 16 bytes from src to shared dst, of which `bytes` (16 or 0) are read and the
+ * rest zero-filled; .cg for the weights (read once: not kept in L1), .ca for activations
+ * (read by every warp of the expert). */
+template <bool L1>
+static __device__ __forceinline__ void cp_async16(uint4 *dst, const void *src, int bytes) {
+    const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+    if constexpr (L1)
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(bytes)
+                     : "memory");
+    else
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(bytes)
+                     : "memory");
+}
+
+static __device__ __forceinline__ void cp_async_commit(void) {
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+template <int N> static __device__ __forceinline__ void cp_async_wait(void) {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+/* Block: max(4, ks) warps, W = ks / R per row tile (warp = tile x W + kw), a tile being two
+ * m-tiles of 16 rows (GLU: 16 gate and 16 up rows); blockIdx.z: the active-expert slot, whose
+ * rows the block walks 8 at a time (one token group per pass). Each warp owns
+ * TS_WARP_BYTES of the ring. */
+template <bool GLU, int R>
+__global__ void __launch_bounds__(32 * TC_MAX_KS, 2)
+    ts_kernel(const di_cuda_mm_params p, int ks, int terms) {
+    extern __shared__ uint4 ring[];
+    __shared__ float red[TC_MAX_KS][32][8];
+    constexpr int LOG2_R = R == 8 ? 3 : R == 4 ? 2 : R == 2 ? 1 : 0;
+    constexpr int RO = GLU ? 16 : 32; /* output rows per tile */
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, tig = lane & 3;
+    const int W = ks / R, kw = warp % W;
+    const int64_t r0 = ((int64_t)blockIdx.x * ((int)(blockDim.x >> 5) / W) + warp / W) * RO;
+    const bool live = r0 < p.rows; /* a tile past the end still takes part in the tree */
+    const void *wdata = p.data, *udata = p.glu_data;
+    int64_t t0 = 0, t_end = p.n_tokens;
+    if (!tc_expert<GLU, true>(p, (int)blockIdx.z, wdata, udata, t0, t_end)) return;
+    const int64_t K = p.cols, C = (K + TC_CHUNK - 1) / TC_CHUNK;
+    /* The consumer's runs in run_fold's order (indexed by the unrolled q: registers); tc_ks
+     * leaves every run at least one chunk. The producer, whose run index is not a constant,
+     * recomputes a run's bounds when it reaches it (run_bounds), in 32 bits: no array in
+     * local memory. */
+    int64_t c_first[R], c_last[R];
+    tc_run_chunks<R>(C, ks, kw, W, c_first, c_last);
+    const int c32 = (int)C;
+    auto run_bounds = [&](int q, int &first, int &last) {
+        const int rq = LOG2_R ? (int)(__brev((unsigned)q) >> (32 - LOG2_R)) : 0;
+        const int kr = kw + W * rq;
+        first = c32 * kr / ks, last = c32 * (kr + 1) / ks;
+    };
+    /* This lane's rows g and g + 8 of each m-tile (past the end: the last row, never stored),
+     * at its 8 columns of a chunk */
+    const char *wrow[2][2];
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int64_t r = min(r0 + (GLU ? 0 : 16 * mt) + g + 8 * h, p.rows - 1);
+            const void *base = GLU && mt == 1 ? udata : wdata;
+            wrow[mt][h] = static_cast<const char *>(base) + (r * p.row_stride + 8 * tig) * 2;
+        }
+    uint4 *mine = ring + (size_t)warp * (TS_WARP_BYTES / sizeof(uint4)) + lane;
+
+    for (; t0 < t_end; t0 += 8) { /* block-uniform */
+        const int64_t t = t0 + g; /* this lane's token (the mma's B column g) */
+        const bool tok = t < t_end;
+        const float *xrow = p.x + (tok ? t : t0) * p.x_tstride + 8 * tig;
+        /* The producer: chunk pc of the warp's run pq into the next stage (an empty group
+         * once every chunk is requested, so that the waits count alike). */
+        int pq = 0, issued = 0, pc, pend;
+        run_bounds(0, pc, pend);
+        auto issue = [&]() {
+            if (pq < R) {
+                uint4 *dst = mine + (issued % TS_STAGES) * TS_SLOTS * 32;
+                const bool kin = pc * TC_CHUNK + 8 * tig < K; /* K % 8 == 0: whole pieces */
+                const int64_t off = kin ? pc * TC_CHUNK : 0;
+                const int wb = live && kin ? 16 : 0, xb = tok && kin ? 16 : 0;
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++)
+                        cp_async16<false>(dst + (2 * mt + h) * 32, wrow[mt][h] + 2 * off, wb);
+                cp_async16<true>(dst + 4 * 32, xrow + off, xb);
+                cp_async16<true>(dst + 5 * 32, xrow + off + 4, xb);
+                if (++pc == pend && ++pq < R) run_bounds(pq, pc, pend);
+            }
+            cp_async_commit();
+            issued++;
+        };
+#pragma unroll
+        for (int i = 0; i < TS_STAGES - 1; i++)
+            issue();
+
+        float acc[2][1][4], st[R > 1 ? LOG2_R : 1][2][1][4]; /* st: run_fold's partial sums */
+        zero_acc(acc);
+        int used = 0;
+#pragma unroll
+        for (int q = 0; q < R; q++) {
+            float cur[2][1][4]; /* R > 1: this run's sums */
+            if constexpr (R > 1) zero_acc(cur);
+            auto dst = [&](int mt) -> float(&)[4] {
+                if constexpr (R > 1)
+                    return cur[mt][0];
+                else
+                    return acc[mt][0];
+            };
+            for (int64_t c = c_first[q]; c < c_last[q]; c++) {
+                cp_async_wait<TS_STAGES - 2>(); /* chunk `used` has landed */
+                const uint4 *src = mine + (used % TS_STAGES) * TS_SLOTS * 32;
+                const uint4 w[2][2] = {{src[0], src[32]}, {src[64], src[96]}};
+                const uint4 xa = src[128], xc = src[160];
+                used++;
+                issue(); /* into the stage read in the previous step */
+                float xv[8] = {__uint_as_float(xa.x), __uint_as_float(xa.y), __uint_as_float(xa.z),
+                               __uint_as_float(xa.w), __uint_as_float(xc.x), __uint_as_float(xc.y),
+                               __uint_as_float(xc.z), __uint_as_float(xc.w)};
+#pragma unroll
+                for (int s = 0; s < 3; s++) { /* terms: 2 or 3 */
+                    if (s >= terms) break;
+                    const uint4 b = split_quad(xv);
+#pragma unroll
+                    for (int mt = 0; mt < 2; mt++)
+                        mma_chunk(dst(mt), w[mt][0], w[mt][1], b.x, b.y, b.z, b.w);
+                }
+            }
+            if constexpr (R > 1) run_fold<LOG2_R>(st, cur, q, acc);
+        }
+        cp_async_wait<0>(); /* only empty groups are left: the next pass starts clean */
+
+        /* c0, c1 = row g, tokens 2 tig, 2 tig + 1; c2, c3 = row g + 8 (tc_kernel's epilogue) */
+        float v[8];
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                v[4 * mt + i] = acc[mt][0][i];
+        if (W > 1) {
+            tc_tree_reduce<8>(v, red, warp, lane, kw, W);
+            if (kw != 0) continue;
+        }
+        if (!live) continue;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int64_t tt = t0 + 2 * tig + (i & 1);
+            const int row = g + 8 * (i >> 1);
+            if (tt >= t_end) continue;
+#pragma unroll
+            for (int mt = 0; mt < (GLU ? 1 : 2); mt++) {
+                const int64_t r = r0 + 16 * mt + row;
+                if (r >= p.rows) continue;
+                const float val = GLU ? silu_times(v[i], v[4 + i]) : v[4 * mt + i];
+                store_y(p.y + tt * p.y_tstride + r, val, p.accumulate);
+            }
+        }
+    }
+}
+
+template <bool GLU, int R> static cudaError_t launch_ts(const di_cuda_mm_params *p, int ks) {
+    const int warps = ks > 4 ? ks : 4, per_block = warps / (ks / R); /* row tiles */
+    const int64_t ro = GLU ? 16 : 32, tiles = (p->rows + ro - 1) / ro;
+    dim3 grid((unsigned)((tiles + per_block - 1) / per_block), 1u, (unsigned)p->n_heads);
+    di_cuda_tc_stream_launches++;
+    if (R > 1) di_cuda_tc_runs_launches++;
+    return di_cuda_launch(ts_kernel<GLU, R>, grid, dim3(32 * warps), (size_t)warps * TS_WARP_BYTES,
+                          p->stream, *p, ks, p->tune.tc_terms);
+}
+
+bool di_cuda_tc_stream_fits(const di_cuda_mm_params *p) {
+    return p->tune.tc_stream && p->experts && p->dtype == DI_DTYPE_BF16 && tc_xvec(p) &&
+           di_cuda_rows_per_weight(p) <= 8;
+}
+
+cudaError_t di_cuda_launch_matmul_tc_stream(const di_cuda_mm_params *p, int ks, int r) {
+    const bool glu = p->glu_experts != nullptr;
+    switch (r) {
+    case 8:
+        return glu ? launch_ts<true, 8>(p, ks) : launch_ts<false, 8>(p, ks);
+    case 4:
+        return glu ? launch_ts<true, 4>(p, ks) : launch_ts<false, 4>(p, ks);
+    case 2:
+        return glu ? launch_ts<true, 2>(p, ks) : launch_ts<false, 2>(p, ks);
+    default:
+        return glu ? launch_ts<true, 1>(p, ks) : launch_ts<false, 1>(p, ks);
+    }
+}
+
+template <bool GLU, int R> static cudaError_t allow_ring(void) {
+    return cudaFuncSetAttribute(ts_kernel<GLU, R>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                TC_MAX_KS * TS_WARP_BYTES);
+}
+
+cudaError_t di_cuda_tc_stream_setup(void) {
+    cudaError_t err = allow_ring<true, 1>();
+    if (err == cudaSuccess) err = allow_ring<true, 2>();
+    if (err == cudaSuccess) err = allow_ring<true, 4>();
+    if (err == cudaSuccess) err = allow_ring<true, 8>();
+    if (err == cudaSuccess) err = allow_ring<false, 1>();
+    if (err == cudaSuccess) err = allow_ring<false, 2>();
+    if (err == cudaSuccess) err = allow_ring<false, 4>();
+    if (err == cudaSuccess) err = allow_ring<false, 8>();
+    return err;
+}
