@@ -123,8 +123,10 @@ typedef struct di_cuda_tuning {
      * tc_wide_min_n tokens (0: never), and for grouped ones of at least tc_wide_grouped
      * tokens per active expert (0: never). Same values. */
     int64_t tc_wide_min_n, tc_wide_grouped;
-    /* Row tiles per warp of the grouped tensor-core GEMV for a few tokens per expert (1 or
-     * 2): fewer, longer-lived blocks. Same values. */
+    /* Row tiles per warp of tc_kernel's grouped products for a few tokens per expert (1 or
+     * 2): fewer, longer-lived blocks. Same values. Those products take the streaming kernel
+     * by default (tc_stream), so this applies under DI_CUDA_TC_STREAM=0, to FP8 weights and
+     * to activations not in 16-byte aligned rows. */
     int tc_rt;
     /* Grouped BF16 products of at least tc_runs_min_n tokens per active-expert slot (a decode
      * batch; 0: never) give a warp several of a tile's K runs -- W warps per tile, the
