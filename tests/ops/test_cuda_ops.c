@@ -1069,6 +1069,22 @@ static void check_experts(di_dtype dt, int64_t E, int64_t K, int64_t n, int64_t 
     free(lg), free(x), free(y), free(off), free(ref);
 }
 
+/* A decode batch's grouped products on backend b, each expert's rows bitwise the plain
+ * product: one row per expert (batch 1) and 6 (64 sequences) at V2-Lite's shapes, 2 K runs
+ * (200 x 256), a last chunk short of 32 columns (K = 2056), rows past the last tile (1376
+ * rows: 43 tiles of 32 rows, 86 GLU tiles of 16), experts of 1..8 rows and of more than 8
+ * (two passes), some with none. */
+static void check_decode_experts(di_backend *b) {
+    g_xbe = b;
+    check_experts(DI_DTYPE_BF16, 64, 6, 1, 1408, 2048);
+    check_experts(DI_DTYPE_BF16, 64, 6, 64, 1408, 2048);
+    check_experts(DI_DTYPE_BF16, 64, 6, 40, 2048, 1408);
+    check_experts(DI_DTYPE_BF16, 16, 4, 16, 200, 256);
+    check_experts(DI_DTYPE_BF16, 16, 4, 8, 300, 2056);
+    check_experts(DI_DTYPE_BF16, 16, 4, 30, 1376, 2056);
+    g_xbe = &g_be;
+}
+
 TEST(matmul_experts) {
     if (!g_have_gpu) SKIP("no CUDA device");
     for (size_t d = 0; d < DI_ARRAY_LEN(g_dtypes); d++) {
@@ -1090,12 +1106,9 @@ TEST(matmul_experts) {
     CHECK_MSG(!g_tc || di_backend_cuda_tc_runs_launches() > runs,
               "no grouped product took several K runs per warp");
     /* A decode batch's grouped products take the streaming kernel by default (above, and
-     * the RUNS cases below: R = 1, 2, 4 and 8 on it). tc_kernel's grouped path
-     * (DI_CUDA_TC_STREAM=0) at one K run per warp (batch 1), 2 and 4 (64 sequences), 8
-     * (target 1: one warp per tile, no tree); rows past the last tile (1376 rows: 43 tiles
-     * of 32 rows, 86 GLU tiles of 16), 2 K runs (K = 256), a short last chunk (K = 2056), experts
-     * of 1..8 rows and of more than 8 (two passes), some with none. Each expert's rows bitwise the
-     * plain product. */
+     * the RUNS cases below: R = 1, 2, 4 and 8 on it); tc_kernel's grouped path
+     * (DI_CUDA_TC_STREAM=0) at one K run per warp (batch 1), 2 and 4 (64 sequences) and 8
+     * (target 1: one warp per tile, no tree). */
     CHECK_MSG(!g_tc || di_backend_cuda_tc_stream_launches() > 0,
               "the default ran no grouped product on the streaming kernel");
     for (int ti = 0; g_tc && ti < 2; ti++) {
@@ -1105,14 +1118,7 @@ TEST(matmul_experts) {
         if (!bs.ctx) return;
         const int64_t streamed = di_backend_cuda_tc_stream_launches();
         const int64_t ran = di_backend_cuda_tc_runs_launches();
-        g_xbe = &bs;
-        check_experts(DI_DTYPE_BF16, 64, 6, 1, 1408, 2048);
-        check_experts(DI_DTYPE_BF16, 64, 6, 64, 2048, 1408);
-        check_experts(DI_DTYPE_BF16, 64, 6, 40, 1376, 2048);
-        check_experts(DI_DTYPE_BF16, 16, 4, 16, 200, 256);
-        check_experts(DI_DTYPE_BF16, 16, 4, 8, 300, 2056);
-        check_experts(DI_DTYPE_BF16, 16, 4, 30, 1376, 2056);
-        g_xbe = &g_be;
+        check_decode_experts(&bs);
         di_backend_free(&bs);
         CHECK_MSG(di_backend_cuda_tc_stream_launches() == streamed,
                   "DI_CUDA_TC_STREAM=0 ran the streaming kernel");
@@ -1185,21 +1191,15 @@ TEST(matmul_experts) {
     CHECK_MSG(di_backend_cuda_wide_launches(true) > wide1,
               "DI_CUDA_TC_WIDE_GROUPED=1 ran no grouped wide product");
     check_experts(DI_DTYPE_F8_E4M3, 16, 8, 9, 256, 7168);
-    /* Several K runs per warp at other targets: 8 runs per warp (target 1: one warp per
-     * tile, no shared-memory tree) and 4 or 8 (target 128); runs of 8 and 9 chunks with a
-     * short last chunk (K = 2056), rows past the last tile, 2..8 rows per expert. Each
-     * expert's rows bitwise its plain product (one run per warp). */
+    /* Several K runs per warp at other targets, on the default (streaming) kernel: 8 runs
+     * per warp (target 1: one warp per tile, no shared-memory tree) and 4 or 8 (target 128);
+     * runs of 8 and 9 chunks with a short last chunk (K = 2056). */
     static const char *targets[] = {"1", "128"};
     for (size_t ti = 0; ti < DI_ARRAY_LEN(targets); ti++) {
         di_backend bt = backend_with("DI_CUDA_TC_RUNS_TARGET", targets[ti]);
         if (!bt.ctx) return;
         const int64_t ran = di_backend_cuda_tc_runs_launches();
-        g_xbe = &bt;
-        check_experts(DI_DTYPE_BF16, 64, 6, 64, 1408, 2048);
-        check_experts(DI_DTYPE_BF16, 64, 6, 40, 2048, 1408);
-        check_experts(DI_DTYPE_BF16, 16, 4, 16, 1376, 2056);
-        check_experts(DI_DTYPE_BF16, 16, 4, 8, 300, 2056);
-        g_xbe = &g_be;
+        check_decode_experts(&bt);
         di_backend_free(&bt);
         CHECK_MSG(di_backend_cuda_tc_runs_launches() > ran,
                   "DI_CUDA_TC_RUNS_TARGET=%s: no product took several K runs per warp",

@@ -148,14 +148,7 @@ __global__ void __launch_bounds__(TC_THREADS, R == 2 || R == 4 ? 2 : 0)
         const int64_t r0 = tile_r0(rt);
         const bool tile_ok = rt < RT && r0 < p.rows;
         const char *wrow[MT][2];
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int64_t r = min(r0 + (GLU ? 0 : 16 * mt) + g + 8 * h, p.rows - 1);
-                const void *base = GLU && mt == 1 ? udata : wdata;
-                wrow[mt][h] = static_cast<const char *>(base) + r * p.row_stride * ESZ;
-            }
+        tc_lane_rows<MT, GLU>(p, r0, g, wdata, udata, ESZ, 0, wrow);
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int64_t k = (c + u) * TC_CHUNK + kl;

@@ -88,17 +88,8 @@ __global__ void __launch_bounds__(32 * TC_MAX_KS, 2)
         const int kr = kw + W * rq;
         first = c32 * kr / ks, last = c32 * (kr + 1) / ks;
     };
-    /* This lane's rows g and g + 8 of each m-tile (past the end: the last row, never stored),
-     * at its 8 columns of a chunk */
-    const char *wrow[2][2];
-#pragma unroll
-    for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int64_t r = min(r0 + (GLU ? 0 : 16 * mt) + g + 8 * h, p.rows - 1);
-            const void *base = GLU && mt == 1 ? udata : wdata;
-            wrow[mt][h] = static_cast<const char *>(base) + (r * p.row_stride + 8 * tig) * 2;
-        }
+    const char *wrow[2][2]; /* at this lane's 8 columns of a chunk */
+    tc_lane_rows<2, GLU>(p, r0, g, wdata, udata, 2, 8 * tig, wrow);
     uint4 *mine = ring + (size_t)warp * (TS_WARP_BYTES / sizeof(uint4)) + lane;
 
     for (; t0 < t_end; t0 += 8) { /* block-uniform */

@@ -108,16 +108,8 @@ __global__ void __launch_bounds__(TW_THREADS, 2)
     const int64_t K = p.cols, C = (K + TC_CHUNK - 1) / TC_CHUNK;
     const int64_t c_begin = C * kw / ks, c_end = C * (kw + 1) / ks;
 
-    /* This lane's rows g and g + 8 of each m-tile (past the end: the last row, never stored) */
     const char *wrow[2][2];
-#pragma unroll
-    for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int64_t r = min(r0 + (GLU ? 0 : 16 * mt) + g + 8 * h, p.rows - 1);
-            const void *base = GLU && mt == 1 ? udata : wdata;
-            wrow[mt][h] = static_cast<const char *>(base) + r * p.row_stride * 2;
-        }
+    tc_lane_rows<2, GLU>(p, r0, g, wdata, udata, 2, 0, wrow);
     const int64_t kl = 8 * tig;
     auto load_a = [&](uint4(&dst)[2][2], int64_t c) {
         const int64_t k = c * TC_CHUNK + kl;
