@@ -223,19 +223,27 @@ static __device__ __forceinline__ void tc_lane_rows(const di_cuda_mm_params &p, 
         }
 }
 
-/* The chunks of a warp's R K runs of a tile (warp kw of the tile's W = ks / R), in the order
- * run_fold adds them: step q walks run kw + W rev(q), rev reversing q's log2 R bits, whose
- * chunks are [c_first[q], c_last[q]) (run kr takes [C kr / ks, C (kr + 1) / ks)). */
+/* log2 R, for R = 1, 2, 4 or 8 K runs per warp. */
+template <int R> constexpr int tc_log2_runs = R == 8 ? 3 : R == 4 ? 2 : R == 2 ? 1 : 0;
+
+/* The K run that step q of warp kw (of the tile's W = ks / R warps, R runs each) walks:
+ * kw + W rev(q), rev reversing q's log2 R bits -- the order in which run_fold adds a warp's
+ * runs as the tree does. Run kr takes chunks [C kr / ks, C (kr + 1) / ks). */
+template <int R> static __device__ __forceinline__ int tc_run_index(int q, int kw, int W) {
+    constexpr int LR = tc_log2_runs<R>;
+    if constexpr (LR == 0)
+        return kw;
+    else
+        return kw + W * (int)(__brev((unsigned)q) >> (32 - LR));
+}
+
+/* The chunks of a warp's R K runs of a tile, step q's [c_first[q], c_last[q]) (tc_run_index). */
 template <int R>
 static __device__ __forceinline__ void tc_run_chunks(int64_t C, int ks, int kw, int W,
                                                      int64_t (&c_first)[R], int64_t (&c_last)[R]) {
 #pragma unroll
     for (int q = 0; q < R; q++) {
-        int rq = 0;
-#pragma unroll
-        for (int b = 1, qq = q; b < R; b *= 2, qq /= 2)
-            rq = 2 * rq + (qq & 1);
-        const int64_t kr = kw + W * rq;
+        const int64_t kr = tc_run_index<R>(q, kw, W);
         c_first[q] = C * kr / ks, c_last[q] = C * (kr + 1) / ks;
     }
 }

@@ -107,7 +107,7 @@ __global__ void __launch_bounds__(TC_THREADS, R == 2 || R == 4 ? 2 : 0)
     static_assert(!GLU || MT == 2, "GLU pairs a gate tile with an up tile");
     static_assert(R == 1 || R == 2 || R == 4 || R == 8, "R: a power of two up to TC_MAX_KS");
     static_assert(!F8 || R == 1, "FP8 adds its chunks' scaled sums straight into acc");
-    constexpr int LOG2_R = R == 8 ? 3 : R == 4 ? 2 : R == 2 ? 1 : 0;
+    constexpr int LOG2_R = tc_log2_runs<R>;
     constexpr int RO = GLU ? 16 : 16 * MT; /* output rows per tile */
     __shared__ float red[TC_MAX_KS][32][4 * MT];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -491,7 +491,8 @@ static cudaError_t launch_tc_grouped(const di_cuda_mm_params *p, int ks, bool xv
     if constexpr (!F8) { /* a decode batch: several K runs per warp (tc_runs), one row tile
                           * per warp (the registers of two did not fit) */
         const int r = tc_runs(p, ks);
-        if (di_cuda_tc_stream_fits(p)) return di_cuda_launch_matmul_tc_stream(p, ks, r);
+        if (p->tune.tc_stream && xvec) /* x in 16-byte aligned rows, for its cp.async */
+            return di_cuda_launch_matmul_tc_stream(p, ks, r);
         if (r == 8) return launch_tc<2, 1, 2, true, GLU, 1, F8, 8>(p, ks, xvec);
         if (r == 4) return launch_tc<2, 1, 2, true, GLU, 1, F8, 4>(p, ks, xvec);
         if (r == 2) return launch_tc<2, 1, 2, true, GLU, 1, F8, 2>(p, ks, xvec);

@@ -65,7 +65,7 @@ __global__ void __launch_bounds__(32 * TC_MAX_KS, 2)
     ts_kernel(const di_cuda_mm_params p, int ks, int terms) {
     extern __shared__ uint4 ring[];
     __shared__ float red[TC_MAX_KS][32][8];
-    constexpr int LOG2_R = R == 8 ? 3 : R == 4 ? 2 : R == 2 ? 1 : 0;
+    constexpr int LOG2_R = tc_log2_runs<R>;
     constexpr int RO = GLU ? 16 : 32; /* output rows per tile */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, tig = lane & 3;
@@ -76,16 +76,12 @@ __global__ void __launch_bounds__(32 * TC_MAX_KS, 2)
     int64_t t0 = 0, t_end = p.n_tokens;
     if (!tc_expert<GLU, true>(p, (int)blockIdx.z, wdata, udata, t0, t_end)) return;
     const int64_t K = p.cols, C = (K + TC_CHUNK - 1) / TC_CHUNK;
-    /* The consumer's runs in run_fold's order (indexed by the unrolled q: registers); tc_ks
-     * leaves every run at least one chunk. The producer, whose run index is not a constant,
-     * recomputes a run's bounds when it reaches it (run_bounds), in 32 bits: no array in
-     * local memory. */
-    int64_t c_first[R], c_last[R];
-    tc_run_chunks<R>(C, ks, kw, W, c_first, c_last);
+    /* Step q's chunks [first, last) (tc_run_index), in 32 bits and computed where they are
+     * needed: the producer's step is not a compile-time constant, and an array indexed by it
+     * would live in local memory. tc_ks leaves every run at least one chunk. */
     const int c32 = (int)C;
     auto run_bounds = [&](int q, int &first, int &last) {
-        const int rq = LOG2_R ? (int)(__brev((unsigned)q) >> (32 - LOG2_R)) : 0;
-        const int kr = kw + W * rq;
+        const int kr = tc_run_index<R>(q, kw, W);
         first = c32 * kr / ks, last = c32 * (kr + 1) / ks;
     };
     const char *wrow[2][2]; /* at this lane's 8 columns of a chunk */
@@ -135,7 +131,9 @@ __global__ void __launch_bounds__(32 * TC_MAX_KS, 2)
                 else
                     return acc[mt][0];
             };
-            for (int64_t c = c_first[q]; c < c_last[q]; c++) {
+            int first, last;
+            run_bounds(q, first, last);
+            for (int c = first; c < last; c++) {
                 cp_async_wait<TS_STAGES - 2>(); /* chunk `used` has landed */
                 const uint4 *src = mine + (used % TS_STAGES) * TS_SLOTS * 32;
                 const uint4 w[2][2] = {{src[0], src[32]}, {src[64], src[96]}};
@@ -194,11 +192,6 @@ template <bool GLU, int R> static cudaError_t launch_ts(const di_cuda_mm_params 
     if (R > 1) di_cuda_tc_runs_launches++;
     return di_cuda_launch(ts_kernel<GLU, R>, grid, dim3(32 * warps), (size_t)warps * TS_WARP_BYTES,
                           p->stream, *p, ks, p->tune.tc_terms);
-}
-
-bool di_cuda_tc_stream_fits(const di_cuda_mm_params *p) {
-    return p->tune.tc_stream && p->experts && p->dtype == DI_DTYPE_BF16 && tc_xvec(p) &&
-           di_cuda_rows_per_weight(p) <= 8;
 }
 
 cudaError_t di_cuda_launch_matmul_tc_stream(const di_cuda_mm_params *p, int ks, int r) {
