@@ -265,7 +265,8 @@ cudaError_t di_cuda_launch_matmul_tc_lean(const di_cuda_mm_params *p, int ks);
 /* A decode batch's grouped BF16 products with each warp's weights streamed through shared
  * memory (cuda_tc_stream.cu; p->tune.tc_stream, the default): the same sums as the GEMV's
  * grouped variants with r K runs per warp (1, 2, 4 or 8), for up to 8 rows per active expert
- * whose activations lie in 16-byte aligned rows (the GEMV's grouped launcher decides); its
+ * whose activations lie in 16-byte aligned rows and whose weight's bytes take 32-bit offsets
+ * (the GEMV's grouped launcher decides); its
  * setup raises the kernels' shared-memory limit, once per backend. */
 cudaError_t di_cuda_launch_matmul_tc_stream(const di_cuda_mm_params *p, int ks, int r);
 cudaError_t di_cuda_tc_stream_setup(void);

@@ -491,7 +491,8 @@ static cudaError_t launch_tc_grouped(const di_cuda_mm_params *p, int ks, bool xv
     if constexpr (!F8) { /* a decode batch: several K runs per warp (tc_runs), one row tile
                           * per warp (the registers of two did not fit) */
         const int r = tc_runs(p, ks);
-        if (p->tune.tc_stream && xvec) /* x in 16-byte aligned rows, for its cp.async */
+        /* x in 16-byte aligned rows, for its cp.async; an expert's bytes in 32 bits */
+        if (p->tune.tc_stream && xvec && (uint64_t)p->rows * p->row_stride * 2 <= UINT32_MAX)
             return di_cuda_launch_matmul_tc_stream(p, ks, r);
         if (r == 8) return launch_tc<2, 1, 2, true, GLU, 1, F8, 8>(p, ks, xvec);
         if (r == 4) return launch_tc<2, 1, 2, true, GLU, 1, F8, 4>(p, ks, xvec);

@@ -5,7 +5,8 @@
  * (DI_CUDA_TC_STREAM=0: tc_kernel). H200, 4-layer V2-Lite model, 64 sequences: the routed gate
  * / up 2.9 -> 3.1 TB/s, the down 2.6 -> 2.8 (Nsight Compute), the step 2.28 -> 2.14 ms of
  * device time (2.01 with a runs target of 512, now the default); batch 1 unchanged (NOTES.md,
- * sixteenth round).
+ * sixteenth round). Pairs of chunks read as whole lines (below): 64 sequences 2.04 -> 1.83 ms,
+ * 8 sequences 1.10 -> 1.03, batch 1 0.58 -> 0.55 (seventeenth round).
  *
  * Why: tc_kernel holds the weights it requested in registers (U = 2 chunks ahead of the two
  * it multiplies), so a warp has at most a few KB in flight, and at 128 registers an SM runs
@@ -13,23 +14,30 @@
  * under the profiler, 0.78 eligible of 3.8 warps per scheduler, 8.4 cycles between a warp's
  * instructions, about 200 instructions per chunk -- most of them the per-load address
  * arithmetic and predicates, the moves between the two register buffers, and branches
- * around the loads. Here a lane copies its own 16-byte pieces of TS_STAGES - 1 chunks ahead
- * into its slots of the ring (zero-filled past the rows, the run or K), waits for the oldest,
- * reads it back and multiplies: the bytes in flight no longer cost registers, and a load is
- * one cp.async from a pointer fixed per tile.
+ * around the loads. Here the warp copies the next pair of chunks into its ring of two pair
+ * stages with cp.async (zero-filled past the rows, the run or K) while it multiplies the
+ * other pair: the bytes in flight no longer cost registers. Each cp.async of the weights
+ * covers 4 rows x 128 bytes (both chunks of a pair), whole 128-byte lines: a read of 8 rows
+ * x 64 bytes per instruction (each chunk on its own, as the GEMV reads) streamed at 3.2 TB/s
+ * on the H200, whole lines at 4.6 (a read-only probe; seventeenth round). So a lane copies
+ * pieces that other lanes multiply: warp barriers order the copies and the reads. The tree
+ * over a tile's warps adds through the ring too, once every warp is done with it (no static
+ * shared memory).
  *
  * The same sums as tc_kernel: the same chunks (tc_ks's K runs, R of them per warp as tc_runs
- * chooses, visited as run_fold adds them), the same weights and activations (the same 16
- * bytes per lane, only through shared memory), the same split and mma sequence per chunk,
- * the same tree over the tile's warps. matmul_experts' op test compares it bitwise with the
+ * chooses, visited as run_fold adds them), the same weights and activations (the same
+ * 16-byte pieces, only through shared memory; rows past the end zero-filled where tc_kernel
+ * repeats the last row: their sums are never stored), the same split and mma sequence per
+ * chunk, the same tree over the tile's warps. matmul_experts' op test compares it bitwise with the
  * plain product.
  */
 #include "backend/cuda/cuda_tc.cuh"
 
-#define TS_STAGES 4 /* chunks a warp's ring holds: TS_STAGES - 1 in flight, one in use */
-/* 16-byte slots per lane and chunk: the weights of rows g and g + 8 of two m-tiles (GLU: the
+#define TS_STAGES 4 /* chunks a warp's ring holds: two pairs, one in flight, one in use */
+/* 16-byte slots per chunk and lane: the weights of rows g and g + 8 of two m-tiles (GLU: the
  * gate's and the up projection's same rows), then the lane's token's 8 activations (fp32) */
 #define TS_SLOTS      6
+#define TS_PAIR_U4    (2 * TS_SLOTS * 32)                              /* a pair's slots */
 #define TS_WARP_BYTES (TS_STAGES * TS_SLOTS * 32 * (int)sizeof(uint4)) /* 12 KiB */
 
 int64_t di_cuda_tc_stream_launches; /* cuda_backend.h: launches of this kernel (for tests) */
@@ -64,7 +72,6 @@ template <bool GLU, int R>
 __global__ void __launch_bounds__(32 * TC_MAX_KS, 2)
     ts_kernel(const di_cuda_mm_params p, int ks, int terms) {
     extern __shared__ uint4 ring[];
-    __shared__ float red[TC_MAX_KS][32][8];
     constexpr int LOG2_R = tc_log2_runs<R>;
     constexpr int RO = GLU ? 16 : 32; /* output rows per tile */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -84,39 +91,75 @@ __global__ void __launch_bounds__(32 * TC_MAX_KS, 2)
         const int kr = tc_run_index<R>(q, kw, W);
         first = c32 * kr / ks, last = c32 * (kr + 1) / ks;
     };
-    const char *wrow[2][2]; /* at this lane's 8 columns of a chunk */
-    tc_lane_rows<2, GLU>(p, r0, g, wdata, udata, 2, 8 * tig, wrow);
-    uint4 *mine = ring + (size_t)warp * (TS_WARP_BYTES / sizeof(uint4)) + lane;
+    /* The producer's rows: lane l copies row rho = 4 k + l / 8 of the tile, k = 0 .. 7 (m-tile
+     * rho / 16 -- GLU: the gate's 16 rows, then the up projection's same rows -- row rho % 16
+     * of it), 16 bytes at column 8 (l % 4) of the pair's chunk (l / 4) % 2. So each of its
+     * cp.async covers 4 rows x 128 bytes, whole 128-byte lines: with the GEMV's 8 rows x 64
+     * bytes per instruction the H200 streamed the experts at 3.2 TB/s, a read of whole lines
+     * 4.6 (NOTES.md, seventeenth round). The pieces land where their consumer lane (row g =
+     * rho % 8, column group l % 4) reads them, so lanes read each other's copies: a warp
+     * barrier after the wait, and before a stage is refilled. Rows past the end are
+     * zero-filled (their sums are never stored). */
+    const int tig_p = lane & 3, ch_p = (lane >> 2) & 1, rl = lane >> 3;
+    const char *wbase[2] = {static_cast<const char *>(wdata),
+                            static_cast<const char *>(GLU ? udata : wdata)}; /* m-tile 0, 1 */
+    uint32_t poff[8], pok = 0; /* byte offsets from wbase (rows clamped), rows in range */
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        const int64_t r = r0 + (GLU ? 0 : 16 * (k >> 2)) + 4 * (k & 3) + rl;
+        pok |= (uint32_t)(r < p.rows) << k;
+        poff[k] = (uint32_t)((min(r, p.rows - 1) * p.row_stride + 8 * tig_p) * 2);
+    }
+    /* row rho's piece goes to slot 2 mt + h (h = rho % 16 / 8) of consumer lane 4 (rho % 8) +
+     * l % 4: with rho % 16 = 4 (k % 4) + l / 8, a constant per k plus this lane's part */
+    const int pslot0 = 4 * rl + tig_p;
+    /* chunks c whose columns 8 tig .. of this lane are inside K (K % 8 == 0: whole pieces;
+     * the producer's column group tig_p is the consumer's tig) */
+    const int cmax = K > 8 * tig ? (int)((K - 8 * tig + TC_CHUNK - 1) / TC_CHUNK) : 0;
+    auto pslot = [](int k) { return (2 * (k >> 2) + ((k & 3) >> 1)) * 32 + 16 * (k & 1); };
+    uint4 *wring = ring + (size_t)warp * (TS_WARP_BYTES / sizeof(uint4)); /* the warp's ring */
 
     for (; t0 < t_end; t0 += 8) { /* block-uniform */
         const int64_t t = t0 + g; /* this lane's token (the mma's B column g) */
         const bool tok = t < t_end;
-        const float *xrow = p.x + (tok ? t : t0) * p.x_tstride + 8 * tig;
-        /* The producer: chunk pc of the warp's run pq into the next stage (an empty group
-         * once every chunk is requested, so that the waits count alike). */
+        const char *xrow =
+            reinterpret_cast<const char *>(p.x + (tok ? t : t0) * p.x_tstride + 8 * tig);
+        /* The producer: the next pair of the warp's run pq -- chunks pc .. pe, pe the next
+         * even chunk or the run's end, so that a pair's 128 bytes of a row are one line (a
+         * run starting at an odd chunk starts with that chunk alone) -- into the next pair
+         * stage, chunk c in its slots c % 2; an empty group once every chunk is requested,
+         * so that the waits count alike. */
         int pq = 0, issued = 0, pc, pend;
         run_bounds(0, pc, pend);
         auto issue = [&]() {
             if (pq < R) {
-                uint4 *dst = mine + (issued % TS_STAGES) * TS_SLOTS * 32;
-                const bool kin = pc * TC_CHUNK + 8 * tig < K; /* K % 8 == 0: whole pieces */
-                const int64_t off = kin ? pc * TC_CHUNK : 0;
-                const int wb = live && kin ? 16 : 0, xb = tok && kin ? 16 : 0;
+                uint4 *stage = wring + (issued % 2) * TS_PAIR_U4;
+                const int pa = pc & ~1, pe = min(pa + 2, pend), lim = min(pe, cmax);
+                const int cw = pa + ch_p; /* this lane's weight chunk */
+                const bool wk = cw >= pc && cw < lim;
+                const uint32_t woff = wk ? (uint32_t)cw * (TC_CHUNK * 2) : 0u, wm = wk ? pok : 0u;
+                uint4 *wdst = stage + ch_p * TS_SLOTS * 32 + pslot0;
 #pragma unroll
-                for (int mt = 0; mt < 2; mt++)
+                for (int k = 0; k < 8; k++)
+                    cp_async16<false>(wdst + pslot(k), wbase[k >> 2] + (poff[k] + woff),
+                                      (int)((wm >> k & 1u) << 4));
 #pragma unroll
-                    for (int h = 0; h < 2; h++)
-                        cp_async16<false>(dst + (2 * mt + h) * 32, wrow[mt][h] + 2 * off, wb);
-                cp_async16<true>(dst + 4 * 32, xrow + off, xb);
-                cp_async16<true>(dst + 5 * 32, xrow + off + 4, xb);
-                if (++pc == pend && ++pq < R) run_bounds(pq, pc, pend);
+                for (int ch = 0; ch < 2; ch++) { /* the lane's own activations */
+                    const int cx = pa + ch;
+                    const bool xk = tok && cx >= pc && cx < lim;
+                    const char *xs = xrow + (xk ? (uint32_t)cx * (TC_CHUNK * 4) : 0u);
+                    uint4 *xdst = stage + ch * TS_SLOTS * 32 + lane;
+                    cp_async16<true>(xdst + 4 * 32, xs, xk ? 16 : 0);
+                    cp_async16<true>(xdst + 5 * 32, xs + 16, xk ? 16 : 0);
+                }
+                pc = pe;
+                if (pc >= pend && ++pq < R) run_bounds(pq, pc, pend);
             }
             cp_async_commit();
             issued++;
         };
-#pragma unroll
-        for (int i = 0; i < TS_STAGES - 1; i++)
-            issue();
+        issue();
+        issue();
 
         float acc[2][1][4], st[R > 1 ? LOG2_R : 1][2][1][4]; /* st: run_fold's partial sums */
         zero_acc(acc);
@@ -131,15 +174,10 @@ __global__ void __launch_bounds__(32 * TC_MAX_KS, 2)
                 else
                     return acc[mt][0];
             };
-            int first, last;
-            run_bounds(q, first, last);
-            for (int c = first; c < last; c++) {
-                cp_async_wait<TS_STAGES - 2>(); /* chunk `used` has landed */
-                const uint4 *src = mine + (used % TS_STAGES) * TS_SLOTS * 32;
+            /* One chunk from its slots: the GEMV's split and mma sequence. */
+            auto chunk = [&](const uint4 *src) {
                 const uint4 w[2][2] = {{src[0], src[32]}, {src[64], src[96]}};
                 const uint4 xa = src[128], xc = src[160];
-                used++;
-                issue(); /* into the stage read in the previous step */
                 float xv[8] = {__uint_as_float(xa.x), __uint_as_float(xa.y), __uint_as_float(xa.z),
                                __uint_as_float(xa.w), __uint_as_float(xc.x), __uint_as_float(xc.y),
                                __uint_as_float(xc.z), __uint_as_float(xc.w)};
@@ -151,6 +189,24 @@ __global__ void __launch_bounds__(32 * TC_MAX_KS, 2)
                     for (int mt = 0; mt < 2; mt++)
                         mma_chunk(dst(mt), w[mt][0], w[mt][1], b.x, b.y, b.z, b.w);
                 }
+            };
+            int first, last;
+            run_bounds(q, first, last);
+            for (int c = first; c < last;) { /* the producer's pairs */
+                const int e = min((c & ~1) + 2, last);
+                cp_async_wait<1>(); /* pair `used` has landed: this lane's copies ... */
+                __syncwarp();       /* ... and the other lanes' */
+                const uint4 *src = wring + (used % 2) * TS_PAIR_U4 + lane;
+                if (c & 1) {
+                    chunk(src + TS_SLOTS * 32);
+                } else {
+                    chunk(src);
+                    if (c + 1 < e) chunk(src + TS_SLOTS * 32);
+                }
+                c = e;
+                used++;
+                __syncwarp(); /* every lane has read the stage: refill it */
+                issue();
             }
             if constexpr (R > 1) run_fold<LOG2_R>(st, cur, q, acc);
         }
@@ -163,8 +219,10 @@ __global__ void __launch_bounds__(32 * TC_MAX_KS, 2)
 #pragma unroll
             for (int i = 0; i < 4; i++)
                 v[4 * mt + i] = acc[mt][0][i];
-        if (W > 1) {
-            tc_tree_reduce<8>(v, red, warp, lane, kw, W);
+        if (W > 1) { /* the tree's sums in the ring, once every warp is done with it */
+            __syncthreads();
+            tc_tree_reduce<8>(v, *reinterpret_cast<float(*)[TC_MAX_KS][32][8]>(ring), warp, lane,
+                              kw, W);
             if (kw != 0) continue;
         }
         if (!live) continue;
