@@ -4,8 +4,11 @@
  *
  *   bench_cuda_matmul [device [dtype [max_n [name [min_n]]]]]
  *       dtype: BF16, F8_E4M3 or F4 -- only that dtype, no attention; `copy`: only the copy
- *       bandwidth; max_n / min_n: largest / smallest batch timed; name: only the shapes whose
- *       name contains it (e.g. "q_proj", to profile one product with Nsight Compute)
+ *       bandwidth; `lines`: the copy bandwidth and the read probe of cuda_probe.cu (738 MiB of
+ *       4 KiB rows, as V2-Lite's 64 experts' gate / up, with each warp load covering 64, 128,
+ *       256 or 512 bytes per row); max_n / min_n: largest / smallest batch timed; name: only
+ *       the shapes whose name contains it (e.g. "q_proj", to profile one product with Nsight
+ *       Compute)
  *
  * Prints the device's measured copy bandwidth (bytes read + written per second, the
  * roofline), then for DeepSeek-V3 weight shapes in BF16 and block-scaled FP8, and V4-Flash
@@ -204,6 +207,14 @@ int main(int argc, char **argv) {
         {"v4 expert down 4096x2048", DI_DTYPE_F4_E2M1, 4096, 2048},
     };
     const char *only = argc > 2 ? argv[2] : NULL;
+    if (only && strcmp(only, "lines") == 0) {
+        static const int pieces[] = {64, 128, 256, 512};
+        for (size_t i = 0; i < DI_ARRAY_LEN(pieces); i++) {
+            const double bw = di_cuda_measure_read_lines(&be, pieces[i], (size_t)738 << 20);
+            printf("read, %3d bytes per row per warp load: %8.1f GB/s  %5.1f%% of copy\n",
+                   pieces[i], bw / 1e9, copy_bw > 0 ? 100.0 * bw / copy_bw : 0.0);
+        }
+    }
     const int64_t max_n = argc > 3 ? atoll(argv[3]) : 64;
     const char *name = argc > 4 ? argv[4] : NULL;
     const int64_t min_n = argc > 5 ? atoll(argv[5]) : 1;

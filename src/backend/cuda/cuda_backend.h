@@ -112,6 +112,11 @@ int64_t di_backend_cuda_wide_launches(bool grouped);
  * buffer of `bytes`: the roofline the benchmarks compare with. Returns 0 on failure. */
 double di_cuda_measure_copy_bandwidth(const di_backend *be, size_t bytes);
 
+/* Read bandwidth in bytes/s of streaming about `bytes` of 4 KiB rows with each warp load
+ * instruction covering `piece` (64, 128, 256 or 512) bytes of 2048 / piece rows
+ * (cuda_probe.cu); 0 on failure or another piece. */
+double di_cuda_measure_read_lines(const di_backend *be, int piece, size_t bytes);
+
 /* di_cuda_devices (deepinfer.h): the devices present, or DI_ERR_UNSUPPORTED. */
 di_status di_cuda_list_devices(di_device_info *out, int32_t cap, int32_t *n);
 

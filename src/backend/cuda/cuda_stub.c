@@ -111,6 +111,11 @@ void di_backend_cuda_set_attn_heads(const di_backend *be, int heads_per_block) {
     (void)be, (void)heads_per_block;
 }
 
+double di_cuda_measure_read_lines(const di_backend *be, int piece, size_t bytes) {
+    (void)be, (void)piece, (void)bytes;
+    return 0.0;
+}
+
 double di_cuda_measure_copy_bandwidth(const di_backend *be, size_t bytes) {
     (void)be, (void)bytes;
     return 0.0;
