@@ -100,7 +100,7 @@ __global__ void __launch_bounds__(32 * TC_MAX_KS, 2)
      * rho % 8, column group l % 4) reads them, so lanes read each other's copies: a warp
      * barrier after the wait, and before a stage is refilled. Rows past the end are
      * zero-filled (their sums are never stored). */
-    const int tig_p = lane & 3, ch_p = (lane >> 2) & 1, rl = lane >> 3;
+    const int ch_p = (lane >> 2) & 1, rl = lane >> 3; /* its column group is its tig */
     const char *wbase[2] = {static_cast<const char *>(wdata),
                             static_cast<const char *>(GLU ? udata : wdata)}; /* m-tile 0, 1 */
     uint32_t poff[8], pok = 0; /* byte offsets from wbase (rows clamped), rows in range */
@@ -108,13 +108,13 @@ __global__ void __launch_bounds__(32 * TC_MAX_KS, 2)
     for (int k = 0; k < 8; k++) {
         const int64_t r = r0 + (GLU ? 0 : 16 * (k >> 2)) + 4 * (k & 3) + rl;
         pok |= (uint32_t)(r < p.rows) << k;
-        poff[k] = (uint32_t)((min(r, p.rows - 1) * p.row_stride + 8 * tig_p) * 2);
+        poff[k] = (uint32_t)((min(r, p.rows - 1) * p.row_stride + 8 * tig) * 2);
     }
     /* row rho's piece goes to slot 2 mt + h (h = rho % 16 / 8) of consumer lane 4 (rho % 8) +
      * l % 4: with rho % 16 = 4 (k % 4) + l / 8, a constant per k plus this lane's part */
-    const int pslot0 = 4 * rl + tig_p;
+    const int pslot0 = 4 * rl + tig;
     /* chunks c whose columns 8 tig .. of this lane are inside K (K % 8 == 0: whole pieces;
-     * the producer's column group tig_p is the consumer's tig) */
+     * for its weight pieces and its activations alike) */
     const int cmax = K > 8 * tig ? (int)((K - 8 * tig + TC_CHUNK - 1) / TC_CHUNK) : 0;
     auto pslot = [](int k) { return (2 * (k >> 2) + ((k & 3) >> 1)) * 32 + 16 * (k & 1); };
     uint4 *wring = ring + (size_t)warp * (TS_WARP_BYTES / sizeof(uint4)); /* the warp's ring */
