@@ -4,7 +4,8 @@
  *
  *   bench_engine --model DIR [--mode engine|context] [--concurrency C] [--requests N]
  *                [--prompt-len P] [--gen-len G] [--shared-prefix S] [--threads T]
- *                [--max-running M] [--max-batch-tokens B] [--no-prefix-cache] [--seed X]
+ *                [--max-running M] [--max-batch-tokens B] [--max-prefill-tokens F]
+ *                [--no-prefix-cache] [--seed X]
  *                [--no-batch-invariant] [--overlap] [--device cpu|cuda|cuda:N]
  *                [--temperature T] [--top-p P]
  *
@@ -38,7 +39,7 @@
 typedef struct bench_opts {
     const char *model, *mode, *device;
     int64_t concurrency, requests, prompt_len, gen_len, shared_prefix, threads, max_running,
-        max_batch_tokens, seed;
+        max_batch_tokens, max_prefill_tokens, seed;
     bool no_prefix_cache, no_batch_invariant, overlap;
     double temperature, top_p;
 } bench_opts;
@@ -73,6 +74,7 @@ static int run_engine(const bench_opts *o, di_model *model, const di_model_info 
     ep.n_threads = (int32_t)o->threads;
     if (o->max_running) ep.max_running = (int32_t)o->max_running;
     if (o->max_batch_tokens) ep.max_batch_tokens = o->max_batch_tokens;
+    if (o->max_prefill_tokens) ep.max_prefill_tokens = o->max_prefill_tokens;
     if (ep.max_prefill_tokens > ep.max_batch_tokens) ep.max_prefill_tokens = ep.max_batch_tokens;
     ep.enable_prefix_cache = !o->no_prefix_cache;
     ep.batch_invariant = !o->no_batch_invariant;
@@ -269,7 +271,7 @@ static int run_context(const bench_opts *o, di_model *model, const di_model_info
 static int usage(void) {
     fprintf(stderr, "usage: bench_engine --model DIR [--mode engine|context] [--concurrency C] "
                     "[--requests N] [--prompt-len P] [--gen-len G] [--shared-prefix S] "
-                    "[--threads T] [--max-running M] [--max-batch-tokens B] "
+                    "[--threads T] [--max-running M] [--max-batch-tokens B] [--max-prefill-tokens F] "
                     "[--no-prefix-cache] [--seed X] [--no-batch-invariant] [--overlap] "
                     "[--device cpu|cuda|cuda:N] [--temperature T] [--top-p P]\n");
     return 2;
@@ -294,6 +296,7 @@ int main(int argc, char **argv) {
                 {"--threads", &o.threads},
                 {"--max-running", &o.max_running},
                 {"--max-batch-tokens", &o.max_batch_tokens},
+                {"--max-prefill-tokens", &o.max_prefill_tokens},
                 {"--seed", &o.seed}};
     for (int i = 1; i < argc; i++) {
         bool done = false;

@@ -308,6 +308,63 @@ TEST(engine_cuda_batch_invariance) {
         engine_batch_invariance(g_engine_cases[i]);
 }
 
+/* The same requests with the prompts prefilled a few tokens per step (chunks of at most 64
+ * rows) and all in one step (V2/V3: one chunk of 900 rows, where the host's chunks stop at
+ * 256: a chunk reads every weight once, so a device takes larger ones; V4: chunks of 256): the
+ * same tokens and logprobs, bitwise (batch-invariant mode). */
+static void engine_chunk_invariance(const char *name) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/%s", DATA_DIR, name);
+    di_model *m = load_on(dir, "cuda");
+    CHECK(m != NULL);
+    if (!m) return;
+    di_model_info info;
+    di_model_get_info(m, &info);
+    static int32_t prompts[N_MIXED][96];
+    static eu_req small[N_MIXED], whole[N_MIXED];
+    static eu_result rs[N_MIXED], rw[N_MIXED];
+    memset(rs, 0, sizeof rs);
+    memset(rw, 0, sizeof rw);
+    mixed_requests(&info, prompts, small, rs);
+    mixed_requests(&info, prompts, whole, rw);
+    int64_t n_prompt = 0;
+    for (int i = 0; i < N_MIXED; i++) { /* 90-token prompts: 900 rows in all */
+        for (int k = (int)small[i].n_prompt; k < 90; k++)
+            prompts[i][k] = 2 + rnd((int32_t)info.vocab_size - 2);
+        small[i].n_prompt = whole[i].n_prompt = 90;
+        small[i].arrive = whole[i].arrive = 0;
+        small[i].sp.logprobs = whole[i].sp.logprobs = 5;
+        n_prompt += small[i].n_prompt;
+    }
+    di_engine_params ps = eu_small_params(), pw = eu_small_params();
+    ps.max_running = pw.max_running = N_MIXED;
+    pw.max_batch_tokens = pw.max_prefill_tokens = 2048;
+    CHECK(eu_run_fresh(m, &ps, small, N_MIXED));
+    CHECK(eu_run_fresh(m, &pw, whole, N_MIXED));
+    int same = 0;
+    for (int i = 0; i < N_MIXED; i++) {
+        const eu_result *a = &rs[i], *b = &rw[i];
+        const size_t n = (size_t)a->n;
+        bool eq = a->n == small[i].sp.max_tokens && a->n == b->n &&
+                  memcmp(a->tokens, b->tokens, n * sizeof a->tokens[0]) == 0 &&
+                  memcmp(a->lp, b->lp, n * sizeof a->lp[0]) == 0 &&
+                  memcmp(a->top_lp, b->top_lp, n * sizeof a->top_lp[0]) == 0 &&
+                  memcmp(a->top_ids, b->top_ids, n * sizeof a->top_ids[0]) == 0;
+        CHECK_MSG(eq, "%s req %d: tokens / logprobs differ between small chunks and one chunk of "
+                      "%lld prompt rows", name, i, (long long)n_prompt);
+        same += eq;
+    }
+    printf("  chunk invariance on cuda %-16s %d/%d requests bitwise (one chunk of %lld rows)\n",
+           name, same, N_MIXED, (long long)n_prompt);
+    di_model_free(m);
+}
+
+TEST(engine_cuda_chunk_invariance) {
+    if (!g_have_gpu) SKIP("no CUDA device");
+    for (size_t i = 0; i < DI_ARRAY_LEN(g_engine_cases); i++)
+        engine_chunk_invariance(g_engine_cases[i]);
+}
+
 /* ---- device errors (run everywhere) -------------------------------------------------------- */
 
 TEST(device_errors) {
@@ -342,6 +399,7 @@ int main(void) {
     RUN(goldens_cuda);
     RUN(engine_cuda_matches_cpu);
     RUN(engine_cuda_batch_invariance);
+    RUN(engine_cuda_chunk_invariance);
     RUN(engine_cuda_device_sampling);
     return test_summary();
 }
