@@ -413,16 +413,8 @@ static void cuda_moe_route(void *ctx, const di_moe_route_params *p) {
     note(be, di_cuda_launch_moe_route(p, be->stream));
 }
 
-/* The TMA tensor maps in an expert set's table (cuda_expert_table), or NULL where it has
- * none: while TMA is enabled, every table of experts that fit got them (a failure to encode
- * disables TMA for the process, so a table without its maps is never read for them). */
-static const CUtensorMap *expert_tmaps(const di_expert_weights *ew) {
-    if (!di_cuda_tma_fits(&ew->w[0])) return NULL;
-    return (const CUtensorMap *)((const char *)ew->table + di_cuda_tma_offset(ew->n_experts));
-}
-
 /* The parameters of the GEMV in grouped mode (cuda_internal.cuh): the common shape from
- * expert 0, the per-expert pointers (and TMA tensor maps) from the table. */
+ * expert 0, the per-expert pointers from the table. */
 static di_cuda_mm_params grouped_params(const di_expert_weights *ew, const cuda_backend *be,
                                         const int32_t *offsets, const int32_t *active,
                                         int64_t max_active, int64_t n_rows, const float *x,
@@ -435,7 +427,6 @@ static di_cuda_mm_params grouped_params(const di_expert_weights *ew, const cuda_
     p.y = y;
     p.y_tstride = p.rows;
     p.experts = (const di_cuda_expert_ptrs *)ew->table;
-    p.tmaps = expert_tmaps(ew);
     /* Not batch-invariant: the SIMT GEMV while experts average one row each (it streams one
      * token's weights faster), the tensor cores once a weight serves more rows. */
     p.tc_min_n = be->invariant ? 1 : 2;
@@ -514,26 +505,17 @@ static void cuda_matmul_experts_glu(void *ctx, const di_expert_weights *gate,
     }
     di_cuda_mm_params p = grouped_params(gate, be, offsets, active, max_active, n_rows, x, y);
     p.glu_experts = (const di_cuda_expert_ptrs *)up->table;
-    p.glu_tmaps = expert_tmaps(up);
     note(be, di_cuda_launch_matmul(&p));
 }
 
 /* The device table of n experts' data / scale pointers (FP4: data / E8M0 bytes); every field
  * the kernels read from expert 0 must be the same for all, and so must the data's alignment
- * (the launchers choose 16-byte loads from expert 0's). Experts that suit TMA
- * (di_cuda_tma_fits) get a tensor map each in the same allocation, after the pointers (at
- * di_cuda_tma_offset), for the streaming kernel; if the driver cannot encode them, the table
- * is made without (TMA is then off for the process). */
+ * (the launchers choose 16-byte loads from expert 0's). */
 static di_status cuda_expert_table(void *ctx, const di_weight *w, int64_t n, void **out) {
     *out = NULL;
     if (n <= 0) return di_error(DI_ERR_INVALID_ARG, "expert_table: n = %lld", (long long)n);
-    const bool tma = di_cuda_tma_fits(&w[0]);
-    const size_t ptr_bytes = (size_t)n * sizeof(di_cuda_expert_ptrs);
-    const size_t bytes = tma ? di_cuda_tma_offset(n) + (size_t)n * sizeof(CUtensorMap) : ptr_bytes;
-    /* the pointers, then (tma) the maps at their 128-byte aligned offset: one upload */
-    char *hb = (char *)calloc(1, bytes);
-    if (!hb) return di_error(DI_ERR_OUT_OF_MEMORY, "expert_table: out of memory");
-    di_cuda_expert_ptrs *h = (di_cuda_expert_ptrs *)hb;
+    di_cuda_expert_ptrs *h = (di_cuda_expert_ptrs *)malloc((size_t)n * sizeof *h);
+    if (!h) return di_error(DI_ERR_OUT_OF_MEMORY, "expert_table: out of memory");
     for (int64_t e = 0; e < n; e++) {
         const di_weight *a = &w[0], *b = &w[e];
         if (b->dtype != a->dtype || b->rows != a->rows || b->cols != a->cols ||
@@ -542,14 +524,14 @@ static di_status cuda_expert_table(void *ctx, const di_weight *w, int64_t n, voi
             b->row_offset != a->row_offset || (b->scale == NULL) != (a->scale == NULL) ||
             (b->scale_e8m0 == NULL) != (a->scale_e8m0 == NULL) ||
             ((uintptr_t)b->data & 15u) != ((uintptr_t)a->data & 15u)) {
-            free(hb);
+            free(h);
             return di_error(DI_ERR_INVALID_ARG,
                             "expert_table: expert %lld differs from expert 0 in shape, dtype or "
                             "alignment",
                             (long long)e);
         }
         if (b->dtype == DI_DTYPE_F4_E2M1 && !b->scale_e8m0) {
-            free(hb);
+            free(h);
             return di_error(DI_ERR_INVALID_ARG, "expert_table: FP4 expert %lld has no E8M0 scales",
                             (long long)e);
         }
@@ -557,16 +539,10 @@ static di_status cuda_expert_table(void *ctx, const di_weight *w, int64_t n, voi
         h[e].scale = b->scale;
         h[e].scale_e8m0 = b->scale_e8m0;
     }
-    bool encoded = tma;
-    for (int64_t e = 0; encoded && e < n; e++) {
-        CUtensorMap m; /* the encoder wants it 64-byte aligned, as the type is */
-        encoded = di_cuda_tma_encode(&m, &w[e]);
-        if (encoded) memcpy(hb + di_cuda_tma_offset(n) + (size_t)e * sizeof m, &m, sizeof m);
-    }
-    const size_t up_bytes = encoded ? bytes : ptr_bytes; /* no maps: the pointers alone */
-    void *d = cuda_buf_alloc(ctx, up_bytes);
-    di_status st = d ? cuda_upload_op(ctx, d, hb, up_bytes) : DI_ERR_OUT_OF_MEMORY;
-    free(hb);
+    const size_t bytes = (size_t)n * sizeof *h;
+    void *d = cuda_buf_alloc(ctx, bytes);
+    di_status st = d ? cuda_upload_op(ctx, d, h, bytes) : DI_ERR_OUT_OF_MEMORY;
+    free(h);
     if (st) {
         if (d) cuda_buf_free(ctx, d);
         return di_error_prefix(st, "expert_table");
@@ -858,11 +834,6 @@ extern "C" di_status di_backend_cuda_init(di_backend *out, int device, int64_t m
      * target of 512; batch 1 unchanged (0.57 ms; NOTES.md, sixteenth round). */
     env = getenv("DI_CUDA_TC_STREAM");
     be->tune.tc_stream = !(env && strcmp(env, "0") == 0);
-    /* ... its weights by TMA box loads through a tensor map per expert (the same sums, fewer
-     * instructions per chunk: cuda_tc_stream.cu); DI_CUDA_TC_TMA=0: the warps' cp.async.
-     * Written after the last GPU run: not yet measured (NOTES.md, eighteenth round). */
-    env = getenv("DI_CUDA_TC_TMA");
-    be->tune.tc_tma = !(env && strcmp(env, "0") == 0);
     be->invariant = true;
     const int64_t chunks = (max_ctx + DI_CUDA_ATTN_CHUNK - 1) / DI_CUDA_ATTN_CHUNK;
     int64_t floats = DI_CUDA_ATTN_SPLIT_TOKENS * 128 * chunks * (DI_CUDA_ATTN_MAX_R + 2);
@@ -958,10 +929,6 @@ extern "C" int64_t di_backend_cuda_tc_runs_launches(void) {
 
 extern "C" int64_t di_backend_cuda_tc_stream_launches(void) {
     return di_cuda_tc_stream_launches;
-}
-
-extern "C" int64_t di_backend_cuda_tc_tma_launches(void) {
-    return di_cuda_tc_tma_launches;
 }
 
 extern "C" int64_t di_backend_cuda_xs_launches(void) {

@@ -103,8 +103,6 @@ int64_t di_backend_cuda_tc_head_launches(void);
 int64_t di_backend_cuda_tc_runs_launches(void);
 /* ... and grouped products on the streaming kernel (the default; DI_CUDA_TC_STREAM=0 off). */
 int64_t di_backend_cuda_tc_stream_launches(void);
-/* ... and those of them whose weights came by TMA (the default; DI_CUDA_TC_TMA=0 off). */
-int64_t di_backend_cuda_tc_tma_launches(void);
 
 /* How many wide tensor-core products of many tokens this process has launched, grouped
  * (expert) ones or plain ones (0 without CUDA): lets a test see that they ran. */

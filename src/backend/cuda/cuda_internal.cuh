@@ -17,7 +17,6 @@ extern "C" {
 }
 #include "backend/cuda/cuda_backend.h"
 
-#include <cuda.h> /* CUtensorMap, the type only: the driver's encoder is looked up at run time */
 #include <cuda_runtime.h>
 #include <float.h>
 #include <math.h>
@@ -151,10 +150,6 @@ typedef struct di_cuda_tuning {
      * through shared memory (cuda_tc_stream.cu; the default, DI_CUDA_TC_STREAM=0: tc_kernel).
      * Same values. */
     int tc_stream;
-    /* ... with each warp's weights brought in by TMA box loads through a tensor map per
-     * expert, where the expert tables have them (di_cuda_tma_fits; the default,
-     * DI_CUDA_TC_TMA=0: the warps' own cp.async). Same values. */
-    int tc_tma;
     /* Block-scaled FP8 weights on the tensor-core GEMV too (cuda_tc_gemv.cu: exact bf16
      * values, each 32-column chunk's sum times its block scale), where the scale blocks
      * hold whole chunks: DI_CUDA_TC_FP8=1. Changes the summation order (fixed for a run). */
@@ -195,10 +190,6 @@ typedef struct di_cuda_mm_params {
      * the mean rows per slot, chooses the kernel variant). */
     const struct di_cuda_expert_ptrs *experts;
     const int32_t *g_off, *g_active;
-    /* The experts' TMA tensor maps (tmaps[e] for expert e; glu_tmaps: the up projection's),
-     * in the same device allocation as the pointer table (expert_table), or NULL where the
-     * table has none (di_cuda_tma_fits). Only the streaming kernel reads them. */
-    const CUtensorMap *tmaps, *glu_tmaps;
     /* GLU mode (SwiGLU in the epilogue), when glu_data (plain) or glu_experts (grouped) is
      * set: a second weight of the same shape, dtype and scale layout (the up projection; the
      * fields above describe the gate), and y = silu(W x) * (W2 x), rows x n_tokens. */
@@ -280,7 +271,6 @@ cudaError_t di_cuda_launch_matmul_tc_lean(const di_cuda_mm_params *p, int ks);
 cudaError_t di_cuda_launch_matmul_tc_stream(const di_cuda_mm_params *p, int ks, int r);
 cudaError_t di_cuda_tc_stream_setup(void);
 extern int64_t di_cuda_tc_stream_launches; /* di_backend_cuda_tc_stream_launches */
-extern int64_t di_cuda_tc_tma_launches;    /* di_backend_cuda_tc_tma_launches */
 extern int64_t di_cuda_wide_launches[2];   /* di_backend_cuda_wide_launches: plain, grouped */
 extern int64_t di_cuda_lean_launches;      /* di_backend_cuda_lean_launches */
 extern int64_t di_cuda_xs_launches;        /* di_backend_cuda_xs_launches */
@@ -288,18 +278,6 @@ extern int64_t di_cuda_tc_fp8_launches;    /* di_backend_cuda_tc_fp8_launches */
 extern int64_t di_cuda_tc_head_launches;   /* di_backend_cuda_tc_head_launches */
 extern int64_t di_cuda_tc_runs_launches;   /* di_backend_cuda_tc_runs_launches */
 cudaError_t di_cuda_launch_matmul_tc_wide(const di_cuda_mm_params *p);
-/* The streaming kernel's TMA tensor maps (cuda_tc_stream.cu), one per expert, made with the
- * expert table (cuda_backend.cu: expert_table). di_cuda_tma_fits: does an expert of w's
- * shape get one (BF16; 16-byte aligned data; a row stride of whole 16 bytes, at least the
- * columns, under 2^40 bytes; K a multiple of 8; rows and columns in 31 bits), as long as TMA
- * has not been disabled for the process. di_cuda_tma_encode: w's map into *map (host memory,
- * 64-byte aligned); false if the driver has no encoder or refuses, which disables TMA for the
- * process (every later di_cuda_tma_fits is false: the products keep the cp.async path, and a
- * table made before keeps maps nobody reads). di_cuda_tma_offset: where the maps start in a
- * table of n experts (bytes from its start, a multiple of 128). */
-bool di_cuda_tma_fits(const di_weight *w);
-bool di_cuda_tma_encode(CUtensorMap *map, const di_weight *w);
-size_t di_cuda_tma_offset(int64_t n);
 
 /* silu(g) * u, rounded as silu_mul_kernel rounds it (the fused and the separate SwiGLU agree). */
 static __device__ __forceinline__ float silu_times(float g, float u) {

@@ -85,10 +85,6 @@ int64_t di_backend_cuda_tc_stream_launches(void) {
     return 0;
 }
 
-int64_t di_backend_cuda_tc_tma_launches(void) {
-    return 0;
-}
-
 int64_t di_backend_cuda_xs_launches(void) {
     return 0;
 }
