@@ -48,9 +48,10 @@
 
 #define DS_MAX_CHUNK       128
 /* Rows per chunk of an engine batch. A chunk reads every weight once, so on a GPU larger
- * chunks amortise the experts' reads over more tokens: the H200's 27-layer V2-Lite benchmark
- * at 64 concurrent, 1024 prompt tokens per step, took its first tokens 20 % sooner with one
- * chunk of 1024 rows than with four of 256 (NOTES.md, eighteenth round). */
+ * chunks amortise the experts' reads over more tokens: on the H200, the 27-layer V2-Lite
+ * benchmark at 64 concurrent (512-token prefill steps) got its first tokens at p50 115 ms with
+ * one chunk per step against 136 ms with two of 256 rows, and 2 % more output tokens/s
+ * (src/backend/cuda/NOTES.md, eighteenth round). */
 #define DS_MAX_BATCH_CHUNK  256
 #define DS_MAX_DEVICE_CHUNK 2048 /* on a backend with its own memory */
 #define DS_LATENT_NORM_EPS 1e-6f
