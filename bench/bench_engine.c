@@ -269,11 +269,12 @@ static int run_context(const bench_opts *o, di_model *model, const di_model_info
 /* ---------------------------------------------------------------------------------------- */
 
 static int usage(void) {
-    fprintf(stderr, "usage: bench_engine --model DIR [--mode engine|context] [--concurrency C] "
-                    "[--requests N] [--prompt-len P] [--gen-len G] [--shared-prefix S] "
-                    "[--threads T] [--max-running M] [--max-batch-tokens B] [--max-prefill-tokens F] "
-                    "[--no-prefix-cache] [--seed X] [--no-batch-invariant] [--overlap] "
-                    "[--device cpu|cuda|cuda:N] [--temperature T] [--top-p P]\n");
+    fprintf(stderr,
+            "usage: bench_engine --model DIR [--mode engine|context] [--concurrency C] "
+            "[--requests N] [--prompt-len P] [--gen-len G] [--shared-prefix S] "
+            "[--threads T] [--max-running M] [--max-batch-tokens B] [--max-prefill-tokens F] "
+            "[--no-prefix-cache] [--seed X] [--no-batch-invariant] [--overlap] "
+            "[--device cpu|cuda|cuda:N] [--temperature T] [--top-p P]\n");
     return 2;
 }
 

@@ -46,7 +46,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#define DS_MAX_CHUNK       128
+#define DS_MAX_CHUNK 128
 /* Rows per chunk of an engine batch. A chunk reads every weight once, so on a GPU larger
  * chunks amortise the experts' reads over more tokens: on the H200, the 27-layer V2-Lite
  * benchmark at 64 concurrent (512-token prefill steps) got its first tokens at p50 115 ms with
@@ -54,8 +54,8 @@
  * (src/backend/cuda/NOTES.md, eighteenth round). */
 #define DS_MAX_BATCH_CHUNK  256
 #define DS_MAX_DEVICE_CHUNK 2048 /* on a backend with its own memory */
-#define DS_LATENT_NORM_EPS 1e-6f
-#define DS_PI              3.14159265358979323846
+#define DS_LATENT_NORM_EPS  1e-6f
+#define DS_PI               3.14159265358979323846
 
 /* ---------------------------------------------------------------------------------------- */
 /* RoPE tables and softmax scale (transformers' formulas)                                     */

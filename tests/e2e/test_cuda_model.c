@@ -350,11 +350,14 @@ static void engine_chunk_invariance(const char *name) {
                   memcmp(a->lp, b->lp, n * sizeof a->lp[0]) == 0 &&
                   memcmp(a->top_lp, b->top_lp, n * sizeof a->top_lp[0]) == 0 &&
                   memcmp(a->top_ids, b->top_ids, n * sizeof a->top_ids[0]) == 0;
-        CHECK_MSG(eq, "%s req %d: tokens / logprobs differ between small chunks and one chunk of "
-                      "%lld prompt rows", name, i, (long long)n_prompt);
+        CHECK_MSG(eq,
+                  "%s req %d: tokens / logprobs differ between 24 prompt rows per step and "
+                  "%lld in one step",
+                  name, i, (long long)n_prompt);
         same += eq;
     }
-    printf("  chunk invariance on cuda %-16s %d/%d requests bitwise (one chunk of %lld rows)\n",
+    printf("  chunk invariance on cuda %-16s %d/%d requests bitwise (%lld prompt rows in one "
+           "step)\n",
            name, same, N_MIXED, (long long)n_prompt);
     di_model_free(m);
 }
