@@ -36,7 +36,10 @@ static const char *const g_cases[] = {"v2_lite",      "v2_qlora_yarn",  "v3_grou
  * and V4 in the upstream FP8 / FP4 layout. */
 static const char *const g_engine_cases[] = {"v3_fp8", "v4_mix_yarn", "v4_upstream_fp8"};
 
-static di_model *load_on(const char *dir, const char *device) {
+/* tests/data/<name> on the device. */
+static di_model *load_on(const char *name, const char *device) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/%s", DATA_DIR, name);
     di_model_params mp = di_model_default_params();
     mp.n_threads = 2;
     mp.device = device;
@@ -79,7 +82,7 @@ static void check_case(const char *name) {
     golden g;
     CHECK_MSG(golden_load(dir, &g), "%s: cannot read ref.json / logits", dir);
     if (!g.ref) return;
-    di_model *m = load_on(dir, "cuda"), *mc = load_on(dir, "cpu");
+    di_model *m = load_on(name, "cuda"), *mc = load_on(name, "cpu");
     CHECK(m && mc);
     if (!m || !mc) {
         di_model_free(m);
@@ -186,9 +189,7 @@ static int same_tokens(const char *name, const eu_req *a, const eu_result *ra, c
 }
 
 static void engine_matches_cpu(const char *name) {
-    char dir[512];
-    snprintf(dir, sizeof dir, "%s/%s", DATA_DIR, name);
-    di_model *mg = load_on(dir, "cuda"), *mc = load_on(dir, "cpu");
+    di_model *mg = load_on(name, "cuda"), *mc = load_on(name, "cpu");
     CHECK(mg && mc);
     if (mg && mc) {
         di_model_info info;
@@ -222,9 +223,7 @@ TEST(engine_cuda_matches_cpu) {
  * sample_rows) and without (DI_CUDA_SAMPLE=0: rows downloaded to the host sampler): the same
  * logits on the same device, so the same tokens, bitwise. */
 static void engine_device_sampling(const char *name) {
-    char dir[512];
-    snprintf(dir, sizeof dir, "%s/%s", DATA_DIR, name);
-    di_model *mg = load_on(dir, "cuda");
+    di_model *mg = load_on(name, "cuda");
     CHECK(mg);
     if (!mg) return;
     di_model_info info;
@@ -257,10 +256,17 @@ TEST(engine_cuda_device_sampling) {
     engine_device_sampling("v3_fp8");
 }
 
+/* Did a and b sample the same n tokens with the same logprobs and top logprobs, bitwise? */
+static bool same_samples(const eu_result *a, const eu_result *b, int64_t n) {
+    const size_t k = (size_t)n;
+    return a->n == n && b->n == n && memcmp(a->tokens, b->tokens, k * sizeof a->tokens[0]) == 0 &&
+           memcmp(a->lp, b->lp, k * sizeof a->lp[0]) == 0 &&
+           memcmp(a->top_lp, b->top_lp, k * sizeof a->top_lp[0]) == 0 &&
+           memcmp(a->top_ids, b->top_ids, k * sizeof a->top_ids[0]) == 0;
+}
+
 static void engine_batch_invariance(const char *name) {
-    char dir[512];
-    snprintf(dir, sizeof dir, "%s/%s", DATA_DIR, name);
-    di_model *m = load_on(dir, "cuda");
+    di_model *m = load_on(name, "cuda");
     CHECK(m != NULL);
     if (!m) return;
     di_model_info info;
@@ -291,11 +297,7 @@ static void engine_batch_invariance(const char *name) {
     reqs[N_MIXED].res = &res[N_MIXED];
     CHECK(run_engine(m, reqs, N_MIXED + 1));
     const eu_result *b = &res[N_MIXED];
-    bool same = alone.n == 20 && b->n == 20 &&
-                memcmp(alone.tokens, b->tokens, sizeof alone.tokens) == 0 &&
-                memcmp(alone.lp, b->lp, sizeof alone.lp) == 0 &&
-                memcmp(alone.top_lp, b->top_lp, sizeof alone.top_lp) == 0 &&
-                memcmp(alone.top_ids, b->top_ids, sizeof alone.top_ids) == 0;
+    const bool same = same_samples(&alone, b, 20);
     CHECK_MSG(same, "%s: the request's tokens / logprobs differ alone and inside a batch of %d",
               name, N_MIXED + 1);
     printf("  batch invariance on cuda %-16s %s\n", name, same ? "bitwise" : "DIFFER");
@@ -313,9 +315,7 @@ TEST(engine_cuda_batch_invariance) {
  * 256: a chunk reads every weight once, so a device takes larger ones; V4: chunks of 256): the
  * same tokens and logprobs, bitwise (batch-invariant mode). */
 static void engine_chunk_invariance(const char *name) {
-    char dir[512];
-    snprintf(dir, sizeof dir, "%s/%s", DATA_DIR, name);
-    di_model *m = load_on(dir, "cuda");
+    di_model *m = load_on(name, "cuda");
     CHECK(m != NULL);
     if (!m) return;
     di_model_info info;
@@ -343,13 +343,7 @@ static void engine_chunk_invariance(const char *name) {
     CHECK(eu_run_fresh(m, &pw, whole, N_MIXED));
     int same = 0;
     for (int i = 0; i < N_MIXED; i++) {
-        const eu_result *a = &rs[i], *b = &rw[i];
-        const size_t n = (size_t)a->n;
-        bool eq = a->n == small[i].sp.max_tokens && a->n == b->n &&
-                  memcmp(a->tokens, b->tokens, n * sizeof a->tokens[0]) == 0 &&
-                  memcmp(a->lp, b->lp, n * sizeof a->lp[0]) == 0 &&
-                  memcmp(a->top_lp, b->top_lp, n * sizeof a->top_lp[0]) == 0 &&
-                  memcmp(a->top_ids, b->top_ids, n * sizeof a->top_ids[0]) == 0;
+        const bool eq = same_samples(&rs[i], &rw[i], small[i].sp.max_tokens);
         CHECK_MSG(eq,
                   "%s req %d: tokens / logprobs differ between 24 prompt rows per step and "
                   "%lld in one step",

@@ -1003,6 +1003,15 @@ static di_backend backend_with(const char *var, const char *value) {
     return b;
 }
 
+/* The same, with a decode batch's grouped products on tc_kernel (DI_CUDA_TC_STREAM=0) instead
+ * of the streaming kernel. */
+static di_backend tc_kernel_backend_with(const char *var, const char *value) {
+    setenv("DI_CUDA_TC_STREAM", "0", 1);
+    di_backend b = backend_with(var, value);
+    unsetenv("DI_CUDA_TC_STREAM");
+    return b;
+}
+
 /* The backend that runs check_experts' grouped products (the rest runs on g_be). */
 static di_backend *g_xbe = &g_be;
 
@@ -1114,9 +1123,7 @@ TEST(matmul_experts) {
     CHECK_MSG(!g_tc || di_backend_cuda_tc_stream_launches() > streamed0,
               "the default ran no grouped product on the streaming kernel");
     for (int ti = 0; g_tc && ti < 2; ti++) {
-        setenv("DI_CUDA_TC_STREAM", "0", 1);
-        di_backend bs = backend_with("DI_CUDA_TC_RUNS_TARGET", ti == 0 ? "256" : "1");
-        unsetenv("DI_CUDA_TC_STREAM");
+        di_backend bs = tc_kernel_backend_with("DI_CUDA_TC_RUNS_TARGET", ti == 0 ? "256" : "1");
         if (!bs.ctx) return;
         const int64_t streamed = di_backend_cuda_tc_stream_launches();
         const int64_t ran = di_backend_cuda_tc_runs_launches();
@@ -1132,9 +1139,7 @@ TEST(matmul_experts) {
      * tile past the end (43 tiles), and two tiles per block (2 K runs) with the last one past
      * the end; 5..8 rows per expert, rows past the end */
     if (g_tc) { /* b0 is a tensor-core backend: compared with the default's products */
-        setenv("DI_CUDA_TC_STREAM", "0", 1);
-        di_backend b0 = backend_with("DI_CUDA_TC_RUNS_MIN_N", "0");
-        unsetenv("DI_CUDA_TC_STREAM");
+        di_backend b0 = tc_kernel_backend_with("DI_CUDA_TC_RUNS_MIN_N", "0");
         if (!b0.ctx) return;
         const int64_t runs0 = di_backend_cuda_tc_runs_launches();
         g_xbe = &b0;

@@ -1136,34 +1136,51 @@ extern "C" void di_cuda_weight_free(const di_backend *dbe, di_weight *w) {
     w->scale_e8m0 = NULL;
 }
 
-extern "C" double di_cuda_measure_copy_bandwidth(const di_backend *dbe, size_t bytes) {
-    cuda_backend *be = ctx_of(dbe);
-    void *a = NULL, *b = NULL;
+float di_cuda_time_runs(cudaStream_t s, int reps, void (*run)(void *ctx, cudaStream_t s, int i),
+                        void *ctx) {
     cudaEvent_t e0 = NULL, e1 = NULL;
-    double bw = 0.0;
-    if (cudaMalloc(&a, bytes) != cudaSuccess || cudaMalloc(&b, bytes) != cudaSuccess) goto done;
-    cudaMemsetAsync(a, 1, bytes, be->main);
-    cudaEventCreate(&e0);
-    cudaEventCreate(&e1);
-    for (int i = 0; i < 3; i++) /* warm-up */
-        cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, be->main);
-    {
-        const int reps = 20;
-        cudaEventRecord(e0, be->main);
+    float ms = 0.0f;
+    if (cudaEventCreate(&e0) == cudaSuccess && cudaEventCreate(&e1) == cudaSuccess) {
+        for (int i = 0; i < 3; i++) /* warm-up */
+            run(ctx, s, i);
+        cudaEventRecord(e0, s);
         for (int i = 0; i < reps; i++)
-            cudaMemcpyAsync(i % 2 ? a : b, i % 2 ? b : a, bytes, cudaMemcpyDeviceToDevice,
-                            be->main);
-        cudaEventRecord(e1, be->main);
-        float ms = 0.0f;
-        if (cudaEventSynchronize(e1) == cudaSuccess &&
-            cudaEventElapsedTime(&ms, e0, e1) == cudaSuccess && ms > 0.0f)
-            bw = 2.0 * (double)bytes * reps / (ms * 1e-3);
+            run(ctx, s, i);
+        cudaEventRecord(e1, s);
+        if (cudaEventSynchronize(e1) != cudaSuccess ||
+            cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess)
+            ms = 0.0f;
     }
-done:
     if (e0) cudaEventDestroy(e0);
     if (e1) cudaEventDestroy(e1);
-    cudaFree(a);
-    cudaFree(b);
+    cudaGetLastError();
+    return ms > 0.0f ? ms : 0.0f;
+}
+
+/* Device-to-device copies of a buffer, back and forth (di_cuda_time_runs). */
+struct copy_runs {
+    void *a, *b;
+    size_t bytes;
+};
+
+static void copy_run(void *ctx, cudaStream_t s, int i) {
+    const copy_runs *c = (const copy_runs *)ctx;
+    cudaMemcpyAsync(i % 2 ? c->a : c->b, i % 2 ? c->b : c->a, c->bytes, cudaMemcpyDeviceToDevice,
+                    s);
+}
+
+extern "C" double di_cuda_measure_copy_bandwidth(const di_backend *dbe, size_t bytes) {
+    cuda_backend *be = ctx_of(dbe);
+    copy_runs c = {NULL, NULL, bytes};
+    double bw = 0.0;
+    if (cudaMalloc(&c.a, bytes) == cudaSuccess && cudaMalloc(&c.b, bytes) == cudaSuccess &&
+        cudaMemsetAsync(c.a, 1, bytes, be->main) == cudaSuccess) {
+        const int reps = 20;
+        const float ms = di_cuda_time_runs(be->main, reps, copy_run, &c);
+        if (ms > 0.0f) bw = 2.0 * (double)bytes * reps / (ms * 1e-3);
+    }
+    cudaFree(c.a);
+    cudaFree(c.b);
     cudaGetLastError();
     return bw;
 }

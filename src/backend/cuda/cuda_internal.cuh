@@ -279,6 +279,12 @@ extern int64_t di_cuda_tc_head_launches;   /* di_backend_cuda_tc_head_launches *
 extern int64_t di_cuda_tc_runs_launches;   /* di_backend_cuda_tc_runs_launches */
 cudaError_t di_cuda_launch_matmul_tc_wide(const di_cuda_mm_params *p);
 
+/* For the bandwidth measurements: run(ctx, s, i) enqueues run i on stream s; three warm-up
+ * runs (i = 0, 1, 2), then runs i = 0 .. reps - 1 between two events. Returns their
+ * milliseconds, or 0 on failure (the error cleared). */
+float di_cuda_time_runs(cudaStream_t s, int reps, void (*run)(void *ctx, cudaStream_t s, int i),
+                        void *ctx);
+
 /* silu(g) * u, rounded as silu_mul_kernel rounds it (the fused and the separate SwiGLU agree). */
 static __device__ __forceinline__ float silu_times(float g, float u) {
     return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);

@@ -38,6 +38,20 @@ __global__ void __launch_bounds__(256) probe_kernel(const uint4 *__restrict__ w,
     if (acc == 0x12345678u) out[0] = acc; /* never, in practice: keeps the loads */
 }
 
+/* One probe launch over the buffer (di_cuda_time_runs). */
+struct probe_runs {
+    void (*kernel)(const uint4 *, uint32_t *);
+    unsigned blocks;
+    const uint4 *w;
+    uint32_t *out;
+};
+
+static void probe_run(void *ctx, cudaStream_t s, int i) {
+    (void)i;
+    const probe_runs *r = (const probe_runs *)ctx;
+    r->kernel<<<r->blocks, 256, 0, s>>>(r->w, r->out);
+}
+
 extern "C" double di_cuda_measure_read_lines(const di_backend *be, int piece, size_t bytes) {
     (void)be; /* the probe runs on the current device's default stream */
     void (*k)(const uint4 *, uint32_t *) = piece == 64    ? probe_kernel<64>
@@ -51,25 +65,14 @@ extern "C" double di_cuda_measure_read_lines(const di_backend *be, int piece, si
     const size_t used = (size_t)rows * PROBE_ROW_U4 * 16;
     uint4 *w = NULL;
     uint32_t *out = NULL;
-    cudaEvent_t e0 = NULL, e1 = NULL;
     double bw = 0.0;
     if (cudaMalloc((void **)&w, used) == cudaSuccess &&
-        cudaMalloc((void **)&out, 4) == cudaSuccess && cudaMemset(w, 1, used) == cudaSuccess &&
-        cudaEventCreate(&e0) == cudaSuccess && cudaEventCreate(&e1) == cudaSuccess) {
+        cudaMalloc((void **)&out, 4) == cudaSuccess && cudaMemset(w, 1, used) == cudaSuccess) {
         const int reps = 10;
-        for (int i = 0; i < 3; i++) /* warm-up */
-            k<<<blocks, 256>>>(w, out);
-        cudaEventRecord(e0);
-        for (int i = 0; i < reps; i++)
-            k<<<blocks, 256>>>(w, out);
-        cudaEventRecord(e1);
-        float ms = 0.0f;
-        if (cudaEventSynchronize(e1) == cudaSuccess &&
-            cudaEventElapsedTime(&ms, e0, e1) == cudaSuccess && ms > 0.0f)
-            bw = (double)used * reps / (ms * 1e-3);
+        probe_runs r = {k, blocks, w, out};
+        const float ms = di_cuda_time_runs(0, reps, probe_run, &r);
+        if (ms > 0.0f) bw = (double)used * reps / (ms * 1e-3);
     }
-    if (e0) cudaEventDestroy(e0);
-    if (e1) cudaEventDestroy(e1);
     cudaFree(w);
     cudaFree(out);
     cudaGetLastError();

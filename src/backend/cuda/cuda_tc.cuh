@@ -206,20 +206,20 @@ static __device__ __forceinline__ void run_fold(float (&st)[LR][MT][NG][4], floa
             TC_SUMS(out)[e] = c[e];
 }
 
-/* Where lane (g, tig)'s weights start: rows g and g + 8 of each of the MT m-tiles from row r0
- * (GLU: m-tile 1 is the up weight's same 16 rows; a row past the end aliases the last row,
- * whose results are never stored), plus col0 elements, esz bytes per element. */
+/* Where lane (g, tig)'s weight rows start: rows g and g + 8 of each of the MT m-tiles from row
+ * r0 (GLU: m-tile 1 is the up weight's same 16 rows; a row past the end aliases the last row,
+ * whose results are never stored), esz bytes per element. */
 template <int MT, bool GLU>
 static __device__ __forceinline__ void tc_lane_rows(const di_cuda_mm_params &p, int64_t r0, int g,
                                                     const void *wdata, const void *udata, int esz,
-                                                    int64_t col0, const char *(&wrow)[MT][2]) {
+                                                    const char *(&wrow)[MT][2]) {
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             const int64_t r = min(r0 + (GLU ? 0 : 16 * mt) + g + 8 * h, p.rows - 1);
             const void *base = GLU && mt == 1 ? udata : wdata;
-            wrow[mt][h] = static_cast<const char *>(base) + (r * p.row_stride + col0) * esz;
+            wrow[mt][h] = static_cast<const char *>(base) + r * p.row_stride * esz;
         }
 }
 

@@ -148,7 +148,7 @@ __global__ void __launch_bounds__(TC_THREADS, R == 2 || R == 4 ? 2 : 0)
         const int64_t r0 = tile_r0(rt);
         const bool tile_ok = rt < RT && r0 < p.rows;
         const char *wrow[MT][2];
-        tc_lane_rows<MT, GLU>(p, r0, g, wdata, udata, ESZ, 0, wrow);
+        tc_lane_rows<MT, GLU>(p, r0, g, wdata, udata, ESZ, wrow);
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int64_t k = (c + u) * TC_CHUNK + kl;

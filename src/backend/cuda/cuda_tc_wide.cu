@@ -109,7 +109,7 @@ __global__ void __launch_bounds__(TW_THREADS, 2)
     const int64_t c_begin = C * kw / ks, c_end = C * (kw + 1) / ks;
 
     const char *wrow[2][2];
-    tc_lane_rows<2, GLU>(p, r0, g, wdata, udata, 2, 0, wrow);
+    tc_lane_rows<2, GLU>(p, r0, g, wdata, udata, 2, wrow);
     const int64_t kl = 8 * tig;
     auto load_a = [&](uint4(&dst)[2][2], int64_t c) {
         const int64_t k = c * TC_CHUNK + kl;
