@@ -11,7 +11,8 @@ One run measures, on the same device and the same weights:
      dense weight, the router, the shared experts, the top-k routed experts of each MoE layer,
      the lm_head; / copy bandwidth);
   4. throughput with C concurrent requests: transformers `generate` on a batch of C prompts, and
-     deepinfer's engine (bench_engine --device cuda, a closed loop of C requests in flight).
+     deepinfer's engine (bench_engine --device cuda --overlap, a closed loop of C requests in
+     flight; the overlap loop as `deepinfer batch --device cuda` runs it).
 
 usage: gpu_vs_transformers.py --deepinfer BUILD/deepinfer --bench-engine BUILD/bench_engine
                               [--layers 27] [--model-dir /tmp/v2lite-rand] [--gen 64]
@@ -138,10 +139,12 @@ def di_generate(args, new_tokens, env=None, extra=()):
 
 
 def di_engine(args, conc, env=None, extra=()):
+    """The engine as `deepinfer batch --device cuda` runs it: the overlap loop on (on a GPU the
+    device loop, the next decode step queued behind the running one)."""
     cmd = [args.bench_engine, "--device", "cuda", "--model", args.model_dir, "--mode", "engine",
            "--concurrency", str(conc), "--requests", str(conc), "--prompt-len", str(args.prompt_len),
            "--gen-len", str(args.gen), "--max-running", str(max(conc, 1)),
-           "--max-batch-tokens", str(max(conc * args.prompt_len, 256))] + list(extra)
+           "--max-batch-tokens", str(max(conc * args.prompt_len, 256)), "--overlap"] + list(extra)
     out = subprocess.run(cmd, check=True, capture_output=True, text=True,
                          env=dict(os.environ, **(env or {}))).stdout
     return json.loads(out.strip().splitlines()[-1])

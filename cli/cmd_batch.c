@@ -64,6 +64,9 @@ static const char *const k_usage =
     "                          workers' steps and busy seconds are reported at the end)\n"
     "  --prefill-threads N     with --disaggregate: the prefill worker's share of --threads\n"
     "                          (default half; the decode worker gets the rest, at least 1)\n"
+    "  --overlap, --no-overlap schedule the next step while this one runs (default on a\n"
+    "                          GPU, where the next decode step is queued behind the running\n"
+    "                          one; off on the CPU); not with --disaggregate\n"
     "  --batch-invariant, --no-batch-invariant\n"
     "                          results independent of the batch (default), or the faster\n"
     "                          batch-size-dependent kernels (may differ in the last bits)\n"
@@ -84,6 +87,7 @@ typedef struct batch_options {
     double progress_interval, sync_interval;
     bool no_prefix_cache, disaggregate, quiet;
     bool batch_invariant, no_batch_invariant;
+    bool overlap, no_overlap;
 } batch_options;
 
 /* One non-blank input line. */
@@ -191,6 +195,8 @@ static int parse_options(const char *cmd, int argc, char **argv, batch_options *
         {"quiet", CLI_OPT_FLAG, &o->quiet, 0, 0},
         {"batch-invariant", CLI_OPT_FLAG, &o->batch_invariant, 0, 0},
         {"no-batch-invariant", CLI_OPT_FLAG, &o->no_batch_invariant, 0, 0},
+        {"overlap", CLI_OPT_FLAG, &o->overlap, 0, 0},
+        {"no-overlap", CLI_OPT_FLAG, &o->no_overlap, 0, 0},
     };
     int rc = cli_parse(cmd, k_usage, opts, (int)CLI_LEN(opts), argc, argv);
     if (rc != CLI_CONTINUE) return rc;
@@ -198,6 +204,10 @@ static int parse_options(const char *cmd, int argc, char **argv, batch_options *
     if (o->batch_invariant && o->no_batch_invariant)
         return cli_error(CLI_EXIT_USAGE, cmd,
                          "--batch-invariant and --no-batch-invariant exclude each other");
+    if (o->overlap && o->no_overlap)
+        return cli_error(CLI_EXIT_USAGE, cmd, "--overlap and --no-overlap exclude each other");
+    if (o->overlap && o->disaggregate)
+        return cli_error(CLI_EXIT_USAGE, cmd, "--overlap and --disaggregate exclude each other");
     if (o->prefill_threads && !o->disaggregate)
         return cli_error(CLI_EXIT_USAGE, cmd, "--prefill-threads needs --disaggregate");
     if (!(o->model_dir = cli_model_dir(cmd, o->model_dir))) return CLI_EXIT_USAGE;
@@ -535,6 +545,10 @@ static di_engine_params engine_params(const batch_options *o) {
     ep.disaggregate = o->disaggregate;
     ep.prefill_threads = (int32_t)o->prefill_threads;
     ep.batch_invariant = !o->no_batch_invariant;
+    /* On a GPU the overlap loop is the engine's device loop (engine.c): 2-11 % more output
+     * tokens/s on the H200 (src/backend/cuda/NOTES.md, nineteenth round). */
+    const bool on_device = o->device && strncmp(o->device, "cuda", 4) == 0;
+    ep.overlap = o->overlap || (on_device && !o->no_overlap && !o->disaggregate);
     ep.tokenizer_path = o->tokenizer;
     return ep;
 }
@@ -577,8 +591,8 @@ static int serve(const char *cmd, const batch_options *o, const batch_input *in,
         fprintf(stderr,
                 "batch: prefill worker %lld steps, %.3f s busy; decode worker %lld steps, "
                 "%.3f s busy; %.3f s in all\n",
-                (long long)es.n_prefill_steps, es.time_prefill_busy_s,
-                (long long)es.n_decode_steps, es.time_decode_busy_s, es.time_total_s);
+                (long long)es.n_prefill_steps, es.time_prefill_busy_s, (long long)es.n_decode_steps,
+                es.time_decode_busy_s, es.time_total_s);
     }
     for (int32_t i = 0; r->slots && i < r->n_slots; i++)
         if (r->slots[i]) {

@@ -12,6 +12,12 @@
  * The scheduler supports two pending batches (docs/engine-design.md): decodes of N+1 consume
  * N's tokens through DI_SCHED_PENDING_TOKEN rows, which the builder resolves right before
  * launch; rows of requests that stopped in the meantime are ignored by their epoch.
+ * Device loop (overlap on a backend with fences, e.g. CUDA; step_device): no compute thread;
+ * step N+1 is enqueued before the engine waits for step N, its pending ids read on the
+ * device from N's tokens (di_batch_args.pending_on_device), so the device runs decode steps
+ * back to back while the host samples and post-processes the previous one:
+ *     drain inbox; schedule N+1; build N+1; enqueue N+1 (behind N)
+ *     wait N; sample N; postprocess N; deliver       (while N+1 computes)
  *
  * The batch builder copies what the forward reads (ids, block tables), so the scheduler can
  * move on (and even preempt a request of the batch in flight) while the forward runs.
@@ -83,26 +89,41 @@ const char *di_engine_finish_str(di_engine_finish r) {
 /* The forward, inline or on the compute thread                                               */
 /* ---------------------------------------------------------------------------------------- */
 
-static void run_forward(di_engine *e, const eng_batch *b) {
+/* A device reports its ops' first error at the sync. The step's logits are then not
+ * trustworthy: they become NaN, so the sampler's guard finishes the step's requests with an
+ * error instead of sampling garbage; the cause goes to the log. */
+static void forward_failed(di_engine *e, const eng_batch *b) {
+    di_log(DI_LOG_ERROR, "engine: forward on %s failed: %s", e->be.ops->name, di_last_error());
+    for (int64_t i = 0; i < b->n_lrows * e->vocab; i++)
+        e->logits[i] = NAN;
+    for (int64_t i = 0; b->tokens && i < b->n_lrows; i++)
+        b->tokens[i] = -1;
+}
+
+/* Runs b's forward to completion, or with `defer` (the device loop) maybe only enqueues it:
+ * then b->ticket > 0 (finish_deferred waits for it). */
+static void run_forward_as(di_engine *e, eng_batch *b, bool defer, bool pending) {
     double t0 = di_time_now();
-    di_batch_args a = {
-        .seqs = b->seqs, .n_seqs = b->sb->n_seqs, .logits = b->logits, .tokens = b->tokens};
+    b->ticket = 0;
+    di_batch_args a = {.seqs = b->seqs,
+                       .n_seqs = b->sb->n_seqs,
+                       .logits = b->logits,
+                       .tokens = b->tokens,
+                       .defer = defer,
+                       .pending_on_device = pending,
+                       .ticket = defer ? &b->ticket : NULL};
     for (int64_t i = 0; b->tokens && i < b->n_lrows; i++)
         b->tokens[i] = -1;
     e->model->arch->forward_batch(e->model->weights, e->state, &e->be, &a);
-    /* A device reports its ops' first error at the sync. The step's logits are then not
-     * trustworthy: they become NaN, so the sampler's guard finishes the step's requests with
-     * an error instead of sampling garbage; the cause goes to the log. */
-    if (e->be.ops->sync(e->be.ctx)) {
-        di_log(DI_LOG_ERROR, "engine: forward on %s failed: %s", e->be.ops->name, di_last_error());
-        for (int64_t i = 0; i < b->n_lrows * e->vocab; i++)
-            e->logits[i] = NAN;
-        for (int64_t i = 0; b->tokens && i < b->n_lrows; i++)
-            b->tokens[i] = -1;
-    }
+    b->deferred = b->ticket > 0;
+    if (!b->deferred && e->be.ops->sync(e->be.ctx)) forward_failed(e, b);
     e->work_time = di_time_now() - t0;
     e->work_expert_loads =
         e->model->arch->take_expert_loads ? e->model->arch->take_expert_loads(e->state) : 0;
+}
+
+static void run_forward(di_engine *e, const eng_batch *b) {
+    run_forward_as(e, (eng_batch *)b, false, false);
 }
 
 static void *compute_main(void *arg) {
@@ -163,6 +184,7 @@ static int64_t blocks_per_seq(const di_engine *e) {
 void eng_build(di_engine *e, const di_sched_batch *sb, eng_batch *b) {
     const int64_t bps = blocks_per_seq(e);
     b->sb = sb;
+    b->deferred = false;
     b->n_tokens = b->n_lrows = 0;
     for (int32_t i = 0; i < sb->n_seqs; i++) {
         const di_sched_seq *q = &sb->seqs[i];
@@ -211,6 +233,11 @@ static void sample_seqs(void *ctx, int64_t begin, int64_t end, int tid) {
         const di_sched_seq *q = &b->sb->seqs[i];
         if (b->lrow[i] < 0 || !q->n_logits) continue;
         const int64_t last = b->lrow[i] + q->n_logit_rows - 1;
+        if (b->deferred && b->tokens[last] < 0) { /* NaN / +inf logits, or a failed step */
+            e->sampled[i] = 0; /* as eng_sample_row leaves a row it cannot sample */
+            e->row_ok[i] = false;
+            continue;
+        }
         eng_sample_row(e, q, (int32_t)i, b->logits + last * e->vocab,
                        b->tokens ? b->tokens[last] : -1, scratch);
     }
@@ -228,9 +255,17 @@ void eng_sample_batch(di_engine *e, const eng_batch *b) {
         if (b->lrow[i] >= 0 && q->n_logit_rows > q->n_logits)
             eng_prompt_logprobs(e, q, b->logits + (int64_t)b->lrow[i] * e->vocab);
     }
+    /* Rows whose token came from the device cost nothing to take: the pool's hand-off would
+     * be most of the time then, so they stay on this thread. */
+    bool host_rows = false;
+    for (int64_t i = 0; i < n && !host_rows; i++) {
+        const di_sched_seq *q = &b->sb->seqs[i];
+        host_rows = b->lrow[i] >= 0 && q->n_logits &&
+                    !(b->tokens && b->tokens[b->lrow[i] + q->n_logit_rows - 1] >= 0);
+    }
     sample_job job = {e, b, (n + e->n_sscratch - 1) / e->n_sscratch};
     if (job.grain < 1) job.grain = 1;
-    if (e->sample_pool && e->n_sscratch > 1 && n > 1)
+    if (host_rows && e->sample_pool && e->n_sscratch > 1 && n > 1)
         di_pool_run(e->sample_pool, n, job.grain, sample_seqs, &job);
     else
         sample_seqs(&job, 0, n, 0);
@@ -282,6 +317,60 @@ static di_status step_plain(di_engine *e, double *t_sched, double *t_post) {
     return st;
 }
 
+/* Waits for a batch the runner deferred; its tokens are then in b->tokens (-1 for a row
+ * whose logits the sampler cannot use: sample_seqs reports it). */
+static void finish_deferred(di_engine *e, eng_batch *b) {
+    double t0 = di_time_now();
+    if (e->be.ops->fence_wait(e->be.ctx, b->ticket)) {
+        di_log(DI_LOG_ERROR, "engine: forward on %s failed: %s", e->be.ops->name, di_last_error());
+        for (int64_t i = 0; i < b->n_lrows; i++)
+            b->tokens[i] = -1;
+    }
+    b->ticket = 0;
+    e->stats.time_device_s += di_time_now() - t0;
+}
+
+/* The device loop (top of the file): N+1 is enqueued behind N, with its pending ids left
+ * for the device, before N is waited for and post-processed. A batch the runner cannot
+ * defer (a prefill chunk, rows sampled on the host) has run when the call returns and is
+ * post-processed in the same step, after N. */
+static di_status step_device(di_engine *e, double *t_sched, double *t_post) {
+    double t0 = di_time_now();
+    eng_batch *prev = e->in_flight ? &e->batches[e->cur] : NULL;
+    eng_batch *next = &e->batches[prev ? 1 - e->cur : e->cur];
+    const di_sched_batch *sb;
+    di_status st = di_sched_schedule(e->sched, &sb);
+    if (st) return st;
+    eng_build(e, sb, next);
+    *t_sched += di_time_now() - t0;
+    const bool run = sb->n_seqs > 0;
+    if (run) {
+        e->stats.n_prompt_tokens += sb->n_prefill_tokens;
+        run_forward_as(e, next, true, prev != NULL);
+        e->stats.time_device_s += e->work_time;
+        e->stats.n_expert_loads += e->work_expert_loads;
+        e->cur = (int)(next - e->batches);
+    }
+    double t1 = di_time_now();
+    if (prev) {
+        finish_deferred(e, prev);
+        eng_sample_batch(e, prev);
+        st = postprocess(e, prev);
+    }
+    e->in_flight = run && next->ticket > 0;
+    if (run && !e->in_flight) {
+        if (!st) {
+            eng_sample_batch(e, next);
+            st = postprocess(e, next);
+        }
+    } else if (!run && !prev) {
+        st = eng_after_postprocess(e, NULL);
+    }
+    eng_release_finished(e, !e->in_flight);
+    *t_post += di_time_now() - t1;
+    return st;
+}
+
 static di_status step_overlap(di_engine *e, double *t_sched, double *t_post) {
     double t0 = di_time_now();
     eng_batch *prev = e->in_flight ? &e->batches[e->cur] : NULL;
@@ -324,6 +413,7 @@ di_status di_engine_step(di_engine *e, di_engine_output *out, int64_t cap, int64
     t_sched += di_time_now() - t0;
     if (!st)
         st = e->p.disaggregate ? eng_step_disagg(e, &t_sched, &t_post)
+             : e->device_loop  ? step_device(e, &t_sched, &t_post)
              : e->p.overlap    ? step_overlap(e, &t_sched, &t_post)
                                : step_plain(e, &t_sched, &t_post);
 #ifndef NDEBUG
@@ -506,11 +596,16 @@ di_status di_engine_create(di_model *model, const di_engine_params *params, di_e
             int64_t rows = p.max_running + e->scfg.max_prompt_logits;
             e->logits = di_malloc((size_t)(rows * e->vocab) * sizeof(float));
             /* tokens from the runner only where the rows live in device memory */
-            if (!e->be.ops->host_memory) e->tokens = di_malloc((size_t)rows * sizeof(int32_t));
+            if (!e->be.ops->host_memory)
+                e->tokens = di_malloc((size_t)(2 * rows) * sizeof(int32_t));
             if (!e->logits || (!e->be.ops->host_memory && !e->tokens))
                 st = di_error(DI_ERR_OUT_OF_MEMORY, "engine: out of memory for logits");
+            /* One logits buffer: a batch's rows are read before the other batch's forward
+             * writes any (the device loop defers only batches that return tokens). Tokens
+             * per batch: a deferred batch's arrive while the next one runs. */
             e->batches[0].logits = e->batches[1].logits = e->logits;
-            e->batches[0].tokens = e->batches[1].tokens = e->tokens;
+            e->batches[0].tokens = e->tokens;
+            e->batches[1].tokens = e->tokens ? e->tokens + rows : NULL;
         }
     }
     if (!st) {
@@ -538,7 +633,10 @@ di_status di_engine_create(di_model *model, const di_engine_params *params, di_e
         st = di_tokenizer_load(e->tokenizer_path, &e->tok);
         e->tok_tried = true;
     }
-    if (!st && p.overlap) {
+    const di_backend_ops *o = e->be.ops;
+    e->device_loop = !st && p.overlap && !p.disaggregate && !o->host_memory && o->fence &&
+                     o->fence_wait && e->tokens;
+    if (!st && p.overlap && !e->device_loop) {
         if (pthread_create(&e->thread, NULL, compute_main, e) != 0)
             st = di_error(DI_ERR_INTERNAL, "engine: cannot start the compute thread");
         else
@@ -554,7 +652,9 @@ di_status di_engine_create(di_model *model, const di_engine_params *params, di_e
 
 void di_engine_free(di_engine *e) {
     if (!e) return;
-    eng_disagg_free(e); /* stops the workers first: they use the states below */
+    eng_disagg_free(e);                 /* stops the workers first: they use the states below */
+    if (e->device_loop && e->in_flight) /* its downloads still go to e->tokens */
+        e->be.ops->fence_wait(e->be.ctx, e->batches[e->cur].ticket);
     if (e->thread_started) {
         wait_forward(e);
         pthread_mutex_lock(&e->tlock);

@@ -102,6 +102,8 @@ typedef struct eng_batch {
     /* NULL, or [logits rows]: the forward may return an unfiltered row's
      * token here instead of the row (di_batch_args.tokens); -1 = read the row */
     int32_t *tokens;
+    int64_t ticket; /* > 0: enqueued and not yet waited for (the device loop, engine.c) */
+    bool deferred;  /* its forward was deferred: its logits rows were never downloaded */
 } eng_batch;
 
 /* Disaggregated mode: one worker per side, each a thread with its own thread pool, backend,
@@ -152,8 +154,11 @@ struct di_engine {
     eng_batch batches[2];
     int cur; /* index of the in-flight (overlap) or last batch */
     bool in_flight;
+    /* The overlap loop on a device backend with fences (engine.c step_device): steps are
+     * enqueued behind the running one instead of on the compute thread. */
+    bool device_loop;
     float *logits;             /* [max_running + scfg.max_prompt_logits][vocab] */
-    int32_t *tokens;           /* [the same rows] (eng_batch.tokens) */
+    int32_t *tokens;           /* [2][the same rows]: each batch's (eng_batch.tokens) */
     int32_t *sampled;          /* [max_running] */
     di_sample_result *results; /* [max_running] */
     bool *row_ok;              /* [max_running] */

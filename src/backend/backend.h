@@ -425,6 +425,23 @@ typedef struct di_backend_ops {
      * tensor cores), so a runner may keep a transposed backend copy of a weight it would
      * multiply transposed (the V2/V3 runner's W_UK). A hint; false on the CPU. */
     bool prefers_untransposed_heads;
+
+    /* ---- A step queued behind the running one (appended; optional, NULL: none) ----
+     * For the engine's overlap loop on a device, which enqueues step N + 1 before waiting
+     * for step N. upload_async copies src_host at once (it may be reused on return) and
+     * enqueues its copy to dst, ordered after every op enqueued before; it does not wait.
+     * download_async enqueues a copy of src to dst_host, which holds it once fence_wait has
+     * returned for a fence made after the call. fence marks everything enqueued so far and
+     * returns its ticket (> 0); fence_wait waits for the ticket's ops and returns the first
+     * error any op reported since the last sync or fence_wait. resolve_ids (enqueued like an
+     * op): ids[i] < 0 becomes prev[-1 - ids[i]] (0 where that is negative) for i < n, both in
+     * backend memory -- the ids of a step that follow tokens still on the device
+     * (di_batch_args.pending_on_device). */
+    di_status (*upload_async)(void *ctx, void *dst, const void *src_host, size_t bytes);
+    di_status (*download_async)(void *ctx, void *dst_host, const void *src, size_t bytes);
+    int64_t (*fence)(void *ctx);
+    di_status (*fence_wait)(void *ctx, int64_t ticket);
+    void (*resolve_ids)(void *ctx, int32_t *ids, int64_t n, const int32_t *prev);
 } di_backend_ops;
 
 typedef struct di_backend {

@@ -186,6 +186,7 @@ typedef struct ds_state {
     float *moe_out;       /* [C][H] */
     float *logits;        /* [C][V] unless backend memory is host memory (then NULL) */
     int32_t *tokens;      /* [C] each logits row's token (argmax_rows or sample_rows) */
+    int32_t *prev_tokens; /* [C] a deferred step's tokens, for the next step's pending ids */
     di_sample_row *srows; /* [C] sample_rows' parameters (staged in srows_h) */
     int32_t *in;          /* chunk inputs (in_words 4-byte words, layout in pack_inputs) */
     /* routing (moe_route's outputs): offsets [E + 1], active [E + 1], src / rows_of [C K],
@@ -208,6 +209,9 @@ typedef struct ds_state {
      * (a decode chunk's, or on a device a chunk of several sequences: attention()) */
     bool decode;
     const int32_t *pos, *toff, *tables;
+    /* The engine's overlap loop (di_batch_args): may_defer, the batch may be deferred (one
+     * chunk); pending, its ids < 0 are the previous step's tokens (prev_tokens). */
+    bool may_defer, pending;
     /* Captured decode steps (CUDA graphs), one per row count n <= C (graphs[n]), made on
      * first use; graphs_off after a capture failed (the ops then run one by one). */
     void **graphs;
@@ -297,6 +301,7 @@ static di_status state_create(const void *weights, int64_t rows, int64_t block_s
                              C * H * f,
                              mem->ops->host_memory ? 0 : C * V * f,
                              C * w4,
+                             C * w4,
                              C * sizeof(di_sample_row),
                              s->in_words * w4,
                              (E + 1) * w4,
@@ -339,6 +344,7 @@ static di_status state_create(const void *weights, int64_t rows, int64_t block_s
     s->moe_out = carve(&p, dsizes[k++]);
     s->logits = mem->ops->host_memory ? (k++, NULL) : carve(&p, dsizes[k++]);
     s->tokens = carve(&p, dsizes[k++]);
+    s->prev_tokens = carve(&p, dsizes[k++]);
     s->srows = carve(&p, dsizes[k++]);
     s->in = carve(&p, dsizes[k++]);
     s->r_off = carve(&p, dsizes[k++]);
@@ -631,11 +637,13 @@ static void moe(const ds_model *m, const ds_layer *L, ds_state *s, const di_back
     be->ops->axpy(c, 1.0f, s->moe_out, n * H, s->x);
 }
 
-/* Builds the chunk's small inputs on the host and uploads them in one transfer: token ids,
- * rope cos/sin, the pool rows of the new tokens, and each segment's block table. Sets the
- * views into s->in that the blocks read. */
+/* Builds the chunk's small inputs on the host and uploads them in one transfer (without
+ * waiting where `async`: a deferred step): token ids, rope cos/sin, the pool rows of the new
+ * tokens, and each segment's block table. Pending ids (s->pending: < 0) are then resolved on
+ * the backend from the previous step's tokens. Sets the views into s->in that the blocks
+ * read. */
 static void pack_inputs(const ds_model *m, ds_state *s, const di_backend *be, int64_t n,
-                        int64_t nseg) {
+                        int64_t nseg, bool async) {
     const int64_t half = m->hp->qk_rope_head_dim / 2, bs = s->block_size;
     int32_t *h = s->in_h;
     int32_t *ids = h;
@@ -644,11 +652,13 @@ static void pack_inputs(const ds_model *m, ds_state *s, const di_backend *be, in
     int32_t *qpos = wdst + n, *toff = qpos + n;
     int32_t *tab = toff + n;
     int64_t nw = 0;
+    bool pending = false;
     for (int64_t g = 0; g < nseg; g++) {
         const ds_seg *sg = &s->segs[g];
         for (int64_t t = 0; t < sg->n; t++) {
             int64_t r = sg->row0 + t, pos = sg->seq->pos0 + sg->off + t;
             ids[r] = sg->seq->ids[sg->off + t];
+            pending |= ids[r] < 0;
             rope_row(m, pos, cs + r * half, sn + r * half);
             if (sg->off + t < sg->seq->n_replay) continue; /* rows exist, maybe shared */
             wsrc[nw] = (int32_t)r;
@@ -670,7 +680,9 @@ static void pack_inputs(const ds_model *m, ds_state *s, const di_backend *be, in
         }
         used += nb;
     }
-    be->ops->upload(be->ctx, s->in, h, (size_t)used * sizeof(int32_t));
+    (async ? be->ops->upload_async : be->ops->upload)(be->ctx, s->in, h,
+                                                      (size_t)used * sizeof(int32_t));
+    if (pending && s->pending) be->ops->resolve_ids(be->ctx, s->in, n, s->prev_tokens);
     s->ids = s->in;
     s->cos = (const float *)(s->in + n);
     s->sin = s->cos + n * half;
@@ -774,18 +786,25 @@ static bool all_greedy(const ds_state *s, const di_backend *be, int64_t n, const
     return greedy;
 }
 
-/* Before a decode step's forward: when its rows will be drawn on the device (every row
- * unfiltered, not every row greedy, the backend draws), their parameters go up now, with
- * the inputs, so that the draw after the forward waits for nothing. Returns whether they
- * did. */
-static bool stage_draw(ds_state *s, const di_backend *be, int64_t n, const int32_t *tokens) {
+/* Will a decode step's rows be drawn on the device (every row unfiltered, not every row
+ * greedy, the backend draws)? */
+static bool all_drawn(const ds_state *s, const di_backend *be, int64_t n, const int32_t *tokens) {
     bool unf = tokens && be->ops->sample_rows && !all_greedy(s, be, n, tokens);
     for (int64_t g = 0; unf && g < n; g++)
         unf = s->segs[g].seq->unfiltered;
-    if (!unf) return false;
+    return unf;
+}
+
+/* Before a decode step's forward: when its rows will be drawn on the device, their
+ * parameters go up now, with the inputs (without waiting where `async`), so that the draw
+ * after the forward waits for nothing. Returns whether they did. */
+static bool stage_draw(ds_state *s, const di_backend *be, int64_t n, const int32_t *tokens,
+                       bool async) {
+    if (!all_drawn(s, be, n, tokens)) return false;
     for (int64_t g = 0; g < n; g++)
         s->srows_h[g] = s->segs[g].seq->sample;
-    return be->ops->upload(be->ctx, s->srows, s->srows_h, (size_t)n * sizeof *s->srows) == DI_OK;
+    return (async ? be->ops->upload_async : be->ops->upload)(be->ctx, s->srows, s->srows_h,
+                                                             (size_t)n * sizeof *s->srows) == DI_OK;
 }
 
 static void fetch_decode(const ds_model *m, ds_state *s, const di_backend *be, int64_t n,
@@ -808,18 +827,49 @@ static void fetch_decode(const ds_model *m, ds_state *s, const di_backend *be, i
     be->ops->download(c, logits, s->logits, (size_t)(n * V) * sizeof(float));
 }
 
+/* A decode step enqueued without waiting (di_batch_args.defer; every row's token comes from
+ * the device): the inputs through upload_async, the step (its graph where the backend has
+ * them), the rows' tokens, a copy of them for the next step's pending ids, and their download
+ * into tokens[], which *ticket's fence_wait completes. */
+static int64_t forward_deferred(const ds_model *m, ds_state *s, const di_backend *be, int64_t n,
+                                int64_t nseg, float *logits, int32_t *tokens, int64_t *ticket) {
+    const int64_t V = m->hp->vocab_size;
+    void *c = be->ctx;
+    pack_inputs(m, s, be, n, nseg, true);
+    const bool staged = stage_draw(s, be, n, tokens, true);
+    if (!forward_graph(m, s, be, n, nseg)) {
+        forward_layers(m, s, be, n, nseg);
+        be->ops->matmul(c, &m->lm_head, s->xn, n, s->logits);
+        if (be->ops->argmax_rows) be->ops->argmax_rows(c, s->logits, n, V, s->tokens);
+    }
+    if (staged) be->ops->sample_rows(c, s->logits, n, V, s->srows, s->tokens);
+    /* a byte copy (copy2d moves floats' bytes unchanged) */
+    be->ops->copy2d(c, (float *)s->prev_tokens, n, (const float *)s->tokens, n, 1, n);
+    if (be->ops->download_async(c, tokens, s->tokens, (size_t)n * sizeof(int32_t)) == DI_OK) {
+        *ticket = be->ops->fence(c);
+    } else { /* then the rows, and the host sampler (the same tokens) */
+        for (int64_t g = 0; g < n; g++)
+            tokens[g] = -1;
+        be->ops->download(c, logits, s->logits, (size_t)(n * V) * sizeof(float));
+        *ticket = 0;
+    }
+    return n;
+}
+
 /* One chunk of n <= C rows holding s->segs[0 .. nseg). The logits rows of its sequences
  * (each one's last n_logits tokens) go to logits[0 ..) (host memory), in order, or for a
  * decode step possibly only their tokens to tokens[0 ..) (fetch_decode); returns their
  * count. */
 static int64_t forward_chunk(const ds_model *m, ds_state *s, const di_backend *be, int64_t n,
-                             int64_t nseg, float *logits, int32_t *tokens) {
+                             int64_t nseg, float *logits, int32_t *tokens, int64_t *ticket) {
     const int64_t V = m->hp->vocab_size;
     void *c = be->ctx;
 
     s->decode = logits && is_decode(s, n, nseg);
-    pack_inputs(m, s, be, n, nseg);
-    const bool staged = s->decode && !be->ops->host_memory && stage_draw(s, be, n, tokens);
+    if (s->decode && s->may_defer && (all_greedy(s, be, n, tokens) || all_drawn(s, be, n, tokens)))
+        return forward_deferred(m, s, be, n, nseg, logits, tokens, ticket);
+    pack_inputs(m, s, be, n, nseg, false);
+    const bool staged = s->decode && !be->ops->host_memory && stage_draw(s, be, n, tokens, false);
     if (s->decode && forward_graph(m, s, be, n, nseg)) {
         fetch_decode(m, s, be, n, logits, tokens, staged);
         return n;
@@ -848,7 +898,15 @@ static void ds_forward_batch(const void *weights, void *state, const di_backend 
     const ds_model *m = weights;
     ds_state *s = state;
     const int64_t V = m->hp->vocab_size;
-    int64_t rows = 0, nseg = 0, lrow = 0;
+    int64_t rows = 0, nseg = 0, lrow = 0, n_rows = 0;
+    for (int64_t i = 0; i < a->n_seqs; i++)
+        n_rows += a->seqs[i].n;
+    int64_t *ticket = a->ticket;
+    if (ticket) *ticket = 0;
+    const di_backend_ops *o = be->ops;
+    s->may_defer = a->defer && ticket && n_rows <= s->chunk && !o->host_memory && o->fence &&
+                   o->fence_wait && o->upload_async && o->download_async && o->resolve_ids;
+    s->pending = a->pending_on_device;
     for (int64_t i = 0; i < a->n_seqs; i++) {
         const di_batch_seq *q = &a->seqs[i];
         for (int64_t off = 0; off < q->n;) {
@@ -857,14 +915,15 @@ static void ds_forward_batch(const void *weights, void *state, const di_backend 
             nseg++, rows += take, off += take;
             if (rows == s->chunk) {
                 lrow += forward_chunk(m, s, be, rows, nseg, a->logits ? a->logits + lrow * V : NULL,
-                                      a->tokens ? a->tokens + lrow : NULL);
+                                      a->tokens ? a->tokens + lrow : NULL, ticket);
                 rows = nseg = 0;
             }
         }
     }
     if (rows > 0)
         forward_chunk(m, s, be, rows, nseg, a->logits ? a->logits + lrow * V : NULL,
-                      a->tokens ? a->tokens + lrow : NULL);
+                      a->tokens ? a->tokens + lrow : NULL, ticket);
+    s->may_defer = s->pending = false;
 }
 
 static void ds_forward(const void *weights, void *state, const di_backend *be,

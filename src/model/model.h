@@ -70,6 +70,14 @@ typedef struct di_batch_args {
      * then leave row r unwritten -- a GPU runner so avoids downloading the rows of a decode step.
      * The caller takes tokens[r] >= 0 as the token. */
     int32_t *tokens;
+    /* The engine's overlap loop on a device (backend.h: upload_async .. resolve_ids); false
+     * and NULL otherwise. defer: a batch that is one decode chunk whose rows all return
+     * tokens may be enqueued without waiting: the runner then sets *ticket to the backend
+     * fence after which tokens[] holds them (fence_wait), else it runs the batch as usual and
+     * sets *ticket = 0. pending_on_device: ids < 0 in seqs stand for tokens of the previous
+     * batch, which the runner deferred: -1 - r is its row r, read on the device. */
+    bool defer, pending_on_device;
+    int64_t *ticket;
 } di_batch_args;
 
 /* Sizes of a batched runner state, fixed at creation (the forward allocates nothing). */

@@ -6,7 +6,9 @@
  * data movement a runner does for a device backend, which these tests check. It also has
  * the second-stream ops (backend.h side_begin / side_end / side_join) as counted no-ops, so
  * the V2/V3 runner calls them as it does on a GPU, which must not change the CPU path's
- * bits.
+ * bits. And the ops of a step queued behind another (upload_async .. resolve_ids): the ops
+ * run at once here, but a download_async's bytes reach their destination only at fence_wait
+ * (or sync), so a caller that reads them before sees what was there.
  */
 #ifndef DI_TEST_SEP_BACKEND_H
 #define DI_TEST_SEP_BACKEND_H
@@ -19,7 +21,16 @@
 #include <string.h>
 
 static di_backend_ops g_ops;
-static int64_t g_n_up, g_n_down, g_n_bufs, g_n_side;
+static int64_t g_n_up, g_n_down, g_n_bufs, g_n_side, g_n_fences, g_n_resolved;
+
+#define SEP_MAX_PENDING 16
+typedef struct {
+    void *dst, *bytes;
+    size_t n;
+    int64_t ticket;
+} sep_pending;
+static sep_pending g_pend[SEP_MAX_PENDING]; /* downloads waiting for their fence */
+static int g_n_pend;
 
 /* One stream here: the ops run in call order anyway. */
 static void sep_side_begin(void *ctx) {
@@ -68,6 +79,52 @@ static void *dup_bytes(const void *p, size_t n) {
     return q;
 }
 
+static di_status sep_download_async(void *ctx, void *dst, const void *src, size_t bytes) {
+    if (g_n_pend == SEP_MAX_PENDING) return sep_download(ctx, dst, src, bytes);
+    void *copy = dup_bytes(src, bytes);
+    if (!copy) return di_error(DI_ERR_OUT_OF_MEMORY, "separate memory: download");
+    g_pend[g_n_pend++] = (sep_pending){dst, copy, bytes, g_n_fences + 1};
+    g_n_down++;
+    return DI_OK;
+}
+
+static int64_t sep_fence(void *ctx) {
+    (void)ctx;
+    return ++g_n_fences;
+}
+
+/* Hands over the downloads of tickets <= ticket. */
+static di_status sep_fence_wait(void *ctx, int64_t ticket) {
+    (void)ctx;
+    int kept = 0;
+    for (int i = 0; i < g_n_pend; i++) {
+        if (g_pend[i].ticket <= ticket) {
+            memcpy(g_pend[i].dst, g_pend[i].bytes, g_pend[i].n);
+            di_aligned_free(g_pend[i].bytes);
+        } else {
+            g_pend[kept++] = g_pend[i];
+        }
+    }
+    g_n_pend = kept;
+    return ticket > 0 && ticket <= g_n_fences
+               ? DI_OK
+               : di_error(DI_ERR_INVALID_ARG, "separate memory: no fence %lld", (long long)ticket);
+}
+
+static di_status sep_sync(void *ctx) {
+    return sep_fence_wait(ctx, g_n_fences > 0 ? g_n_fences : sep_fence(ctx));
+}
+
+static void sep_resolve_ids(void *ctx, int32_t *ids, int64_t n, const int32_t *prev) {
+    (void)ctx;
+    for (int64_t i = 0; i < n; i++)
+        if (ids[i] < 0) {
+            const int32_t t = prev[-1 - (int64_t)ids[i]];
+            ids[i] = t < 0 ? 0 : t;
+            g_n_resolved++;
+        }
+}
+
 /* A copy of the view: its rows (data points at the view's first row), the FP8 scales up to
  * its last row (looked up through row_offset) and its E8M0 bytes. */
 static di_status sep_weight_upload(void *ctx, const di_weight *w, di_weight *out) {
@@ -106,6 +163,12 @@ static void sep_init(di_backend *be, di_pool *pool, int64_t max_ctx) {
     g_ops.side_begin = sep_side_begin;
     g_ops.side_end = sep_side_nop;
     g_ops.side_join = sep_side_nop;
+    g_ops.sync = sep_sync;
+    g_ops.upload_async = sep_upload;
+    g_ops.download_async = sep_download_async;
+    g_ops.fence = sep_fence;
+    g_ops.fence_wait = sep_fence_wait;
+    g_ops.resolve_ids = sep_resolve_ids;
     be->ops = &g_ops;
 }
 

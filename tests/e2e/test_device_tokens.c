@@ -15,6 +15,13 @@
  * these comparisons cover the runner's calls of them too; its chunks of several prompts take
  * the one-call attention a device backend gets.
  *
+ * The same steps also run on a third state the way the engine's device loop drives it
+ * (di_batch_args.defer / pending_on_device): step k + 1 is handed to the runner before step
+ * k's tokens are waited for, its ids pending (-1 - s) wherever step k was deferred. A step of
+ * tokens must come back deferred, its tokens absent until fence_wait and then the sampler's,
+ * its logits buffer untouched; the top_p step runs at once with its rows; the pending ids must
+ * be resolved (counted) into the tokens that keep every later step equal to the plain runner.
+ *
  * v3_untransposed_heads: with the backend flag prefers_untransposed_heads set (CUDA's), the
  * runner's W_UK^T copy holds exactly kv_b_proj's transposed key rows, and the logits stay
  * within rounding of the plain runner's.
@@ -65,13 +72,15 @@ static void check_model(const char *dir) {
                            .n_slots = N_SEQ,
                            .max_model_len = 4 * BS,
                            .max_batch_tokens = 7}; /* prefill in chunks of 7 rows */
-    void *st_ref = NULL, *st_sep = NULL;
+    void *st_ref = NULL, *st_sep = NULL, *st_def = NULL;
     CHECK(arch->batch_state_create(m->weights, &cfg, &st_ref) == DI_OK);
     if (ws) CHECK(arch->batch_state_create(ws, &cfg, &st_sep) == DI_OK);
+    if (ws) CHECK(arch->batch_state_create(ws, &cfg, &st_def) == DI_OK);
     float *ref = malloc((size_t)(N_SEQ * V) * sizeof(float));
     float *got = malloc((size_t)(N_SEQ * V) * sizeof(float));
+    float *dgot = malloc((size_t)(N_SEQ * V) * sizeof(float));
     void *scratch = malloc(di_sampler_scratch_size(V));
-    if (!st_ref || !st_sep || !ref || !got || !scratch) goto done;
+    if (!st_ref || !st_sep || !st_def || !ref || !got || !dgot || !scratch) goto done;
 
     static const int64_t plen[N_SEQ] = {5, 9, 3, 12};
     int32_t ids[N_SEQ][32], table[N_SEQ][4];
@@ -90,10 +99,23 @@ static void check_model(const char *dir) {
                               .reset_state = true,
                               .n_logits = 1};
     const int64_t side = g_n_side;
-    arch->forward_batch(m->weights, st_ref, &cpu, &(di_batch_args){q, N_SEQ, ref, NULL});
-    arch->forward_batch(ws, st_sep, &sep, &(di_batch_args){q, N_SEQ, got, NULL});
+    arch->forward_batch(
+        m->weights, st_ref, &cpu,
+        &(di_batch_args){.seqs = q, .n_seqs = N_SEQ, .logits = ref, .tokens = NULL});
+    arch->forward_batch(
+        ws, st_sep, &sep,
+        &(di_batch_args){.seqs = q, .n_seqs = N_SEQ, .logits = got, .tokens = NULL});
     CHECK(memcmp(ref, got, (size_t)(N_SEQ * V) * sizeof(float)) == 0);
     CHECK_MSG(g_n_side > side, "%s: the runner did not call side_begin", dir);
+    int64_t ticket = 0; /* the deferred state's prefill: rows, so not deferred */
+    arch->forward_batch(ws, st_def, &sep,
+                        &(di_batch_args){.seqs = q,
+                                         .n_seqs = N_SEQ,
+                                         .logits = dgot,
+                                         .tokens = NULL,
+                                         .defer = true,
+                                         .ticket = &ticket});
+    CHECK(ticket == 0 && memcmp(ref, dgot, (size_t)(N_SEQ * V) * sizeof(float)) == 0);
 
     /* The first decode step's inputs: the prefill's greedy tokens. */
     int32_t next[N_SEQ];
@@ -103,7 +125,11 @@ static void check_model(const char *dir) {
         di_sample_kernels_active()->scan(ref + s * V, V, &bad, &first);
         next[s] = (int32_t)first;
     }
-    int n_token_steps = 0, n_row_steps = 0;
+    int n_token_steps = 0, n_row_steps = 0, n_deferred = 0;
+    /* the deferred state's step in flight: its ticket, tokens and the tokens it must give */
+    int64_t prev_ticket = 0;
+    int32_t dtok[2][N_SEQ], want[N_SEQ], pend[N_SEQ];
+    const int64_t resolved0 = g_n_resolved;
     for (int k = 0; k < N_STEPS; k++) {
         int32_t tokens[N_SEQ];
         di_sampling_params sp[N_SEQ];
@@ -134,16 +160,59 @@ static void check_model(const char *dir) {
             device &= mode < 2;
             tokens[s] = -1;
         }
-        arch->forward_batch(m->weights, st_ref, &cpu, &(di_batch_args){q, N_SEQ, ref, NULL});
+        arch->forward_batch(
+            m->weights, st_ref, &cpu,
+            &(di_batch_args){.seqs = q, .n_seqs = N_SEQ, .logits = ref, .tokens = NULL});
         for (int64_t i = 0; i < N_SEQ * V; i++)
-            got[i] = NAN;
-        arch->forward_batch(ws, st_sep, &sep, &(di_batch_args){q, N_SEQ, got, tokens});
+            got[i] = dgot[i] = NAN;
+        arch->forward_batch(
+            ws, st_sep, &sep,
+            &(di_batch_args){.seqs = q, .n_seqs = N_SEQ, .logits = got, .tokens = tokens});
+        /* The deferred state: this step goes in before the previous one is waited for. */
+        di_batch_seq dq[N_SEQ];
+        int32_t *dt = dtok[k % 2];
+        for (int s = 0; s < N_SEQ; s++) {
+            dq[s] = q[s];
+            pend[s] = -1 - s;
+            if (prev_ticket) dq[s].ids = &pend[s];
+            dt[s] = -1;
+        }
+        ticket = -1;
+        arch->forward_batch(ws, st_def, &sep,
+                            &(di_batch_args){.seqs = dq,
+                                             .n_seqs = N_SEQ,
+                                             .logits = dgot,
+                                             .tokens = dt,
+                                             .defer = true,
+                                             .pending_on_device = prev_ticket > 0,
+                                             .ticket = &ticket});
+        if (prev_ticket) {
+            const int32_t *pt = dtok[(k + 1) % 2];
+            CHECK(sep.ops->fence_wait(sep.ctx, prev_ticket) == DI_OK);
+            for (int s = 0; s < N_SEQ; s++)
+                CHECK_MSG(pt[s] == want[s], "%s deferred step %d seq %d: token %d, want %d", dir,
+                          k - 1, s, pt[s], want[s]);
+        }
         for (int s = 0; s < N_SEQ; s++) { /* the host sampler on the plain runner's rows */
             di_sample_result r;
             in[s].logits = ref + s * V;
             CHECK(di_sampler_sample(&sp[s], &in[s], scratch, &r) == DI_OK);
             next[s] = r.token;
         }
+        if (device) {
+            CHECK_MSG(ticket > 0, "%s step %d: a step of tokens was not deferred", dir, k);
+            for (int s = 0; s < N_SEQ; s++) {
+                CHECK_MSG(dt[s] == -1, "%s step %d: a deferred token arrived before its fence", dir,
+                          k);
+                want[s] = next[s];
+            }
+            CHECK(isnan(dgot[0]) && isnan(dgot[N_SEQ * V - 1]));
+            n_deferred++;
+        } else {
+            CHECK_MSG(ticket == 0, "%s step %d: a step of rows was deferred", dir, k);
+            CHECK(memcmp(ref, dgot, (size_t)(N_SEQ * V) * sizeof(float)) == 0);
+        }
+        prev_ticket = ticket > 0 ? ticket : 0;
         if (device) {
             n_token_steps++;
             for (int s = 0; s < N_SEQ; s++)
@@ -160,13 +229,24 @@ static void check_model(const char *dir) {
         }
     }
     CHECK(n_token_steps == N_STEPS - 1 && n_row_steps == 1); /* modes: one top_p step */
-    printf("  %-14s %d decode steps returned tokens, %d returned rows\n", strrchr(dir, '/') + 1,
-           n_token_steps, n_row_steps);
+    if (prev_ticket) {
+        CHECK(sep.ops->fence_wait(sep.ctx, prev_ticket) == DI_OK);
+        for (int s = 0; s < N_SEQ; s++)
+            CHECK(dtok[(N_STEPS - 1) % 2][s] == want[s]);
+    }
+    /* pending ids: N_SEQ in each step that follows a deferred one (the steps after every
+     * deferred step but the last, which is the loop's last step) */
+    CHECK_MSG(g_n_resolved - resolved0 == (int64_t)(n_deferred - 1) * N_SEQ,
+              "%s: %lld pending ids resolved, want %lld", dir,
+              (long long)(g_n_resolved - resolved0), (long long)(n_deferred - 1) * N_SEQ);
+    printf("  %-14s %d decode steps returned tokens (%d deferred), %d returned rows\n",
+           strrchr(dir, '/') + 1, n_token_steps, n_deferred, n_row_steps);
 done:
     if (st_ref) arch->batch_state_free(st_ref);
     if (st_sep) arch->batch_state_free(st_sep);
+    if (st_def) arch->batch_state_free(st_def);
     if (ws) arch->free(ws);
-    free(ref), free(got), free(scratch);
+    free(ref), free(got), free(dgot), free(scratch);
     di_backend_free(&sep);
     di_backend_free(&cpu);
     di_model_free(m);
@@ -241,8 +321,10 @@ TEST(v3_untransposed_heads) {
                               .slot = s,
                               .reset_state = true,
                               .n_logits = 1};
-    arch->forward_batch(m->weights, st_ref, &cpu, &(di_batch_args){q, 2, ref, NULL});
-    arch->forward_batch(ws, st_sep, &sep, &(di_batch_args){q, 2, got, NULL});
+    arch->forward_batch(m->weights, st_ref, &cpu,
+                        &(di_batch_args){.seqs = q, .n_seqs = 2, .logits = ref, .tokens = NULL});
+    arch->forward_batch(ws, st_sep, &sep,
+                        &(di_batch_args){.seqs = q, .n_seqs = 2, .logits = got, .tokens = NULL});
     double max_ref = 0.0, max_diff = 0.0;
     for (int64_t i = 0; i < 2 * V; i++) {
         max_ref = fmax(max_ref, fabs(ref[i]));

@@ -23,6 +23,7 @@
 
 int di_cuda_pdl = 0;                   /* cuda_internal.cuh: set by di_backend_cuda_init */
 static int64_t di_cuda_side_forks = 0; /* side_begin calls that forked (a test's check) */
+static int64_t di_cuda_fences = 0;     /* fence calls (a test's check) */
 
 /* Split arrival counters: one per (query, head group) block of a split launch (a split runs
  * only while those blocks cannot fill the device, far fewer than this). */
@@ -54,6 +55,7 @@ typedef struct cuda_backend {
     cudaEvent_t replay_start, replay_end;
     double replay_ms;
     int64_t replays;
+    di_cuda_async *async; /* owned: staging and fences of steps queued behind others */
     char name[256];
 } cuda_backend;
 
@@ -642,7 +644,55 @@ static void cuda_free_ctx(void *ctx) {
     if (be->joined) cudaEventDestroy(be->joined);
     if (be->replay_start) cudaEventDestroy(be->replay_start);
     if (be->replay_end) cudaEventDestroy(be->replay_end);
+    di_cuda_async_free(be->async);
     di_free(be);
+}
+
+/* ---- A step queued behind the running one (backend.h; cuda_async.cu) ------------------- */
+
+static di_status async_error(const char *what, cudaError_t err) {
+    return di_error(DI_ERR_INTERNAL, "cuda backend: %s: %s", what, cudaGetErrorString(err));
+}
+
+/* Transfers the staging cannot take are copied synchronously (correct, not overlapped). */
+static di_status cuda_upload_async(void *ctx, void *dst, const void *src, size_t bytes) {
+    cuda_backend *be = (cuda_backend *)ctx;
+    bool staged = false;
+    const cudaError_t err = di_cuda_async_upload(be->async, be->main, dst, src, bytes, &staged);
+    if (err != cudaSuccess) return async_error("upload", err);
+    return staged ? DI_OK : cuda_upload_op(ctx, dst, src, bytes);
+}
+
+static di_status cuda_download_async(void *ctx, void *dst, const void *src, size_t bytes) {
+    cuda_backend *be = (cuda_backend *)ctx;
+    bool staged = false;
+    const cudaError_t err = di_cuda_async_download(be->async, be->main, dst, src, bytes, &staged);
+    if (err != cudaSuccess) return async_error("download", err);
+    return staged ? DI_OK : cuda_download_op(ctx, dst, src, bytes);
+}
+
+static int64_t cuda_fence(void *ctx) {
+    cuda_backend *be = (cuda_backend *)ctx;
+    cudaError_t err = cudaSuccess;
+    const int64_t ticket = di_cuda_async_fence(be->async, be->main, &err);
+    note(be, err);
+    di_cuda_fences++;
+    return ticket;
+}
+
+/* As sync, the first error since the last sync or fence_wait: a launch error of an op
+ * enqueued after the fence may be reported here, for the earlier step. */
+static di_status cuda_fence_wait(void *ctx, int64_t ticket) {
+    cuda_backend *be = (cuda_backend *)ctx;
+    const cudaError_t err = di_cuda_async_wait(be->async, ticket);
+    const cudaError_t first = be->first_error != cudaSuccess ? be->first_error : err;
+    be->first_error = cudaSuccess;
+    return first == cudaSuccess ? DI_OK : async_error("step", first);
+}
+
+static void cuda_resolve_ids(void *ctx, int32_t *ids, int64_t n, const int32_t *prev) {
+    cuda_backend *be = (cuda_backend *)ctx;
+    note(be, di_cuda_launch_resolve_ids(ids, n, prev, be->stream));
 }
 
 /* Filled by name, so that slots added to backend.h later start NULL here until this
@@ -670,6 +720,11 @@ static di_backend_ops make_ops(void) {
     o.download = cuda_download_op;
     o.fill_zero = cuda_fill_zero;
     o.sync = cuda_sync_op;
+    o.upload_async = cuda_upload_async;
+    o.download_async = cuda_download_async;
+    o.fence = cuda_fence;
+    o.fence_wait = cuda_fence_wait;
+    o.resolve_ids = cuda_resolve_ids;
     o.weight_upload = cuda_weight_upload_op;
     o.weight_free = cuda_weight_free_op;
     o.copy_rows = cuda_copy_rows;
@@ -869,7 +924,8 @@ extern "C" di_status di_backend_cuda_init(di_backend *out, int device, int64_t m
         (err = di_cuda_attn_setup()) != cudaSuccess || (err = di_cuda_v4_setup()) != cudaSuccess ||
         (err = di_cuda_tc_wide_setup(&wide_ok)) != cudaSuccess ||
         (err = di_cuda_tc_gemv_setup()) != cudaSuccess ||
-        (err = di_cuda_tc_stream_setup()) != cudaSuccess) {
+        (err = di_cuda_tc_stream_setup()) != cudaSuccess ||
+        (err = di_cuda_async_create(&be->async)) != cudaSuccess) {
         cuda_free_ctx(be);
         return di_error(DI_ERR_OUT_OF_MEMORY, "cuda backend: device %d: %s", device,
                         cudaGetErrorString(err));
@@ -892,6 +948,7 @@ extern "C" di_status di_backend_cuda_sync(const di_backend *dbe) {
     cudaError_t err = be->side ? cudaStreamSynchronize(be->side) : cudaSuccess;
     const cudaError_t err_main = cudaStreamSynchronize(be->main);
     if (err == cudaSuccess) err = err_main;
+    if (err == cudaSuccess) di_cuda_async_synced(be->async); /* staged downloads, done now */
     cudaError_t first = be->first_error != cudaSuccess ? be->first_error : err;
     be->first_error = cudaSuccess;
     if (first != cudaSuccess)
@@ -909,6 +966,10 @@ extern "C" int64_t di_backend_cuda_sample_launches(void) {
 
 extern "C" int64_t di_backend_cuda_side_forks(void) {
     return di_cuda_side_forks;
+}
+
+extern "C" int64_t di_backend_cuda_fences(void) {
+    return di_cuda_fences;
 }
 
 extern "C" int64_t di_backend_cuda_lean_launches(void) {

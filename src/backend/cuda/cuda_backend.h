@@ -89,6 +89,11 @@ int64_t di_backend_cuda_sample_launches(void);
  * the two-stream path ran. */
 int64_t di_backend_cuda_side_forks(void);
 
+/* How many fences this process's CUDA backends have made (backend.h's fence: each a step the
+ * engine's device loop enqueued behind another; 0 without CUDA): lets a test see that the
+ * loop deferred steps. */
+int64_t di_backend_cuda_fences(void);
+
 /* How many products this process has launched on the opt-in one-token-group variants:
  * the swapped-operand GEMV (DI_CUDA_TC_LEAN=1) and the GEMV with its activations split once
  * per block (DI_CUDA_TC_XS); 0 without CUDA. Lets a test see that they ran. */

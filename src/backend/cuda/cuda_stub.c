@@ -65,6 +65,10 @@ int64_t di_backend_cuda_side_forks(void) {
     return 0;
 }
 
+int64_t di_backend_cuda_fences(void) {
+    return 0;
+}
+
 int64_t di_backend_cuda_lean_launches(void) {
     return 0;
 }
