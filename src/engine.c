@@ -358,11 +358,10 @@ static di_status step_device(di_engine *e, double *t_sched, double *t_post) {
         st = postprocess(e, prev);
     }
     e->in_flight = run && next->ticket > 0;
-    if (run && !e->in_flight) {
-        if (!st) {
-            eng_sample_batch(e, next);
-            st = postprocess(e, next);
-        }
+    if (run && !e->in_flight) { /* even after prev's error: the scheduler holds it pending */
+        eng_sample_batch(e, next);
+        const di_status st_next = postprocess(e, next);
+        if (!st) st = st_next;
     } else if (!run && !prev) {
         st = eng_after_postprocess(e, NULL);
     }

@@ -362,34 +362,62 @@ TEST(engine_cuda_chunk_invariance) {
         engine_chunk_invariance(g_engine_cases[i]);
 }
 
-/* The same requests (greedy, seeded temperature draws on the device, one top_p request whose
- * steps bring their rows to the host sampler; lengths that end while the next step is queued)
- * through the plain loop and the overlap loop, which on CUDA is the device loop (engine.c):
- * decode steps enqueued behind the running one, their ids read on the device. The same tokens,
- * bitwise. V4's runner defers nothing, so its device loop runs every step at once. */
+/* The same requests through the plain loop and the overlap loop, which on CUDA is the device
+ * loop (engine.c: decode steps enqueued behind the running one, their ids read on the device):
+ * the same tokens, bitwise. Two passes: greedy requests, then seeded temperature draws on the
+ * device with one top_p request (whose steps bring their rows to the host sampler and are not
+ * deferred) and three requests that end on a stop token -- their third token in a first plain
+ * run -- so that they finish while the next step is already queued. V4's runner defers
+ * nothing, so its device loop runs every step at once. */
 static void engine_overlap(const char *name, bool defers) {
     di_model *m = load_on(name, "cuda");
     CHECK(m != NULL);
     if (!m) return;
     di_model_info info;
     di_model_get_info(m, &info);
-    static int32_t prompts[N_MIXED][96];
+    static int32_t prompts[N_MIXED][96], stops[N_MIXED];
     static eu_req rp[N_MIXED], ro[N_MIXED];
     static eu_result resp[N_MIXED], reso[N_MIXED];
-    memset(resp, 0, sizeof resp);
-    memset(reso, 0, sizeof reso);
-    sampled_mixed_requests(&info, prompts, rp, resp, true);
-    sampled_mixed_requests(&info, prompts, ro, reso, true);
-    di_engine_params pp = eu_small_params(), po = eu_small_params();
+    const di_engine_params pp = eu_small_params();
+    di_engine_params po = eu_small_params();
     po.overlap = true;
-    CHECK(eu_run_fresh(m, &pp, rp, N_MIXED));
-    const int64_t fences = di_backend_cuda_fences();
-    CHECK(eu_run_fresh(m, &po, ro, N_MIXED));
-    const int64_t deferred = di_backend_cuda_fences() - fences;
-    CHECK_MSG(!defers || deferred > 0, "%s: the device loop deferred no step", name);
-    const int same = same_tokens(name, rp, resp, reso, "the overlap loop's tokens differ");
-    printf("  overlap on cuda %-16s %d/%d requests bitwise, %lld steps deferred\n", name, same,
-           N_MIXED, (long long)deferred);
+    int64_t deferred = 0;
+    int same = 0, stopped = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        memset(resp, 0, sizeof resp);
+        sampled_mixed_requests(&info, prompts, rp, resp, pass == 1);
+        if (pass == 1) { /* the stop tokens, from a plain run without them */
+            CHECK(eu_run_fresh(m, &pp, rp, N_MIXED));
+            for (int i = 1; i < N_MIXED; i += 3) {
+                if (resp[i].n < 4) continue;
+                stops[i] = resp[i].tokens[2];
+                rp[i].sp.stop_token_ids = &stops[i];
+                rp[i].sp.n_stop_token_ids = 1;
+            }
+            memset(resp, 0, sizeof resp);
+        }
+        memset(reso, 0, sizeof reso);
+        for (int i = 0; i < N_MIXED; i++)
+            ro[i] = rp[i], ro[i].res = &reso[i], rp[i].res = &resp[i];
+        CHECK(eu_run_fresh(m, &pp, rp, N_MIXED));
+        const int64_t fences = di_backend_cuda_fences();
+        CHECK(eu_run_fresh(m, &po, ro, N_MIXED));
+        deferred += di_backend_cuda_fences() - fences;
+        for (int i = 0; i < N_MIXED; i++) {
+            const bool eq =
+                resp[i].n == reso[i].n && resp[i].n > 0 &&
+                memcmp(resp[i].tokens, reso[i].tokens, (size_t)resp[i].n * sizeof(int32_t)) == 0;
+            CHECK_MSG(eq, "%s pass %d req %d: the overlap loop's tokens differ", name, pass, i);
+            same += eq;
+            stopped += pass == 1 && resp[i].n < rp[i].sp.max_tokens;
+        }
+    }
+    CHECK_MSG(defers ? deferred > 0 : deferred == 0, "%s: the device loop deferred %lld steps",
+              name, (long long)deferred);
+    CHECK_MSG(stopped > 0, "%s: no request ended on its stop token", name);
+    printf("  overlap on cuda %-16s %d/%d requests bitwise (%d ended on a stop token), %lld "
+           "steps deferred\n",
+           name, same, 2 * N_MIXED, stopped, (long long)deferred);
     di_model_free(m);
 }
 

@@ -25,6 +25,9 @@ int di_cuda_pdl = 0;                   /* cuda_internal.cuh: set by di_backend_c
 static int64_t di_cuda_side_forks = 0; /* side_begin calls that forked (a test's check) */
 static int64_t di_cuda_fences = 0;     /* fence calls (a test's check) */
 
+/* Fences whose errors are kept apart (cuda_async.cu reuses its events as often). */
+#define DI_CUDA_FENCE_SLOTS 8
+
 /* Split arrival counters: one per (query, head group) block of a split launch (a split runs
  * only while those blocks cannot fill the device, far fewer than this). */
 #define DI_CUDA_ATTN_COUNTERS 4096
@@ -56,6 +59,9 @@ typedef struct cuda_backend {
     double replay_ms;
     int64_t replays;
     di_cuda_async *async; /* owned: staging and fences of steps queued behind others */
+    /* the first error noted before each fence (slot ticket % DI_CUDA_FENCE_SLOTS), so that
+     * fence_wait reports a step's own errors, not those of the step queued behind it */
+    cudaError_t fence_error[DI_CUDA_FENCE_SLOTS];
     char name[256];
 } cuda_backend;
 
@@ -659,6 +665,7 @@ static di_status cuda_upload_async(void *ctx, void *dst, const void *src, size_t
     cuda_backend *be = (cuda_backend *)ctx;
     bool staged = false;
     const cudaError_t err = di_cuda_async_upload(be->async, be->main, dst, src, bytes, &staged);
+    note(be, err); /* also reported by the step's fence: a caller may not look */
     if (err != cudaSuccess) return async_error("upload", err);
     return staged ? DI_OK : cuda_upload_op(ctx, dst, src, bytes);
 }
@@ -667,6 +674,7 @@ static di_status cuda_download_async(void *ctx, void *dst, const void *src, size
     cuda_backend *be = (cuda_backend *)ctx;
     bool staged = false;
     const cudaError_t err = di_cuda_async_download(be->async, be->main, dst, src, bytes, &staged);
+    note(be, err);
     if (err != cudaSuccess) return async_error("download", err);
     return staged ? DI_OK : cuda_download_op(ctx, dst, src, bytes);
 }
@@ -677,16 +685,20 @@ static int64_t cuda_fence(void *ctx) {
     const int64_t ticket = di_cuda_async_fence(be->async, be->main, &err);
     note(be, err);
     di_cuda_fences++;
+    /* the errors of the ops before the fence go with it */
+    be->fence_error[ticket % DI_CUDA_FENCE_SLOTS] = be->first_error;
+    be->first_error = cudaSuccess;
     return ticket;
 }
 
-/* As sync, the first error since the last sync or fence_wait: a launch error of an op
- * enqueued after the fence may be reported here, for the earlier step. */
+/* The first error of the ops enqueued before the ticket's fence (since the fence before it,
+ * or a sync), or of the wait itself. */
 static di_status cuda_fence_wait(void *ctx, int64_t ticket) {
     cuda_backend *be = (cuda_backend *)ctx;
     const cudaError_t err = di_cuda_async_wait(be->async, ticket);
-    const cudaError_t first = be->first_error != cudaSuccess ? be->first_error : err;
-    be->first_error = cudaSuccess;
+    cudaError_t *slot = &be->fence_error[(ticket > 0 ? ticket : 0) % DI_CUDA_FENCE_SLOTS];
+    const cudaError_t first = *slot != cudaSuccess ? *slot : err;
+    *slot = cudaSuccess;
     return first == cudaSuccess ? DI_OK : async_error("step", first);
 }
 
@@ -951,6 +963,10 @@ extern "C" di_status di_backend_cuda_sync(const di_backend *dbe) {
     if (err == cudaSuccess) di_cuda_async_synced(be->async); /* staged downloads, done now */
     cudaError_t first = be->first_error != cudaSuccess ? be->first_error : err;
     be->first_error = cudaSuccess;
+    for (int i = 0; i < DI_CUDA_FENCE_SLOTS; i++) { /* fences nobody waited for */
+        if (first == cudaSuccess) first = be->fence_error[i];
+        be->fence_error[i] = cudaSuccess;
+    }
     if (first != cudaSuccess)
         return di_error(DI_ERR_INTERNAL, "cuda backend: %s", cudaGetErrorString(first));
     return DI_OK;
