@@ -1182,6 +1182,10 @@ TEST(matmul_experts) {
     check_experts(DI_DTYPE_BF16, 4, 2, 33, 300, 200); /* 1 */
     /* about 50 rows per expert: two passes of one K run, dead warps in the second row block */
     check_experts(DI_DTYPE_BF16, 2, 1, 100, 300, 200);
+    /* about 100 and 300 rows per expert: 4 and 8 blocks (DI_CUDA_TC_WIDE_X's cap) sharing a
+     * weight tile's token chunks, the latter each block taking one or two of its 9-10 */
+    check_experts(DI_DTYPE_BF16, 4, 2, 200, 300, 520);
+    check_experts(DI_DTYPE_BF16, 2, 2, 300, 300, 200);
     CHECK_MSG(di_backend_cuda_wide_launches(true) > wide,
               "the default ran no grouped wide product");
     const int64_t wide1 = di_backend_cuda_wide_launches(true);

@@ -870,6 +870,10 @@ extern "C" di_status di_backend_cuda_init(di_backend *out, int device, int64_t m
      * chunk: the routed experts 2915 -> 2158 us (NOTES.md, fourteenth round). */
     env = getenv("DI_CUDA_TC_WIDE_GROUPED");
     be->tune.tc_wide_grouped = env ? atoll(env) : 9;
+    /* Blocks sharing a grouped wide product's weight tile, at most (1: one walks every token
+     * chunk of its expert, as before the nineteenth round of NOTES.md). */
+    env = getenv("DI_CUDA_TC_WIDE_X");
+    be->tune.tc_wide_x = env && atoll(env) > 0 ? atoll(env) : 8;
     env = getenv("DI_CUDA_TC_RT"); /* 1 or 2 (default); tc_kernel's grouped products only */
     be->tune.tc_rt = env && atoi(env) == 1 ? 1 : 2;
     /* A decode batch's grouped products with several K runs per warp (the same sums as one

@@ -123,6 +123,10 @@ typedef struct di_cuda_tuning {
      * tc_wide_min_n tokens (0: never), and for grouped ones of at least tc_wide_grouped
      * tokens per active expert (0: never). Same values. */
     int64_t tc_wide_min_n, tc_wide_grouped;
+    /* At most this many blocks share a grouped wide product's weight tile, each taking every
+     * tc_wide_x-th of its expert's token chunks (cuda_tc_wide.cu: tw_grouped_x; 1: one block
+     * walks them all). Same values. */
+    int64_t tc_wide_x;
     /* Row tiles per warp of tc_kernel's grouped products for a few tokens per expert (1 or
      * 2): fewer, longer-lived blocks. Same values. Those products take the streaming kernel
      * by default (tc_stream), so this applies under DI_CUDA_TC_STREAM=0, to FP8 weights and

@@ -4,7 +4,7 @@
  * DI_CUDA_TC_WIDE_MIN_N tokens (default 9), bitwise the sums of the tensor-core GEMV
  * (cuda_tc_gemv.cu) in a work shape that shares the activations; also grouped expert
  * products of at least DI_CUDA_TC_WIDE_GROUPED (default 9) tokens per expert on average (a
- * prefill), each block walking its expert's token chunks.
+ * prefill), a few blocks per weight tile sharing its expert's token chunks.
  *
  * Why: in the GEMV a block's warps take different K runs of the same rows, so every warp
  * loads and splits its own copy of the activations into bf16 parts. At 64 tokens that made
@@ -296,6 +296,18 @@ static int64_t tw_block_rows(const di_cuda_mm_params *p) {
     return TW_WARPS * (p->glu_data || p->glu_experts ? 16 : 32);
 }
 
+/* Blocks per (slot, K run, row block) of a grouped product: the token chunks of a mean
+ * expert, at most tune.tc_wide_x (DI_CUDA_TC_WIDE_X, default 8). A block that walked all its
+ * expert's chunks read its weight tile once per chunk, and by the next chunk the other
+ * blocks' weights had pushed it out of L2 (a 1024-row prefill's routed gate / up read 3.6
+ * times their bytes from DRAM: NOTES.md, nineteenth round); blocks x = 0, 1, ... of a tile
+ * are launched next to each other, so they take its chunks at about the same time and read
+ * the tile about once. Which block takes a chunk does not change its sums. */
+static int64_t tw_grouped_x(const di_cuda_mm_params *p) {
+    const int64_t slots = DI_MAX(p->n_heads, 1), mean = (p->n_tokens + slots - 1) / slots;
+    return DI_MAX(1, DI_MIN(p->tune.tc_wide_x, (mean + TW_TOKENS - 1) / TW_TOKENS));
+}
+
 /* Called after di_cuda_tc_fits (BF16, W x, 16-byte aligned rows of whole vectors; a product
  * per head: every head's weight aligned, no GLU). Grouped products (n_heads active-expert
  * slots) count the mean rows per slot against their own threshold, p->tune.tc_wide_grouped;
@@ -315,10 +327,10 @@ cudaError_t di_cuda_launch_matmul_tc_wide(const di_cuda_mm_params *p) {
     const int ks = tc_ks(p); /* a product per head: from the tiles of all heads */
     const bool xvec = tc_xvec(p);
     const int row_blocks = (int)((p->rows + tw_block_rows(p) - 1) / tw_block_rows(p));
-    /* plain: one block per token chunk; grouped: one per slot, walking its expert's chunks;
-     * grid z: the row blocks of each slot or head */
-    const dim3 grid(grouped ? 1u : (unsigned)((p->n_tokens + TW_TOKENS - 1) / TW_TOKENS),
-                    (unsigned)ks, (unsigned)(row_blocks * DI_MAX(p->n_heads, 1)));
+    /* plain: one block per token chunk; grouped: tw_grouped_x(p) per slot, block x walking its
+     * expert's chunks x, x + gridDim.x, ...; grid z: the row blocks of each slot or head */
+    const int64_t gx = grouped ? tw_grouped_x(p) : (p->n_tokens + TW_TOKENS - 1) / TW_TOKENS;
+    const dim3 grid((unsigned)gx, (unsigned)ks, (unsigned)(row_blocks * DI_MAX(p->n_heads, 1)));
     if (heads) di_cuda_tc_head_launches++;
     void (*k)(const di_cuda_mm_params, int, int, bool, int) =
         grouped ? (glu ? tw_kernel<true, true> : tw_kernel<false, true>)
