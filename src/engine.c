@@ -317,6 +317,20 @@ static di_status step_plain(di_engine *e, double *t_sched, double *t_post) {
     return st;
 }
 
+/* The overlap loops' first half: the batch in flight (NULL if none), and step N+1 scheduled
+ * and built into the other batch buffer. */
+static di_status schedule_next(di_engine *e, double *t_sched, eng_batch **prev, eng_batch **next,
+                               const di_sched_batch **sb) {
+    double t0 = di_time_now();
+    *prev = e->in_flight ? &e->batches[e->cur] : NULL;
+    *next = &e->batches[*prev ? 1 - e->cur : e->cur];
+    di_status st = di_sched_schedule(e->sched, sb);
+    if (st) return st;
+    eng_build(e, *sb, *next);
+    *t_sched += di_time_now() - t0;
+    return DI_OK;
+}
+
 /* Waits for a batch the runner deferred; its tokens are then in b->tokens (-1 for a row
  * whose logits the sampler cannot use: sample_seqs reports it). */
 static void finish_deferred(di_engine *e, eng_batch *b) {
@@ -335,14 +349,10 @@ static void finish_deferred(di_engine *e, eng_batch *b) {
  * defer (a prefill chunk, rows sampled on the host) has run when the call returns and is
  * post-processed in the same step, after N. */
 static di_status step_device(di_engine *e, double *t_sched, double *t_post) {
-    double t0 = di_time_now();
-    eng_batch *prev = e->in_flight ? &e->batches[e->cur] : NULL;
-    eng_batch *next = &e->batches[prev ? 1 - e->cur : e->cur];
+    eng_batch *prev, *next;
     const di_sched_batch *sb;
-    di_status st = di_sched_schedule(e->sched, &sb);
+    di_status st = schedule_next(e, t_sched, &prev, &next, &sb);
     if (st) return st;
-    eng_build(e, sb, next);
-    *t_sched += di_time_now() - t0;
     const bool run = sb->n_seqs > 0;
     if (run) {
         e->stats.n_prompt_tokens += sb->n_prefill_tokens;
@@ -371,14 +381,10 @@ static di_status step_device(di_engine *e, double *t_sched, double *t_post) {
 }
 
 static di_status step_overlap(di_engine *e, double *t_sched, double *t_post) {
-    double t0 = di_time_now();
-    eng_batch *prev = e->in_flight ? &e->batches[e->cur] : NULL;
-    eng_batch *next = &e->batches[prev ? 1 - e->cur : e->cur];
+    eng_batch *prev, *next;
     const di_sched_batch *sb;
-    di_status st = di_sched_schedule(e->sched, &sb);
+    di_status st = schedule_next(e, t_sched, &prev, &next, &sb);
     if (st) return st;
-    eng_build(e, sb, next);
-    *t_sched += di_time_now() - t0;
 
     wait_forward(e);
     double t1 = di_time_now();

@@ -202,7 +202,9 @@ typedef struct di_v4_index_params {
  * Hash routing (DeepSeek-V4's first layers): with hash_table set, token t's experts are
  * hash_table[tokens[t] top_k + k] in slot order k instead of a selection, weighted as
  * di_router_hash weights them (both backend memory; ids checked against n_experts at load,
- * token ids by the caller). */
+ * token ids by the caller). A backend with its own memory takes at least
+ * DI_BACKEND_ROUTE_ENTRIES entries (n top_k) per call (CUDA: DI_CUDA_ROUTE_MAX_ENTRIES). */
+#define DI_BACKEND_ROUTE_ENTRIES 8192
 typedef struct di_moe_route_params {
     di_router_params router;
     int64_t n;

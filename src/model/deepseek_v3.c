@@ -52,8 +52,11 @@
  * benchmark at 64 concurrent (512-token prefill steps) got its first tokens at p50 115 ms with
  * one chunk per step against 136 ms with two of 256 rows, and 2 % more output tokens/s
  * (src/backend/cuda/NOTES.md, eighteenth round). */
-#define DS_MAX_BATCH_CHUNK  256
-#define DS_MAX_DEVICE_CHUNK 2048 /* on a backend with its own memory */
+#define DS_MAX_BATCH_CHUNK 256
+/* On a backend with its own memory, and with a chunk's routed entries (rows x top_k) within
+ * what its moe_route takes (DI_BACKEND_ROUTE_ENTRIES: 1365 rows at V2's top-6, 1024 at V3's
+ * top-8). */
+#define DS_MAX_DEVICE_CHUNK 2048
 #define DS_LATENT_NORM_EPS  1e-6f
 #define DS_PI               3.14159265358979323846
 
@@ -377,6 +380,8 @@ static di_status ds_batch_state_create(const void *weights, const di_batch_confi
     const ds_model *m = weights;
     int64_t rows = cfg->n_blocks * cfg->block_size;
     int64_t cap = m->be->ops->host_memory ? DS_MAX_BATCH_CHUNK : DS_MAX_DEVICE_CHUNK;
+    const int64_t top_k = DI_MAX(m->hp->num_experts_per_tok, 1);
+    if (!m->be->ops->host_memory) cap = DI_MIN(cap, DI_BACKEND_ROUTE_ENTRIES / top_k);
     return state_create(weights, rows, cfg->block_size, cfg->max_model_len,
                         DI_MAX(DI_MIN(cfg->max_batch_tokens, cap), 1), cfg->share, out);
 }

@@ -8,7 +8,8 @@
 #     truncated last line;
 #   - progress lines on a non-terminal stderr; an unwritable output fails at start;
 #   - --disaggregate (separate prefill and decode workers) gives the same results and reports
-#     each worker's steps and busy time.
+#     each worker's steps and busy time; so does --overlap (on the CPU the compute-thread
+#     loop); --overlap excludes --disaggregate and --no-overlap.
 #
 # The tokenizer is a small byte-level BPE (256 ids, fits v2_lite's 400) in a temp folder with
 # a tokenizer_config.json holding a simple chat template, as test_generate_text.sh does.
@@ -225,6 +226,13 @@ check "--disaggregate: worker stats reported" "1" \
     "$(grep -Ec '^batch: prefill worker [1-9][0-9]* steps, [0-9.]+ s busy; decode worker [1-9][0-9]* steps' "$TMP/err4")"
 "$BIN" batch --model "$MODEL" --input "$IN" --output "$TMP/z.jsonl" --prefill-threads 1 >/dev/null 2>"$TMP/e"
 check "--prefill-threads without --disaggregate is a usage error" "2 1" "$? $(grep -c 'needs --disaggregate' "$TMP/e")"
+"$BIN" batch --model "$MODEL" --tokenizer "$TOK" --input "$IN" --output "$TMP/o.jsonl" --overlap --quiet
+check "--overlap (the CPU's compute-thread loop)" "0 15" "$? $(wc -l <"$TMP/o.jsonl" | tr -d ' ')"
+check "--overlap: same results as the plain loop" "$(norm "$OUT")" "$(norm "$TMP/o.jsonl")"
+"$BIN" batch --model "$MODEL" --input "$IN" --output "$TMP/z.jsonl" --overlap --disaggregate >/dev/null 2>"$TMP/e"
+check "--overlap with --disaggregate is a usage error" "2 1" "$? $(grep -c 'exclude each other' "$TMP/e")"
+"$BIN" batch --model "$MODEL" --input "$IN" --output "$TMP/z.jsonl" --overlap --no-overlap >/dev/null 2>"$TMP/e"
+check "--overlap with --no-overlap is a usage error" "2 1" "$? $(grep -c 'exclude each other' "$TMP/e")"
 "$BIN" batch --model "$MODEL" --input "$IN" --output "$IN" >/dev/null 2>&1
 check "output == input is refused" "2" "$?"
 "$BIN" batch --model "$MODEL" --input "$TMP/none.jsonl" --output "$TMP/y.jsonl" >/dev/null 2>&1

@@ -954,6 +954,10 @@ TEST(moe_route) {
      * most experts (one warp per selection block), 8 tokens at 256 experts (two kernels) */
     static const int64_t odd[][3] = {{63, 5, 1},   {63, 5, 3},  {63, 5, 64}, {1024, 8, 1},
                                      {1024, 8, 9}, {256, 8, 8}, {256, 8, 7}};
+    /* the V2/V3 runner's largest device chunks (DI_BACKEND_ROUTE_ENTRIES): 1365 tokens at
+     * top-6 (V2), 1024 at top-8 (V3) */
+    check_route(&cpu, test_router_plain(64, 6), 1365, false, false, "plain");
+    check_route(&cpu, test_router_config(2), 1024, false, false, "noaux_tc");
     for (size_t i = 0; i < DI_ARRAY_LEN(odd); i++)
         for (int ties = 0; ties < 2; ties++)
             check_route(&cpu, test_router_plain(odd[i][0], odd[i][1]), odd[i][2], ties, false,

@@ -414,9 +414,10 @@ cudaError_t di_cuda_launch_resolve_ids(int32_t *ids, int64_t n, const int32_t *p
 /* MoE routing (cuda_moe.cu): selection by di_router_select's rules and the grouping by
  * expert, as backend.h's moe_route describes. At most DI_CUDA_ROUTE_MAX_E experts and
  * DI_CUDA_ROUTE_MAX_ENTRIES (token, slot) entries per call (cudaErrorNotSupported past
- * them). */
+ * them; backend.h's DI_BACKEND_ROUTE_ENTRIES, which bounds the V2/V3 runner's device chunks):
+ * the grouping block keeps the ids in 32 KiB of shared memory. */
 #define DI_CUDA_ROUTE_MAX_E       1024
-#define DI_CUDA_ROUTE_MAX_ENTRIES 8192
+#define DI_CUDA_ROUTE_MAX_ENTRIES DI_BACKEND_ROUTE_ENTRIES
 cudaError_t di_cuda_launch_moe_route(const di_moe_route_params *p, cudaStream_t stream);
 
 /* ---------------------------------------------------------------------------------------- */
