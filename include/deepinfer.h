@@ -227,7 +227,9 @@ typedef struct di_engine_params {
                                    in the last bits (normalised error ~1e-6 per matmul) and
                                    the determinism guarantee below no longer holds */
     bool overlap;               /* schedule / post-process on the calling thread while the
-                                   forward runs on a compute thread (default false) */
+                                   forward runs on a compute thread (default false); on a
+                                   GPU the next decode step is queued on the device behind
+                                   the running one instead (the same results) */
     bool disaggregate;          /* separate prefill and decode workers (default false): two
                                    threads with their own thread pools and activation
                                    buffers sharing the KV pool; decodes run every decode

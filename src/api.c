@@ -76,8 +76,12 @@ di_status di_device_parse(const char *device, int *cuda_device) {
     return di_error(DI_ERR_INVALID_ARG, "device \"%s\": expected cpu, cuda or cuda:N", device);
 }
 
+di_status (*di_backend_init_override)(const di_model *m, di_pool *pool, int64_t max_ctx,
+                                      di_backend *out) = NULL;
+
 di_status di_model_backend_init(const di_model *m, di_pool *pool, int64_t max_ctx,
                                 di_backend *out) {
+    if (di_backend_init_override) return di_backend_init_override(m, pool, max_ctx, out);
     if (m->cuda_device >= 0) return di_backend_cuda_init(out, m->cuda_device, max_ctx);
     return di_backend_cpu_init(out, pool, max_ctx);
 }
@@ -181,9 +185,9 @@ di_status di_context_create(di_model *model, const di_context_params *params, di
     di_context_params p = params ? *params : di_context_default_params();
     /* The default is a working length, not the model's full context: a V3 cache sized for
      * 163,840 positions would take tens of GB before the first token. */
-    int64_t max_tokens = p.max_tokens > 0 ? p.max_tokens
-                                          : DI_MIN(DI_CONTEXT_DEFAULT_TOKENS,
-                                                   model->hp.max_position_embeddings);
+    int64_t max_tokens = p.max_tokens > 0
+                             ? p.max_tokens
+                             : DI_MIN(DI_CONTEXT_DEFAULT_TOKENS, model->hp.max_position_embeddings);
     if (max_tokens <= 0)
         return di_error(DI_ERR_INVALID_ARG, "di_context_create: max_tokens must be positive");
 

@@ -28,6 +28,12 @@ struct di_model {
  * or a CUDA backend (its own stream) on the model's device. max_ctx: the longest sequence. */
 di_status di_model_backend_init(const di_model *m, di_pool *pool, int64_t max_ctx, di_backend *out);
 
+/* Tests only (NULL otherwise): when set, di_model_backend_init returns its backend instead --
+ * e.g. tests/e2e/test_device_loop.c's separate-memory CPU backend, which drives an engine
+ * through the paths of a device without one. */
+extern di_status (*di_backend_init_override)(const di_model *m, di_pool *pool, int64_t max_ctx,
+                                             di_backend *out);
+
 /* Free bytes of the model's device now (after its weights), or -1 on the CPU or when the
  * device cannot say. */
 int64_t di_model_device_free(const di_model *m);
