@@ -101,8 +101,9 @@ static void forward_failed(di_engine *e, const eng_batch *b) {
 }
 
 /* Runs b's forward to completion, or with `defer` (the device loop) maybe only enqueues it:
- * then b->ticket > 0 (finish_deferred waits for it). */
-static void run_forward_as(di_engine *e, eng_batch *b, bool defer, bool pending) {
+ * then b->ticket > 0 (finish_deferred waits for it; the ticket stays, marking a batch whose
+ * logits rows were never downloaded). */
+static void run_forward(di_engine *e, eng_batch *b, bool defer, bool pending) {
     double t0 = di_time_now();
     b->ticket = 0;
     di_batch_args a = {.seqs = b->seqs,
@@ -115,15 +116,10 @@ static void run_forward_as(di_engine *e, eng_batch *b, bool defer, bool pending)
     for (int64_t i = 0; b->tokens && i < b->n_lrows; i++)
         b->tokens[i] = -1;
     e->model->arch->forward_batch(e->model->weights, e->state, &e->be, &a);
-    b->deferred = b->ticket > 0;
-    if (!b->deferred && e->be.ops->sync(e->be.ctx)) forward_failed(e, b);
+    if (b->ticket == 0 && e->be.ops->sync(e->be.ctx)) forward_failed(e, b);
     e->work_time = di_time_now() - t0;
     e->work_expert_loads =
         e->model->arch->take_expert_loads ? e->model->arch->take_expert_loads(e->state) : 0;
-}
-
-static void run_forward(di_engine *e, const eng_batch *b) {
-    run_forward_as(e, (eng_batch *)b, false, false);
 }
 
 static void *compute_main(void *arg) {
@@ -133,9 +129,9 @@ static void *compute_main(void *arg) {
         while (!e->work_ready && !e->thread_quit)
             pthread_cond_wait(&e->cv, &e->tlock);
         if (e->thread_quit) break;
-        const eng_batch *b = e->work;
+        eng_batch *b = e->work;
         pthread_mutex_unlock(&e->tlock);
-        run_forward(e, b);
+        run_forward(e, b, false, false);
         pthread_mutex_lock(&e->tlock);
         e->work_ready = false;
         e->work_done = true;
@@ -145,10 +141,10 @@ static void *compute_main(void *arg) {
     return NULL;
 }
 
-static void launch(di_engine *e, const eng_batch *b) {
+static void launch(di_engine *e, eng_batch *b) {
     e->stats.n_prompt_tokens += b->sb->n_prefill_tokens;
     if (!e->thread_started) {
-        run_forward(e, b);
+        run_forward(e, b, false, false);
         e->stats.time_device_s += e->work_time;
         e->stats.n_expert_loads += e->work_expert_loads;
         return;
@@ -184,7 +180,7 @@ static int64_t blocks_per_seq(const di_engine *e) {
 void eng_build(di_engine *e, const di_sched_batch *sb, eng_batch *b) {
     const int64_t bps = blocks_per_seq(e);
     b->sb = sb;
-    b->deferred = false;
+    b->ticket = 0;
     b->n_tokens = b->n_lrows = 0;
     for (int32_t i = 0; i < sb->n_seqs; i++) {
         const di_sched_seq *q = &sb->seqs[i];
@@ -233,7 +229,7 @@ static void sample_seqs(void *ctx, int64_t begin, int64_t end, int tid) {
         const di_sched_seq *q = &b->sb->seqs[i];
         if (b->lrow[i] < 0 || !q->n_logits) continue;
         const int64_t last = b->lrow[i] + q->n_logit_rows - 1;
-        if (b->deferred && b->tokens[last] < 0) { /* NaN / +inf logits, or a failed step */
+        if (b->ticket > 0 && b->tokens[last] < 0) { /* deferred: NaN / +inf, or a failed step */
             e->sampled[i] = 0; /* as eng_sample_row leaves a row it cannot sample */
             e->row_ok[i] = false;
             continue;
@@ -340,7 +336,6 @@ static void finish_deferred(di_engine *e, eng_batch *b) {
         for (int64_t i = 0; i < b->n_lrows; i++)
             b->tokens[i] = -1;
     }
-    b->ticket = 0;
     e->stats.time_device_s += di_time_now() - t0;
 }
 
@@ -356,7 +351,7 @@ static di_status step_device(di_engine *e, double *t_sched, double *t_post) {
     const bool run = sb->n_seqs > 0;
     if (run) {
         e->stats.n_prompt_tokens += sb->n_prefill_tokens;
-        run_forward_as(e, next, true, prev != NULL);
+        run_forward(e, next, true, prev != NULL);
         e->stats.time_device_s += e->work_time;
         e->stats.n_expert_loads += e->work_expert_loads;
         e->cur = (int)(next - e->batches);

@@ -102,8 +102,9 @@ typedef struct eng_batch {
     /* NULL, or [logits rows]: the forward may return an unfiltered row's
      * token here instead of the row (di_batch_args.tokens); -1 = read the row */
     int32_t *tokens;
-    int64_t ticket; /* > 0: enqueued and not yet waited for (the device loop, engine.c) */
-    bool deferred;  /* its forward was deferred: its logits rows were never downloaded */
+    /* > 0: its forward was deferred (the device loop, engine.c): its fence, and its logits
+     * rows were never downloaded */
+    int64_t ticket;
 } eng_batch;
 
 /* Disaggregated mode: one worker per side, each a thread with its own thread pool, backend,
@@ -201,7 +202,7 @@ struct di_engine {
     pthread_t thread;
     bool thread_started, thread_quit, work_ready, work_done;
     pthread_cond_t cv;
-    const eng_batch *work;
+    eng_batch *work;
     double work_time;
     int64_t work_expert_loads; /* the last forward's (arch->take_expert_loads) */
 

@@ -93,9 +93,8 @@ static int64_t sep_fence(void *ctx) {
     return ++g_n_fences;
 }
 
-/* Hands over the downloads of tickets <= ticket. */
-static di_status sep_fence_wait(void *ctx, int64_t ticket) {
-    (void)ctx;
+/* Hands over the downloads of tickets <= ticket (INT64_MAX: all). */
+static void sep_hand_over(int64_t ticket) {
     int kept = 0;
     for (int i = 0; i < g_n_pend; i++) {
         if (g_pend[i].ticket <= ticket) {
@@ -106,6 +105,11 @@ static di_status sep_fence_wait(void *ctx, int64_t ticket) {
         }
     }
     g_n_pend = kept;
+}
+
+static di_status sep_fence_wait(void *ctx, int64_t ticket) {
+    (void)ctx;
+    sep_hand_over(ticket);
     return ticket > 0 && ticket <= g_n_fences
                ? DI_OK
                : di_error(DI_ERR_INVALID_ARG, "separate memory: no fence %lld", (long long)ticket);
@@ -114,11 +118,7 @@ static di_status sep_fence_wait(void *ctx, int64_t ticket) {
 /* Every op has run: hands over every download still waiting. */
 static di_status sep_sync(void *ctx) {
     (void)ctx;
-    for (int i = 0; i < g_n_pend; i++) {
-        memcpy(g_pend[i].dst, g_pend[i].bytes, g_pend[i].n);
-        di_aligned_free(g_pend[i].bytes);
-    }
-    g_n_pend = 0;
+    sep_hand_over(INT64_MAX);
     return DI_OK;
 }
 

@@ -42,6 +42,9 @@ struct pending_download {
 struct di_cuda_async {
     staging up, down;
     cudaEvent_t fences[ASYNC_FENCES];
+    /* the first error of the ops before each fence, so that a wait reports its own step's
+     * errors, not those of the step queued behind it */
+    cudaError_t fence_errors[ASYNC_FENCES];
     int64_t n_fences;
     pending_download pend[ASYNC_DOWNLOADS];
     int n_pend;
@@ -80,13 +83,13 @@ void di_cuda_async_free(di_cuda_async *a) {
     free(a);
 }
 
-/* Copies the staged downloads of tickets <= ticket (INT64_MAX: all) to their destinations;
- * their copies must have completed. */
-static void complete_downloads(di_cuda_async *a, int64_t ticket) {
+/* Copies the staged downloads of tickets <= ticket (INT64_MAX: all), and those staged in
+ * half `half` (-1: none), to their destinations; their copies must have completed. */
+static void hand_over(di_cuda_async *a, int64_t ticket, int half) {
     int kept = 0;
     for (int i = 0; i < a->n_pend; i++) {
         pending_download *p = &a->pend[i];
-        if (p->ticket <= ticket)
+        if (p->ticket <= ticket || p->half == half)
             memcpy(p->dst, p->staged, p->bytes);
         else
             a->pend[kept++] = *p;
@@ -104,16 +107,7 @@ static char *staging_take(di_cuda_async *a, staging *s, size_t bytes, cudaError_
         const int other = 1 - s->half;
         if (s->recorded[other]) *err = cudaEventSynchronize(s->last[other]);
         if (*err != cudaSuccess) return NULL;
-        if (s == &a->down) { /* the other half's downloads are done: hand them over now */
-            int kept = 0;
-            for (int i = 0; i < a->n_pend; i++) {
-                if (a->pend[i].half == other)
-                    memcpy(a->pend[i].dst, a->pend[i].staged, a->pend[i].bytes);
-                else
-                    a->pend[kept++] = a->pend[i];
-            }
-            a->n_pend = kept;
-        }
+        if (s == &a->down) hand_over(a, 0, other); /* the other half's downloads are done */
         s->half = other;
         s->used = 0;
     }
@@ -149,9 +143,10 @@ cudaError_t di_cuda_async_download(di_cuda_async *a, cudaStream_t stream, void *
     return err;
 }
 
-int64_t di_cuda_async_fence(di_cuda_async *a, cudaStream_t stream, cudaError_t *err) {
+int64_t di_cuda_async_fence(di_cuda_async *a, cudaStream_t stream, cudaError_t ops_error) {
     const int64_t ticket = ++a->n_fences;
-    *err = cudaEventRecord(a->fences[ticket % ASYNC_FENCES], stream);
+    const cudaError_t err = cudaEventRecord(a->fences[ticket % ASYNC_FENCES], stream);
+    a->fence_errors[ticket % ASYNC_FENCES] = ops_error != cudaSuccess ? ops_error : err;
     return ticket;
 }
 
@@ -160,12 +155,21 @@ int64_t di_cuda_async_fence(di_cuda_async *a, cudaStream_t stream, cudaError_t *
 cudaError_t di_cuda_async_wait(di_cuda_async *a, int64_t ticket) {
     if (ticket <= 0 || ticket > a->n_fences) return cudaErrorInvalidValue;
     const cudaError_t err = cudaEventSynchronize(a->fences[ticket % ASYNC_FENCES]);
-    if (err == cudaSuccess) complete_downloads(a, ticket);
-    return err;
+    if (err == cudaSuccess) hand_over(a, ticket, -1);
+    cudaError_t *parked = &a->fence_errors[ticket % ASYNC_FENCES];
+    const cudaError_t first = *parked != cudaSuccess ? *parked : err;
+    *parked = cudaSuccess;
+    return first;
 }
 
-void di_cuda_async_synced(di_cuda_async *a) {
-    complete_downloads(a, INT64_MAX);
+cudaError_t di_cuda_async_synced(di_cuda_async *a) {
+    hand_over(a, INT64_MAX, -1);
+    cudaError_t first = cudaSuccess;
+    for (int i = 0; i < ASYNC_FENCES; i++) { /* fences nobody waited for */
+        if (first == cudaSuccess) first = a->fence_errors[i];
+        a->fence_errors[i] = cudaSuccess;
+    }
+    return first;
 }
 
 /* ---------------------------------------------------------------------------------------- */

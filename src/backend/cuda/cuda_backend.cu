@@ -25,9 +25,6 @@ int di_cuda_pdl = 0;                   /* cuda_internal.cuh: set by di_backend_c
 static int64_t di_cuda_side_forks = 0; /* side_begin calls that forked (a test's check) */
 static int64_t di_cuda_fences = 0;     /* fence calls (a test's check) */
 
-/* Fences whose errors are kept apart (cuda_async.cu reuses its events as often). */
-#define DI_CUDA_FENCE_SLOTS 8
-
 /* Split arrival counters: one per (query, head group) block of a split launch (a split runs
  * only while those blocks cannot fill the device, far fewer than this). */
 #define DI_CUDA_ATTN_COUNTERS 4096
@@ -59,9 +56,6 @@ typedef struct cuda_backend {
     double replay_ms;
     int64_t replays;
     di_cuda_async *async; /* owned: staging and fences of steps queued behind others */
-    /* the first error noted before each fence (slot ticket % DI_CUDA_FENCE_SLOTS), so that
-     * fence_wait reports a step's own errors, not those of the step queued behind it */
-    cudaError_t fence_error[DI_CUDA_FENCE_SLOTS];
     char name[256];
 } cuda_backend;
 
@@ -681,13 +675,10 @@ static di_status cuda_download_async(void *ctx, void *dst, const void *src, size
 
 static int64_t cuda_fence(void *ctx) {
     cuda_backend *be = (cuda_backend *)ctx;
-    cudaError_t err = cudaSuccess;
-    const int64_t ticket = di_cuda_async_fence(be->async, be->main, &err);
-    note(be, err);
-    di_cuda_fences++;
     /* the errors of the ops before the fence go with it */
-    be->fence_error[ticket % DI_CUDA_FENCE_SLOTS] = be->first_error;
+    const int64_t ticket = di_cuda_async_fence(be->async, be->main, be->first_error);
     be->first_error = cudaSuccess;
+    di_cuda_fences++;
     return ticket;
 }
 
@@ -696,10 +687,7 @@ static int64_t cuda_fence(void *ctx) {
 static di_status cuda_fence_wait(void *ctx, int64_t ticket) {
     cuda_backend *be = (cuda_backend *)ctx;
     const cudaError_t err = di_cuda_async_wait(be->async, ticket);
-    cudaError_t *slot = &be->fence_error[(ticket > 0 ? ticket : 0) % DI_CUDA_FENCE_SLOTS];
-    const cudaError_t first = *slot != cudaSuccess ? *slot : err;
-    *slot = cudaSuccess;
-    return first == cudaSuccess ? DI_OK : async_error("step", first);
+    return err == cudaSuccess ? DI_OK : async_error("step", err);
 }
 
 static void cuda_resolve_ids(void *ctx, int32_t *ids, int64_t n, const int32_t *prev) {
@@ -964,13 +952,11 @@ extern "C" di_status di_backend_cuda_sync(const di_backend *dbe) {
     cudaError_t err = be->side ? cudaStreamSynchronize(be->side) : cudaSuccess;
     const cudaError_t err_main = cudaStreamSynchronize(be->main);
     if (err == cudaSuccess) err = err_main;
-    if (err == cudaSuccess) di_cuda_async_synced(be->async); /* staged downloads, done now */
+    /* staged downloads are done now; a fence nobody waited for may hold an error */
+    const cudaError_t parked = err == cudaSuccess ? di_cuda_async_synced(be->async) : err;
     cudaError_t first = be->first_error != cudaSuccess ? be->first_error : err;
+    if (first == cudaSuccess) first = parked;
     be->first_error = cudaSuccess;
-    for (int i = 0; i < DI_CUDA_FENCE_SLOTS; i++) { /* fences nobody waited for */
-        if (first == cudaSuccess) first = be->fence_error[i];
-        be->fence_error[i] = cudaSuccess;
-    }
     if (first != cudaSuccess)
         return di_error(DI_ERR_INTERNAL, "cuda backend: %s", cudaGetErrorString(first));
     return DI_OK;

@@ -396,8 +396,10 @@ cudaError_t di_cuda_launch_sample_rows(const float *x, int64_t n, int64_t V,
 /* A step queued behind the running one (cuda_async.cu; backend.h's upload_async ..
  * resolve_ids): pinned staging for each direction, fences, downloads handed over at the
  * fence. *staged false: the transfer was not enqueued (larger than the staging, or too many
- * downloads waiting) and the caller copies synchronously. di_cuda_async_synced: after a full
- * stream sync, hands every staged download over. */
+ * downloads waiting) and the caller copies synchronously. A fence keeps ops_error (the first
+ * error of the ops before it), which its wait returns. di_cuda_async_synced: after a full
+ * stream sync, hands every staged download over and returns the first error of a fence
+ * nobody waited for. */
 struct di_cuda_async;
 cudaError_t di_cuda_async_create(di_cuda_async **out);
 void di_cuda_async_free(di_cuda_async *a);
@@ -405,9 +407,9 @@ cudaError_t di_cuda_async_upload(di_cuda_async *a, cudaStream_t stream, void *ds
                                  size_t bytes, bool *staged);
 cudaError_t di_cuda_async_download(di_cuda_async *a, cudaStream_t stream, void *dst,
                                    const void *src, size_t bytes, bool *staged);
-int64_t di_cuda_async_fence(di_cuda_async *a, cudaStream_t stream, cudaError_t *err);
+int64_t di_cuda_async_fence(di_cuda_async *a, cudaStream_t stream, cudaError_t ops_error);
 cudaError_t di_cuda_async_wait(di_cuda_async *a, int64_t ticket);
-void di_cuda_async_synced(di_cuda_async *a);
+cudaError_t di_cuda_async_synced(di_cuda_async *a);
 cudaError_t di_cuda_launch_resolve_ids(int32_t *ids, int64_t n, const int32_t *prev,
                                        cudaStream_t stream);
 
