@@ -12,13 +12,16 @@ One run measures, on the same device and the same weights:
      the lm_head; / copy bandwidth);
   4. throughput with C concurrent requests: transformers `generate` on a batch of C prompts, and
      deepinfer's engine (bench_engine --device cuda --overlap, a closed loop of C requests in
-     flight; the overlap loop as `deepinfer batch --device cuda` runs it).
+     flight; the overlap loop as `deepinfer batch --device cuda` runs it);
+  5. the same with sampling at --sampled-concurrency (default 64): temperature 0.7, top_p 0.9
+     on both sides (deepinfer draws on the device; transformers' `generate(do_sample=True)`).
 
 usage: gpu_vs_transformers.py --deepinfer BUILD/deepinfer --bench-engine BUILD/bench_engine
                               [--layers 27] [--model-dir /tmp/v2lite-rand] [--gen 64]
                               [--prompt-len 16] [--concurrency 1,8,64] [--out results.json]
                               [--md table.md] [--plot plot.png] [--skip-hf]
                               [--no-invariant [--ni-concurrency 1,64]]
+                              [--sampled-concurrency 64]
        gpu_vs_transformers.py --make-only [--layers N] [--model-dir DIR]  (only the folder)
        gpu_vs_transformers.py --from-json results.json [--concurrency ...] [--md] [--plot]
 deepinfer runs first, transformers last, so a run cut short keeps deepinfer's rows.
@@ -112,18 +115,22 @@ def make_model(args):
 
 
 @torch.no_grad()
-def hf_generate_time(model, batch, prompt_len, new_tokens):
+def hf_generate_time(model, batch, prompt_len, new_tokens, sampled=None):
+    """Seconds of one generate of `new_tokens` per row (the better of two); sampled: None
+    (greedy) or (temperature, top_p)."""
     g = torch.Generator(device="cpu").manual_seed(7)
     ids = torch.randint(10, 100000, (batch, prompt_len), generator=g).cuda()
     kw = dict(do_sample=False, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
               pad_token_id=0, eos_token_id=None)
+    if sampled:
+        kw.update(do_sample=True, temperature=sampled[0], top_p=sampled[1], top_k=0)
     model.generate(ids, **dict(kw, max_new_tokens=2, min_new_tokens=2))  # warm-up
     return timed(lambda: model.generate(ids, **kw), reps=2)
 
 
-def hf_decode(model, batch, args):
-    t1 = hf_generate_time(model, batch, args.prompt_len, 1)
-    tn = hf_generate_time(model, batch, args.prompt_len, args.gen)
+def hf_decode(model, batch, args, sampled=None):
+    t1 = hf_generate_time(model, batch, args.prompt_len, 1, sampled)
+    tn = hf_generate_time(model, batch, args.prompt_len, args.gen, sampled)
     return batch * (args.gen - 1) / (tn - t1), batch * args.gen / tn
 
 
@@ -172,6 +179,9 @@ def main():
                          "to 8 tokens, the tensor cores above)")
     ap.add_argument("--ni-concurrency", default="1,64",
                     help="the engine's concurrencies measured with --no-invariant")
+    ap.add_argument("--sampled-concurrency", default="64",
+                    help="also these concurrencies with sampling (temperature 0.7, top_p 0.9) on "
+                         "both sides; empty: none")
     ap.add_argument("--no-graphs", action="store_true",
                     help="also batch-1 decode with DI_CUDA_GRAPHS=0 (every op launched)")
     args = ap.parse_args()
@@ -230,6 +240,19 @@ def main():
         log("deepinfer engine concurrency %d: %.1f output tok/s" % (conc, r["output_tok_s"]))
         save()
 
+    sconcs = [int(x) for x in args.sampled_concurrency.split(",") if x]
+    res["deepinfer_engine_sampled"] = {}
+    for conc in sconcs:  # the draw on the device (temperature and top_p: sample_mass.h)
+        try:
+            r = di_engine(args, conc, extra=["--temperature", "0.7", "--top-p", "0.9"])
+        except subprocess.CalledProcessError as e:
+            log("bench_engine sampled concurrency %d failed: %s" % (conc, e.stderr[-2000:]))
+            continue
+        res["deepinfer_engine_sampled"][str(conc)] = r
+        log("deepinfer engine concurrency %d, T 0.7 top_p 0.9: %.1f output tok/s"
+            % (conc, r["output_tok_s"]))
+        save()
+
     if args.no_graphs:
         try:
             wall, js = di_generate(args, args.gen, {"DI_CUDA_GRAPHS": "0"})
@@ -271,6 +294,16 @@ def main():
                 continue
             res["hf"][str(conc)] = {"decode_tok_s": dec, "output_tok_s": tot}
             log("transformers batch %d: decode %.1f tok/s, output %.1f tok/s" % (conc, dec, tot))
+            save()
+        res["hf_sampled"] = {}
+        for conc in sconcs:
+            try:
+                dec, tot = hf_decode(model, conc, args, sampled=(0.7, 0.9))
+            except Exception as e:  # noqa: BLE001 -- keep the other measurements
+                log("transformers sampled batch %d failed: %r" % (conc, e))
+                continue
+            res["hf_sampled"][str(conc)] = {"decode_tok_s": dec, "output_tok_s": tot}
+            log("transformers batch %d, T 0.7 top_p 0.9: output %.1f tok/s" % (conc, tot))
             save()
     del model
     torch.cuda.empty_cache()
@@ -323,6 +356,14 @@ def report(res, concs):
         if h:
             lines.append("| transformers generate, batch %d (output tok/s) | %.1f | - | - |"
                          % (conc, h["output_tok_s"]))
+    for conc, e in sorted(res.get("deepinfer_engine_sampled", {}).items(), key=lambda kv: int(kv[0])):
+        h = res.get("hf_sampled", {}).get(conc)
+        ratio = "%.1fx" % (e["output_tok_s"] / h["output_tok_s"]) if h else "-"
+        lines.append("| deepinfer engine, %s concurrent, temperature 0.7, top_p 0.9 (output tok/s) "
+                     "| %.1f | - | %s |" % (conc, e["output_tok_s"], ratio))
+        if h:
+            lines.append("| transformers generate, batch %s, temperature 0.7, top_p 0.9 (output "
+                         "tok/s) | %.1f | - | - |" % (conc, h["output_tok_s"]))
     return "\n".join(lines)
 
 

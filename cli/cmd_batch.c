@@ -535,9 +535,7 @@ static di_engine_params engine_params(const batch_options *o) {
     ep.n_threads = (int32_t)o->threads;
     if (o->max_batch_tokens) ep.max_batch_tokens = o->max_batch_tokens;
     if (o->max_prefill_tokens)
-        ep.max_prefill_tokens = o->max_prefill_tokens;
-    else if (ep.max_prefill_tokens > ep.max_batch_tokens)
-        ep.max_prefill_tokens = ep.max_batch_tokens; /* a smaller step has smaller chunks */
+        ep.max_prefill_tokens = o->max_prefill_tokens; /* else the engine's */
     if (o->max_running) ep.max_running = (int32_t)o->max_running;
     if (o->max_model_len) ep.max_model_len = o->max_model_len;
     if (o->kv_bytes) ep.kv_memory_bytes = o->kv_bytes;

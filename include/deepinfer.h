@@ -207,8 +207,8 @@ typedef struct di_engine_params {
     int32_t n_threads;          /* compute threads; <= 0: the model's */
     int64_t max_batch_tokens;   /* tokens per step, all sequences (default 2048) */
     int64_t max_prefill_tokens; /* prompt tokens per step, i.e. the prefill chunk size;
-                                   <= 0: max_batch_tokens (default 512; capped at
-                                   max_batch_tokens) */
+                                   <= 0 (the default): 512 on the CPU, max_batch_tokens on
+                                   a GPU; capped at max_batch_tokens */
     int32_t max_running;        /* most sequences in one step (default 64) */
     int64_t kv_memory_bytes;    /* paged KV pool size; 0: enough for max_running sequences of
                                    max_model_len tokens, capped at 1 GiB on the CPU and at

@@ -99,7 +99,7 @@ typedef struct eng_batch {
     int64_t n_lrows;
     int64_t n_tokens;
     float *logits; /* where the forward writes its logits rows (the engine's or a worker's) */
-    /* NULL, or [logits rows]: the forward may return an unfiltered row's
+    /* NULL, or [logits rows]: the forward may return a device_draw row's
      * token here instead of the row (di_batch_args.tokens); -1 = read the row */
     int32_t *tokens;
     /* > 0: its forward was deferred (the device loop, engine.c): its fence, and its logits
@@ -242,8 +242,8 @@ di_status eng_drain_inbox(di_engine *e);
  * runner found for the row (only for rows eng_device_sample accepted). */
 void eng_sample_row(di_engine *e, const di_sched_seq *q, int32_t row, const float *logits,
                     int32_t token, void *scratch);
-/* Fills seq bs's unfiltered and sample (the parameters of q's sampled row): whether a device
- * runner may choose its token (di_sampler_unfiltered; greedy when the temperature is). Only
+/* Fills seq bs's device_draw and sample (the parameters of q's sampled row): whether a device
+ * runner may choose its token (di_sampler_device_draw; greedy when the temperature is). Only
  * for batches with a tokens buffer (a runner on device memory). */
 void eng_device_sample(const di_engine *e, const di_sched_seq *q, di_batch_seq *bs);
 /* Prompt logprobs from a seq's logits rows ([q->n_logit_rows][vocab]), when it asked. */

@@ -491,16 +491,13 @@ static di_sample_input sample_input(const di_engine *e, const di_sched_seq *q, c
 }
 
 void eng_device_sample(const di_engine *e, const di_sched_seq *q, di_batch_seq *bs) {
-    bs->unfiltered = false;
+    bs->device_draw = false;
     eng_sample *s = q->req_id < e->n_sid ? e->by_sid[q->req_id] : NULL;
     if (!s || s->finished || q->n_logits != 1 || q->n_logit_rows != 1) return;
     di_token_counts h;
     di_sample_input in = sample_input(e, q, s, NULL, &h);
-    bs->unfiltered = di_sampler_unfiltered(&s->req->sp, &in);
-    bs->sample = (di_sample_row){.temperature = s->req->sp.temperature,
-                                 .sample_index = in.sample_index,
-                                 .seed = in.seed,
-                                 .position = in.position};
+    bs->device_draw = di_sampler_device_draw(&s->req->sp, &in);
+    bs->sample = di_sample_row_of(&s->req->sp, in.seed, in.sample_index, in.position);
 }
 
 void eng_sample_row(di_engine *e, const di_sched_seq *q, int32_t row, const float *logits,

@@ -29,6 +29,7 @@
 #include "core/threadpool.h"
 #include "moe/router.h"
 
+#include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -243,13 +244,34 @@ typedef struct di_mla_store_params {
     float *ckv, *krope;
 } di_mla_store_params;
 
-/* One row's sampling parameters for sample_rows (the unfiltered draw of src/sample). */
+/* One row's sampling parameters for sample_rows (src/sample's draw without logit processors
+ * or logprobs). log_min_p: logf(min_p) as the host computes it, when min_p > 0 (min_p's
+ * cutoff is max + temperature x log_min_p, rounded as the host rounds it). */
 typedef struct di_sample_row {
     float temperature;
     int32_t sample_index;
     int64_t seed;
     int64_t position;
+    int32_t top_k; /* <= 0 or >= the vocabulary: none */
+    float top_p;   /* 1: none */
+    float min_p;   /* 0: none */
+    float log_min_p;
 } di_sample_row;
+
+/* The row of a request's sampling parameters and its draw's Philox key. */
+static inline di_sample_row di_sample_row_of(const di_sampling_params *sp, int64_t seed,
+                                             int32_t sample_index, int64_t position) {
+    di_sample_row r; /* (assignments: C and the CUDA files' C++ alike) */
+    r.temperature = sp->temperature;
+    r.sample_index = sample_index;
+    r.seed = seed;
+    r.position = position;
+    r.top_k = sp->top_k;
+    r.top_p = sp->top_p;
+    r.min_p = sp->min_p;
+    r.log_min_p = sp->min_p > 0.0f ? logf(sp->min_p) : 0.0f;
+    return r;
+}
 
 typedef struct di_backend_ops {
     const char *name;
@@ -395,11 +417,12 @@ typedef struct di_backend_ops {
      * its memory as separate: tests/e2e/test_device_tokens.c). */
     void (*argmax_rows)(void *ctx, const float *x, int64_t n, int64_t V, int32_t *out);
     /* out[t] = the token the host sampler (src/sample) chooses from row t with rows[t]'s
-     * temperature (greedy below DI_SAMPLING_GREEDY_EPS), seed, sample index and position,
-     * and no other filter or processor (sample_full_row.h); -1 where the row holds a NaN or
-     * +inf or only -inf. rows and out in backend memory. Optional: the V2/V3 runner uses it
-     * for decode steps whose rows are all unfiltered (di_batch_seq); the CUDA backend offers
-     * it unless created with DI_CUDA_SAMPLE=0. */
+     * temperature (greedy below DI_SAMPLING_GREEDY_EPS), min_p, top_k, top_p, seed, sample
+     * index and position, and no logit processor (sample_full_row.h, sample_mass.h); -1
+     * where the row holds a NaN or +inf or only -inf. rows and out in backend memory.
+     * Optional: the V2/V3 runner uses it for decode steps whose rows the engine marked
+     * (di_batch_seq.device_draw); the CUDA backend offers it unless created with
+     * DI_CUDA_SAMPLE=0. */
     void (*sample_rows)(void *ctx, const float *x, int64_t n, int64_t V, const di_sample_row *rows,
                         int32_t *out);
 

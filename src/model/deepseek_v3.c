@@ -778,25 +778,25 @@ static bool forward_graph(const ds_model *m, ds_state *s, const di_backend *be, 
 
 /* The n logits rows of a decode step (in s->logits; their argmax already in s->tokens where
  * the backend has argmax_rows) to the host, or only their tokens: when every row is
- * unfiltered and greedy, the argmax; when every row is unfiltered and the backend draws
+ * device_draw and greedy, the argmax; when every row is device_draw and the backend draws
  * (sample_rows; the parameters staged by stage_draw), the draw -- n ints instead of n V floats, the
  * step's largest transfer. All rows otherwise, or when a row's token is -1 (NaN, +inf: the host
  * sampler then reports the row). */
-/* Do the decode step's n rows all qualify for the argmax (unfiltered and greedy)? */
+/* Do the decode step's n rows all qualify for the argmax (device_draw and greedy)? */
 static bool all_greedy(const ds_state *s, const di_backend *be, int64_t n, const int32_t *tokens) {
     bool greedy = tokens && be->ops->argmax_rows;
     for (int64_t g = 0; greedy && g < n; g++)
-        greedy = s->segs[g].seq->unfiltered &&
+        greedy = s->segs[g].seq->device_draw &&
                  s->segs[g].seq->sample.temperature < DI_SAMPLING_GREEDY_EPS;
     return greedy;
 }
 
-/* Will a decode step's rows be drawn on the device (every row unfiltered, not every row
+/* Will a decode step's rows be drawn on the device (every row device_draw, not every row
  * greedy, the backend draws)? */
 static bool all_drawn(const ds_state *s, const di_backend *be, int64_t n, const int32_t *tokens) {
     bool unf = tokens && be->ops->sample_rows && !all_greedy(s, be, n, tokens);
     for (int64_t g = 0; unf && g < n; g++)
-        unf = s->segs[g].seq->unfiltered;
+        unf = s->segs[g].seq->device_draw;
     return unf;
 }
 

@@ -54,10 +54,10 @@ typedef struct di_batch_seq {
     bool reset_state;           /* clear the slot's state before this piece */
     int64_t n_logits;           /* logits for the last n_logits tokens (0 .. n) */
     /* Its last logits row only decides a token that a device can find from its own copy
-     * (di_sampler_unfiltered): the temperature-only draw with `sample`'s parameters
-     * (sample_full_row.h), or the row's argmax when sample.temperature is greedy. A device
-     * runner may then return the token instead of the row (di_batch_args.tokens). */
-    bool unfiltered;
+     * (di_sampler_device_draw): the draw with `sample`'s parameters (backend.h's
+     * sample_rows), or the row's argmax when sample.temperature is greedy. A device runner
+     * may then return the token instead of the row (di_batch_args.tokens). */
+    bool device_draw;
     di_sample_row sample;
 } di_batch_seq;
 
@@ -66,7 +66,7 @@ typedef struct di_batch_args {
     int64_t n_seqs;
     float *logits; /* [sum of n_logits][vocab], in sequence order */
     /* NULL, or [sum of n_logits] set to -1 by the caller: a runner may set tokens[r] to the
-     * token the host sampler would choose from logits row r (rows of unfiltered sequences only) and
+     * token the host sampler would choose from logits row r (rows of device_draw sequences only) and
      * then leave row r unwritten -- a GPU runner so avoids downloading the rows of a decode step.
      * The caller takes tokens[r] >= 0 as the token. */
     int32_t *tokens;

@@ -6,23 +6,24 @@
  * logit first, then lower id", encoded as a 64-bit key so that smaller key = better token:
  *   - min_p is a logit threshold: p >= min_p * p_max  <=>  x >= max + T * ln(min_p);
  *   - top_k is a partial selection: a heap of k keys for small k, quickselect otherwise;
- *   - top_p without top_k first keeps only candidates above a weight threshold whose
- *     candidates are shown to reach top_p (weights rise with logits, so they are a prefix of
- *     the order); at worst (1 - top_p) * total / (2 vocab), below which all tokens together
- *     weigh less than half of what top_p leaves out. It then histograms the candidates by
- *     their float exponent (plus 3 mantissa bits), finds the bucket where the cumulative mass
- *     crosses top_p, and sorts only the tokens at or above that bucket -- by a stable radix
- *     sort on the logit's order when there are many (a nearly flat row keeps most of the
- *     vocabulary): the candidates come in increasing id, so equal logits stay in id order,
+ *   - top_p without top_k histograms the tokens' exact masses (sample_mass.h) by their
+ *     weight's float exponent (plus 3 mantissa bits), finds the bucket where the cumulative
+ *     mass from the top reaches top_p's need (weights rise with logits, so the tokens at or
+ *     above it are a prefix of the order that holds the nucleus), and sorts only those -- by
+ *     a stable radix sort on the logit's order when there are many (a nearly flat row keeps
+ *     most of the vocabulary): they come in increasing id, so equal logits stay in id order,
  *     which is the keys' own order, and the result is the comparison sort's.
  * Whole-row passes (weights, threshold searches) are sample_vec.h's kernels, bit-identical at
- * every SIMD level. The kept tokens are summed and drawn from in a fixed order (block order
- * over a full row, increasing id over a list), so the result is a function of the row and the
- * uniform alone.
+ * every SIMD level. Without top_k and top_p the kept tokens are summed and drawn from in block
+ * order over the full row (sample_full_row.h); with either, top_p's cut and the draw use the
+ * exact integer masses of sample_mass.h (any order of additions, the same result: what lets a
+ * GPU find the same token). Either way the result is a function of the row and the uniform
+ * alone.
  */
 #include "core/core.h"
 #include "sample/sample_filter.h"
 #include "sample/sample_full_row.h"
+#include "sample/sample_mass.h"
 #include "sample/sample_vec.h"
 #include "sample/sampler.h"
 
@@ -40,21 +41,8 @@
 /* Ranking keys                                                                               */
 /* ---------------------------------------------------------------------------------------- */
 
-/* Maps a float to a uint32 that orders like the float (NaN excluded by the callers). */
-static uint32_t float_order(float x) {
-    uint32_t b;
-    memcpy(&b, &x, sizeof b);
-    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
-}
-
-/* Smaller key = better: higher logit first, then lower id. */
-static uint64_t rank_key(float x, int32_t id) {
-    return ((uint64_t)~float_order(x) << 32) | (uint32_t)id;
-}
-
-static int32_t key_id(uint64_t key) {
-    return (int32_t)(uint32_t)key;
-}
+/* The ranking key (smaller = better: a higher logit, then a lower id) is sample_mass.h's
+ * ds_rank_key, shared with devices; ds_key_id reads its id back. */
 
 /* ---------------------------------------------------------------------------------------- */
 /* Sorting (ascending; inline comparisons instead of qsort's callback)                        */
@@ -192,13 +180,13 @@ static int64_t topk_heap(const di_sample_kernels *kern, const float *x, int64_t 
     float worst = cutoff;
     for (int64_t i = 0; (i = kern->next_at_least(x, i, n, worst)) < n; i++) {
         if (size < k) {
-            h[size] = rank_key(x[i], (int32_t)i);
+            h[size] = ds_rank_key(x[i], (int32_t)i);
             heap_sift_up(h, size++);
-            if (size == k) worst = nextafterf(x[key_id(h[0])], INFINITY);
+            if (size == k) worst = nextafterf(x[ds_key_id(h[0])], INFINITY);
         } else {
-            h[0] = rank_key(x[i], (int32_t)i);
+            h[0] = ds_rank_key(x[i], (int32_t)i);
             heap_sift_down(h, k, 0);
-            worst = nextafterf(x[key_id(h[0])], INFINITY);
+            worst = nextafterf(x[ds_key_id(h[0])], INFINITY);
         }
     }
     return size;
@@ -237,7 +225,7 @@ static int64_t topk_keys(const di_sample_kernels *kern, const float *x, int64_t 
     if (k <= HEAP_MAX_K) return topk_heap(kern, x, n, cutoff, k, keys);
     int64_t c = kern->collect_at_least(x, n, cutoff, ids);
     for (int64_t j = 0; j < c; j++)
-        keys[j] = rank_key(x[ids[j]], ids[j]);
+        keys[j] = ds_rank_key(x[ids[j]], ids[j]);
     if (c > k) select_smallest(keys, c, k);
     return DI_MIN(c, k);
 }
@@ -247,15 +235,13 @@ static int64_t topk_keys(const di_sample_kernels *kern, const float *x, int64_t 
 /* ---------------------------------------------------------------------------------------- */
 
 /* Given keys[c] sorted best first with weights w, the length of the shortest prefix whose
- * mass reaches top_p of total: a token is kept while the mass before it is < top_p * total.
- * *reached says whether the prefix did reach it (else all c are returned). */
-static int64_t nucleus_prefix(const uint64_t *keys, int64_t c, const float *w, double total,
-                              float top_p, bool *reached) {
-    double target = (double)top_p * total, acc = 0.0;
+ * mass reaches need: a token is kept while the mass before it is below need (sample_mass.h;
+ * all c when the keys' mass stays below it). */
+static int64_t nucleus_prefix(const uint64_t *keys, int64_t c, const float *w, ds_u128 need) {
+    ds_u128 acc = 0;
     int64_t r = 0;
-    while (r < c && acc < target)
-        acc += w[key_id(keys[r++])];
-    *reached = acc >= target;
+    while (r < c && acc < need)
+        acc += ds_mass(w[ds_key_id(keys[r++])]);
     return r;
 }
 
@@ -265,53 +251,34 @@ static int32_t weight_bucket(float w) {
     return (int32_t)(b >> BUCKET_SHIFT);
 }
 
-/* The candidates for the nucleus: tokens with w >= thr, where thr is tail / 4096 (tail =
- * (1 - top_p) * total) if its candidates weigh at least top_p * total (with a margin far above
- * rounding) -- a peaked row's usually do, and they are few -- else tail / (2 n): the tokens
- * below that weigh at most tail / 2 together, so its candidates always suffice. The nucleus,
- * the heaviest tokens reaching top_p * total, lies among any such set (weights rise with
- * logits). cand[n] receives them. */
-static int64_t nucleus_candidates(const di_sample_kernels *kern, const float *w, int64_t n,
-                                  double total, float top_p, int32_t *cand) {
-    const double tail = (1.0 - (double)top_p) * total, need = (double)top_p * total + tail / 4;
-    if (2.0 * (double)n > 4096.0) {
-        int64_t nc = kern->collect_at_least(w, n, (float)(tail / 4096.0), cand);
-        double mass = 0.0;
-        for (int64_t j = 0; j < nc; j++)
-            mass += w[cand[j]];
-        if (mass >= need) return nc;
-    }
-    double eps = tail / (2.0 * (double)n);
-    float thr = eps > (double)FLT_TRUE_MIN ? (float)eps : FLT_TRUE_MIN; /* always w > 0 */
-    return kern->collect_at_least(w, n, thr, cand);
-}
-
-/* top_p over every token with w > 0 (no top_k): the candidates above, a histogram of their
- * mass by weight bucket, and a sort of only the candidates at or above the bucket where the
- * mass crosses top_p (all candidates, should the histogram's rounding have put the cut one
- * bucket too high). Writes the kept keys, best first, and returns their count. cand[n] is
- * scratch. */
+/* top_p over every token with w > 0 (no top_k), need = ceil(top_p x the row's mass): a
+ * histogram of the masses by weight bucket finds the lowest bucket whose tokens and those of
+ * the buckets above reach need. Weights rise with logits, so the tokens of those buckets are
+ * a prefix of the ranking order that holds the nucleus; only they are ranked (sorted: by
+ * radix when there are many, as a nearly flat row keeps most of the vocabulary). Writes the
+ * kept keys, best first, and returns their count. cand[n] is scratch. */
 static int64_t nucleus_full(const di_sample_kernels *kern, const float *x, const float *w,
-                            int64_t n, double total, float top_p, uint64_t *keys, uint64_t *tmp,
-                            int32_t *cand) {
-    int64_t nc = nucleus_candidates(kern, w, n, total, top_p, cand);
-    double mass[N_BUCKETS] = {0};
-    for (int64_t j = 0; j < nc; j++)
-        mass[weight_bucket(w[cand[j]])] += w[cand[j]];
-    double target = (double)top_p * total, acc = 0.0;
-    int32_t cut = N_BUCKETS - 1;
-    while (cut > 0 && (acc += mass[cut]) < target)
-        cut--;
-    for (;;) {
-        int64_t c = 0;
-        for (int64_t j = 0; j < nc; j++)
-            if (weight_bucket(w[cand[j]]) >= cut) keys[c++] = rank_key(x[cand[j]], cand[j]);
-        sort_keys_made_in_id_order(keys, c, tmp);
-        bool reached;
-        int64_t r = nucleus_prefix(keys, c, w, total, top_p, &reached);
-        if (reached || cut == 0) return r;
-        cut = 0;
+                            int64_t n, float top_p, uint64_t *keys, uint64_t *tmp, int32_t *cand) {
+    ds_u128 mass[N_BUCKETS] = {0}, total = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const uint64_t m = ds_mass(w[i]);
+        mass[weight_bucket(w[i])] += m;
+        total += m;
     }
+    const ds_u128 need = ds_top_p_need(top_p, total);
+    ds_u128 acc = 0;
+    int32_t cut = N_BUCKETS - 1;
+    while (cut > 0 && (acc += mass[cut]) < need)
+        cut--;
+    /* the tokens of buckets >= cut: w >= the smallest float of bucket cut (w >= 0) */
+    uint32_t tb = (uint32_t)cut << BUCKET_SHIFT;
+    float thr;
+    memcpy(&thr, &tb, sizeof thr);
+    const int64_t nc = kern->collect_at_least(w, n, thr, cand);
+    for (int64_t j = 0; j < nc; j++)
+        keys[j] = ds_rank_key(x[cand[j]], cand[j]);
+    sort_keys_made_in_id_order(keys, nc, tmp);
+    return nucleus_prefix(keys, nc, w, need);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -324,14 +291,14 @@ static void finish_list(const uint64_t *keys, int64_t c, int64_t n, const di_fil
                         di_sample_dist *out) {
     if (c < RADIX_MIN) {
         for (int64_t j = 0; j < c; j++)
-            work->ids[j] = key_id(keys[j]);
+            work->ids[j] = ds_key_id(keys[j]);
         sort_i32(work->ids, c);
     } else {
         uint64_t *bits = work->tmp;
         const int64_t words = (n + 63) / 64;
         memset(bits, 0, (size_t)words * sizeof *bits);
         for (int64_t j = 0; j < c; j++) {
-            const int32_t id = key_id(keys[j]);
+            const int32_t id = ds_key_id(keys[j]);
             bits[id >> 6] |= 1ull << (id & 63);
         }
         int64_t k = 0;
@@ -339,13 +306,14 @@ static void finish_list(const uint64_t *keys, int64_t c, int64_t n, const di_fil
             for (uint64_t b = bits[wd]; b; b &= b - 1)
                 work->ids[k++] = (int32_t)(wd * 64 + __builtin_ctzll(b));
     }
-    double total = 0.0;
+    ds_u128 total = 0;
     for (int64_t j = 0; j < c; j++)
-        total += work->w[work->ids[j]];
+        total += ds_mass(work->w[work->ids[j]]);
     out->ids = work->ids;
     out->n = c;
     out->block_sum = NULL;
-    out->total = total;
+    out->mass_total = total;
+    out->total = ds_u128_double(total);
 }
 
 /* top_k, then top_p on what it kept. */
@@ -354,18 +322,15 @@ static void filter_topk(const di_sample_kernels *kern, const di_sampling_params 
                         di_sample_dist *out) {
     int64_t c = topk_keys(kern, x, n, cutoff, p->top_k, work->keys, work->ids);
     const float inv_t = 1.0f / p->temperature;
-    double total = 0.0;
+    ds_u128 total = 0;
     for (int64_t j = 0; j < c; j++) {
-        int32_t id = key_id(work->keys[j]);
-        float d = x[id] - max;
-        d = d * inv_t;
-        work->w[id] = di_sample_exp(d);
-        total += work->w[id];
+        int32_t id = ds_key_id(work->keys[j]);
+        work->w[id] = ds_weight(x[id], max, inv_t, cutoff);
+        total += ds_mass(work->w[id]);
     }
     if (p->top_p < 1.0f) {
         sort_u64(work->keys, c);
-        bool reached;
-        c = nucleus_prefix(work->keys, c, work->w, total, p->top_p, &reached);
+        c = nucleus_prefix(work->keys, c, work->w, ds_top_p_need(p->top_p, total));
     }
     finish_list(work->keys, c, n, work, out);
 }
@@ -389,8 +354,8 @@ void di_sample_filter(const di_sampling_params *p, const float *x, int64_t vocab
     double total =
         kern->weights(x, vocab, max, 1.0f / t, cutoff, keep_w ? work->w : NULL, block_sum);
     if (keep_w) {
-        int64_t c = nucleus_full(kern, x, work->w, vocab, total, p->top_p, work->keys, work->tmp,
-                                 work->ids);
+        int64_t c =
+            nucleus_full(kern, x, work->w, vocab, p->top_p, work->keys, work->tmp, work->ids);
         finish_list(work->keys, c, vocab, work, out);
         return;
     }
@@ -417,24 +382,21 @@ void di_sample_dist_weights(const di_sample_dist *d, float *w) {
         block_weights(d, b0, DI_MIN(b0 + DI_SAMPLE_BLOCK, d->n), w + b0);
 }
 
-/* The list draw: increasing id. */
-static int32_t draw_list(const di_sample_dist *d, double target) {
-    double acc = 0.0;
-    int32_t last = -1;
+/* The list draw (sample_mass.h): the first id, increasing, whose running mass passes
+ * floor(u x the kept mass), which is below that mass, so there always is one. */
+static int32_t draw_list(const di_sample_dist *d, double u) {
+    const ds_u128 target = ds_draw_target(u, d->mass_total);
+    ds_u128 acc = 0;
     for (int64_t j = 0; j < d->n; j++) {
-        int32_t id = d->ids[j];
-        float w = d->w[id];
-        if (!(w > 0.0f)) continue;
-        acc += w;
-        last = id;
-        if (acc > target) return id;
+        acc += ds_mass(d->w[d->ids[j]]);
+        if (acc > target) return d->ids[j];
     }
-    return last; /* only when rounding left target at or above the final sum */
+    return -1; /* unreachable: target < mass_total */
 }
 
 int32_t di_sample_draw(const di_sample_dist *d, double u) {
+    if (d->ids) return draw_list(d, u);
     const double target = u * d->total;
-    if (d->ids) return draw_list(d, target);
     /* whole blocks first, then the ids of one block (sample_full_row.h, shared with devices) */
     return ds_draw_full_row(d->x, d->n, d->max, d->inv_t, d->cutoff, d->block_sum, target);
 }

@@ -1,6 +1,6 @@
 /*
- * sample_full_row.h -- the sampler's unfiltered draw (temperature only: no top_k, top_p,
- * min_p, logit processor or logprobs) as inline functions that compile both as C on the host
+ * sample_full_row.h -- the sampler's full-row draw (temperature and min_p: no top_k, top_p,
+ * logit processor or logprobs; sample_mass.h has the filtered one) as inline functions that compile both as C on the host
  * and as CUDA device code, so that a GPU can choose the token the host sampler would choose
  * from the same row, bit for bit, without the row leaving the device.
  *

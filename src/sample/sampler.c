@@ -13,6 +13,7 @@
 #include "core/core.h"
 #include "sample/philox.h"
 #include "sample/sample_filter.h"
+#include "sample/sample_mass.h"
 #include "sample/sample_vec.h"
 
 #include <float.h>
@@ -69,12 +70,22 @@ static bool ids_valid(const di_sampling_params *p, const di_sample_input *in) {
 }
 
 /* Everything that depends on the vocabulary size, which params validation cannot know. */
+/* Does a random draw under p take the filtered path (top_k below the vocabulary or top_p
+ * below 1: sample_mass.h's integer masses)? */
+static bool filtered(const di_sampling_params *p, int64_t vocab) {
+    return (p->top_k > 0 && p->top_k < vocab) || p->top_p < 1.0f;
+}
+
 static di_status check_input(const di_sampling_params *p, const di_sample_input *in) {
     if (!p || !in || !in->logits || in->vocab <= 0 || in->vocab > INT32_MAX)
         return di_error(DI_ERR_INVALID_ARG,
                         "sampler: need params, a logits row and a vocab "
                         "size in [1, 2^31), got vocab %lld",
                         in ? (long long)in->vocab : 0LL);
+    if (filtered(p, in->vocab) && in->vocab > DI_SAMPLE_MASS_MAX_VOCAB)
+        return di_error(DI_ERR_INVALID_ARG,
+                        "sampler: top_k / top_p take a vocab of at most %d ids, got %lld",
+                        DI_SAMPLE_MASS_MAX_VOCAB, (long long)in->vocab);
     if (ids_valid(p, in)) return DI_OK;
     di_status st = DI_OK;
     for (int64_t i = 0; st == DI_OK && i < p->n_logit_bias; i++)
@@ -220,12 +231,11 @@ static di_status prepare(const di_sampling_params *p, const di_sample_input *in,
     return DI_OK;
 }
 
-bool di_sampler_unfiltered(const di_sampling_params *p, const di_sample_input *in) {
+bool di_sampler_device_draw(const di_sampling_params *p, const di_sample_input *in) {
     if (!p || !in || in->vocab <= 0 || in->vocab > INT32_MAX) return false;
-    const bool no_filter =
-        (p->top_k <= 0 || p->top_k >= in->vocab) && p->top_p >= 1.0f && p->min_p <= 0.0f;
-    return (is_greedy(p) || no_filter) && p->logprobs < 0 && !processing_needed(p, in) &&
-           ids_valid(p, in);
+    if (!is_greedy(p) && filtered(p, in->vocab) && in->vocab > DI_SAMPLE_MASS_MAX_VOCAB)
+        return false;
+    return p->logprobs < 0 && !processing_needed(p, in) && ids_valid(p, in);
 }
 
 di_status di_sampler_process(const di_sampling_params *p, const di_sample_input *in, float *row) {
@@ -307,7 +317,8 @@ di_status di_sampler_probs(const di_sampling_params *p, const di_sample_input *i
     }
     for (int64_t j = 0; j < dist.n; j++) {
         int32_t id = dist.ids ? dist.ids[j] : (int32_t)j;
-        probs[id] = w[id] / dist.total;
+        probs[id] = dist.ids ? (double)ds_mass(w[id]) / ds_u128_double(dist.mass_total)
+                             : w[id] / dist.total;
     }
     return DI_OK;
 }

@@ -17,9 +17,11 @@
  *
  * Determinism: the uniform comes from Philox keyed by (seed, sample_index, position) only;
  * ranking ties are broken by the lower token id; weights come from one exponential made of
- * plain float operations, and the inverse CDF sums them in a fixed order (increasing token
- * id, by blocks of ids over a full row: sample_vec.h), the same at every SIMD level. So a row
- * gives the same token on every call, in any call order, on any machine.
+ * plain float operations; without top_k and top_p the inverse CDF sums them in a fixed order
+ * (by blocks of ids over the full row: sample_vec.h), with either the cut and the draw use
+ * exact integer masses (sample_mass.h), so the same at every SIMD level and on a GPU
+ * (backend.h's sample_rows). So a row gives the same token on every call, in any call order,
+ * on any machine.
  *
  * Rows: -inf marks a banned token. A row holding NaN or +inf, or one where every token ends
  * up banned, fails with DI_ERR_RANGE (and out->token = -1); it never yields a NaN.
@@ -71,12 +73,12 @@ di_status di_sampler_sample(const di_sampling_params *params, const di_sample_in
                             void *scratch, di_sample_result *out);
 
 /* Whether di_sampler_sample's token for this input is one a device can find from its own
- * copy of the row: greedy (the first index of the row's maximum) or the unfiltered draw of
- * sample_full_row.h -- temperature only (no top_k below the vocabulary, no top_p below 1, no
- * min_p) -- with no logit processor active, no logprobs wanted and the ids valid. The device
+ * copy of the row: greedy (the first index of the row's maximum), the full-row draw of
+ * sample_full_row.h (temperature, min_p) or the filtered draw of sample_mass.h (top_k,
+ * top_p) -- with no logit processor active, no logprobs wanted and the ids valid. The device
  * then also checks the row for NaN and +inf (and a row of -inf only), which are errors
  * here. in->logits is not read. */
-bool di_sampler_unfiltered(const di_sampling_params *params, const di_sample_input *in);
+bool di_sampler_device_draw(const di_sampling_params *params, const di_sample_input *in);
 
 /* Raw logprobs of a given token (prompt logprobs): out->logprob of `token` and the n_top
  * best entries, computed exactly as di_sampler_sample's step 1; out->token = token. The row

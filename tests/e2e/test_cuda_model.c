@@ -156,7 +156,10 @@ static void sampled_mixed_requests(const di_model_info *info, int32_t (*prompts)
             prompts[i][k] = 2 + rnd((int32_t)info->vocab_size - 2);
         di_sampling_params sp = di_sampling_default_params();
         sp.temperature = sampled && i % 4 != 0 ? 0.5f + 0.1f * (float)i : 0.0f;
-        sp.top_p = sampled && i == 5 ? 0.9f : 1.0f;
+        /* filters too (the device's filtered draw): top_p, top_k, both, min_p */
+        sp.top_p = sampled && (i == 5 || i == 9) ? 0.9f : sampled && i == 7 ? 0.7f : 1.0f;
+        sp.top_k = sampled && (i == 6 || i == 9) ? 20 : 0;
+        sp.min_p = sampled && i == 7 ? 0.05f : 0.0f;
         sp.seed = 100 + i;
         sp.max_tokens = 2 + rnd(14);
         sp.ignore_eos = true;

@@ -8,8 +8,9 @@
  * backend and the engine gets it through di_backend_init_override. The arithmetic is the CPU
  * path's, so the device loop must give the plain loop's results bitwise:
  *   - device_loop_same_results: greedy requests arriving over several steps, then seeded
- *     temperature draws with a top_p request and a logprobs request (their steps are not
- *     deferred) -- the same tokens and logprobs, and steps were deferred;
+ *     temperature draws with top_p, top_k and min_p requests (drawn on the "device" too) and
+ *     a logprobs request (its steps are not deferred) -- the same tokens and logprobs, and
+ *     steps were deferred;
  *   - device_loop_stops: requests ending on a stop token (their third token in a plain run)
  *     while the next step is already queued -- the same tokens and finish reasons;
  *   - device_loop_abort: a request aborted while steps are in flight ends with "abort" and
@@ -77,8 +78,9 @@ static int32_t rnd(int32_t n) {
 }
 
 /* N_REQ requests: prompts of 1-40 tokens arriving at steps 0-5, 2-13 new tokens; `sampled`:
- * most at temperature 0.6-1.3 (seeded), request 3 with top_p and request 6 with logprobs
- * (both from step 0 for 3 tokens: the steps they run in are not deferred, later ones are). */
+ * most at temperature 0.6-1.3 (seeded), request 3 with top_p, 5 with top_k and min_p, and 6
+ * with logprobs (from step 0 for 3 tokens: the steps it runs in are not deferred, later ones
+ * are). */
 static void make_requests(int64_t vocab, int32_t (*prompts)[48], eu_req *reqs, eu_result *res,
                           bool sampled) {
     g_rng = 77;
@@ -89,6 +91,8 @@ static void make_requests(int64_t vocab, int32_t (*prompts)[48], eu_req *reqs, e
         di_sampling_params sp = di_sampling_default_params();
         sp.temperature = sampled && i % 4 != 0 ? 0.6f + 0.1f * (float)i : 0.0f;
         sp.top_p = sampled && i == 3 ? 0.9f : 1.0f;
+        sp.top_k = sampled && i == 5 ? 30 : 0;
+        sp.min_p = sampled && i == 5 ? 0.02f : 0.0f;
         if (sampled && i == 6) sp.logprobs = 3; /* the default (-1): none */
         sp.seed = 40 + i;
         sp.max_tokens = 2 + rnd(12);
@@ -100,7 +104,7 @@ static void make_requests(int64_t vocab, int32_t (*prompts)[48], eu_req *reqs, e
                            .arrive = i < 2 ? 0 : rnd(6),
                            .abort_at = -1,
                            .res = &res[i]};
-        if (sp.top_p < 1.0f || sp.logprobs > 0) { /* early and short: later steps defer */
+        if (sp.logprobs > 0) { /* early and short: later steps defer */
             reqs[i].arrive = 0;
             reqs[i].sp.max_tokens = 3;
         }

@@ -3,12 +3,13 @@
  *
  * On a device the runner may return a decode step's tokens instead of its logits rows
  * (deepseek_v3.c fetch_decode): the rows' argmax when every sequence is plain greedy
- * (argmax_rows), the temperature-only draw when every sequence is unfiltered (sample_rows,
- * sample_full_row.h). Here the runner runs on the separate-memory CPU backend
+ * (argmax_rows), the draw when every sequence is device_draw (sample_rows: temperature,
+ * min_p, top_k, top_p). Here the runner runs on the separate-memory CPU backend
  * (sep_backend.h), whose argmax_rows / sample_rows are the CPU backend's, next to the same
  * runner on the plain CPU backend, over four sequences (paged, chunked prefill) and decode
- * steps of every mix: all greedy, all temperature-only, greedy and temperature-only together,
- * and a step with a top_p sequence (which must bring the rows back). Each step's tokens must be
+ * steps of every mix: all greedy, temperature-only and filtered (top_k, top_p, min_p)
+ * together, greedy with the others, and a step with a sequence that asked for logprobs
+ * (which must bring the rows back). Each step's tokens must be
  * di_sampler_sample's tokens from the plain runner's logits, and where tokens came back the
  * logits buffer must be untouched (no rows downloaded); where rows came back, bitwise the
  * plain runner's. The separate-memory backend also has the second-stream ops (no-ops), so
@@ -19,7 +20,7 @@
  * (di_batch_args.defer / pending_on_device): step k + 1 is handed to the runner before step
  * k's tokens are waited for, its ids pending (-1 - s) wherever step k was deferred. A step of
  * tokens must come back deferred, its tokens absent until fence_wait and then the sampler's,
- * its logits buffer untouched; the top_p step runs at once with its rows; the pending ids must
+ * its logits buffer untouched; the logprobs step runs at once with its rows; the pending ids must
  * be resolved (counted) into the tokens that keep every later step equal to the plain runner.
  *
  * v3_untransposed_heads: with the backend flag prefers_untransposed_heads set (CUDA's), the
@@ -43,17 +44,23 @@
 #define N_STEPS 6
 #define BS      16
 
-/* How sequence s samples at decode step k: 0 greedy, 1 temperature only, 2 top_p. */
+/* How sequence s samples at decode step k: 0 greedy, 1 temperature only, 2 filtered (top_k,
+ * top_p, min_p: still drawn on the device), 3 top_p with logprobs (the rows come back). */
 static int mode_of(int k, int s) {
-    static const int modes[N_STEPS][N_SEQ] = {{0, 0, 0, 0}, {1, 1, 1, 1}, {0, 1, 0, 1},
-                                              {1, 2, 0, 1}, {0, 0, 0, 0}, {1, 0, 1, 1}};
+    static const int modes[N_STEPS][N_SEQ] = {{0, 0, 0, 0}, {1, 2, 1, 2}, {0, 1, 0, 1},
+                                              {1, 3, 0, 2}, {0, 0, 0, 0}, {2, 0, 1, 1}};
     return modes[k][s];
 }
 
 static di_sampling_params params_of(int mode, int s) {
     di_sampling_params p = di_sampling_default_params();
     p.temperature = mode == 0 ? 0.0f : 0.6f + 0.3f * (float)s;
-    if (mode == 2) p.top_p = 0.8f;
+    if (mode >= 2) p.top_p = 0.8f;
+    if (mode == 2) {
+        p.top_k = s % 2 ? 40 : 0;
+        p.min_p = s > 1 ? 0.02f : 0.0f;
+    }
+    if (mode == 3) p.logprobs = 1;
     return p;
 }
 
@@ -145,19 +152,17 @@ static void check_model(const char *dir) {
                                       .seed = 500 + s,
                                       .sample_index = s % 2,
                                       .position = pos + 1};
-            q[s] = (di_batch_seq){.ids = &ids[s][pos],
-                                  .n = 1,
-                                  .pos0 = pos,
-                                  .block_table = table[s],
-                                  .slot = s,
-                                  .n_logits = 1,
-                                  .unfiltered = di_sampler_unfiltered(&sp[s], &in[s]),
-                                  .sample = {.temperature = sp[s].temperature,
-                                             .sample_index = in[s].sample_index,
-                                             .seed = in[s].seed,
-                                             .position = in[s].position}};
-            CHECK(q[s].unfiltered == (mode < 2));
-            device &= mode < 2;
+            q[s] = (di_batch_seq){
+                .ids = &ids[s][pos],
+                .n = 1,
+                .pos0 = pos,
+                .block_table = table[s],
+                .slot = s,
+                .n_logits = 1,
+                .device_draw = di_sampler_device_draw(&sp[s], &in[s]),
+                .sample = di_sample_row_of(&sp[s], in[s].seed, in[s].sample_index, in[s].position)};
+            CHECK(q[s].device_draw == (mode < 3));
+            device &= mode < 3;
             tokens[s] = -1;
         }
         arch->forward_batch(
@@ -228,7 +233,7 @@ static void check_model(const char *dir) {
                       "%s step %d: the rows differ from the plain runner's", dir, k);
         }
     }
-    CHECK(n_token_steps == N_STEPS - 1 && n_row_steps == 1); /* modes: one top_p step */
+    CHECK(n_token_steps == N_STEPS - 1 && n_row_steps == 1); /* modes: one logprobs step */
     if (prev_ticket) {
         CHECK(sep.ops->fence_wait(sep.ctx, prev_ticket) == DI_OK);
         for (int s = 0; s < N_SEQ; s++)

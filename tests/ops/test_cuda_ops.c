@@ -1640,15 +1640,18 @@ TEST(matmul_simt_bf16) {
 
 /* argmax_rows: the CPU sampler's greedy token for every valid row (ties between equal
  * maxima at several places, -0 next to +0, -inf entries), -1 for a row holding a NaN or
- * +inf or only -inf (the sampler's errors). */
+ * +inf or only -inf (the sampler's errors). Calls of up to DI_CUDA_AM_ROWS (16) rows of
+ * 8192+ ids take the sliced kernel: the first 16 rows, then row 1 (its maximum at three
+ * places, in different slices), twice each (its arrival counters reset for the next call);
+ * vocabularies of 8195 ids put the rows' starts off 16-byte alignment. */
 TEST(argmax_rows) {
     if (!g_have_gpu) SKIP("no CUDA device");
-    const int64_t vocabs[] = {1, 7, 1000, 4099, 102400};
+    const int64_t vocabs[] = {1, 7, 1000, 4099, 8195, 102400};
     di_sampling_params sp = di_sampling_default_params();
     sp.temperature = 0.0f;
     void *scratch = malloc(di_sampler_scratch_size(102400));
     for (size_t vi = 0; vi < DI_ARRAY_LEN(vocabs); vi++) {
-        const int64_t V = vocabs[vi], n = vi == 4 ? 70 : 37;
+        const int64_t V = vocabs[vi], n = V == 102400 ? 70 : 37;
         float *x = rnd_vec(n * V, 4.0f);
         for (int64_t t = 0; t < n; t++) {
             float *row = x + t * V;
@@ -1674,32 +1677,52 @@ TEST(argmax_rows) {
             }
         }
         float *dx = dev_floats(x, n * V);
-        int32_t *dout = (int32_t *)dev_poison(n);
-        g_be.ops->argmax_rows(g_be.ctx, dx, n, V, dout);
-        int32_t *got = host_ints(dout, n);
+        int32_t *want = malloc((size_t)n * sizeof *want);
         for (int64_t t = 0; t < n; t++) {
             di_sample_input in = {.logits = x + t * V, .vocab = V, .eos_token_id = -1};
             di_sample_result r;
             di_status st = di_sampler_sample(&sp, &in, scratch, &r);
-            const int32_t want = st == DI_OK ? r.token : -1;
-            CHECK_MSG(got[t] == want, "V=%lld row %lld: device %d, sampler %d", (long long)V,
-                      (long long)t, got[t], want);
+            want[t] = st == DI_OK ? r.token : -1;
         }
-        dfree(dx), dfree(dout);
-        free(x), free(got);
+        /* (first row, rows): all; the first 16 and row 1, twice each */
+        const int64_t calls[][2] = {{0, n}, {0, 16}, {0, 16}, {1, 1}, {1, 1}};
+        for (size_t ci = 0; ci < DI_ARRAY_LEN(calls); ci++) {
+            const int64_t t0 = calls[ci][0], m = calls[ci][1];
+            int32_t *dout = (int32_t *)dev_poison(m);
+            g_be.ops->argmax_rows(g_be.ctx, dx + t0 * V, m, V, dout);
+            int32_t *got = host_ints(dout, m);
+            for (int64_t t = 0; t < m; t++)
+                CHECK_MSG(got[t] == want[t0 + t],
+                          "V=%lld row %lld of a call of %lld: device %d, "
+                          "sampler %d",
+                          (long long)V, (long long)(t0 + t), (long long)m, got[t], want[t0 + t]);
+            dfree(dout);
+            free(got);
+        }
+        dfree(dx);
+        free(x), free(want);
     }
     free(scratch);
 }
 
-/* sample_rows: the CPU sampler's token for temperature-only sampling (and greedy at
- * temperature 0) on every valid row, over temperatures, seeds, sample indices and positions;
- * -1 for the rows the sampler rejects. */
+/* sample_rows: the CPU sampler's token on every valid row, over temperatures (greedy at 0),
+ * min_p, top_k and top_p (the full-row and the filtered draw), seeds, sample indices and
+ * positions; -1 for the rows the sampler rejects. Rows: random (scales 3 and 12), nearly
+ * flat (top_p keeps most of the vocabulary), peaked (a few tokens hold the mass) and on a
+ * coarse grid (equal logits at every cut: the ranking's ties by id). */
 TEST(sample_rows) {
     if (!g_have_gpu) SKIP("no CUDA device");
     const int64_t vocabs[] = {1, 7, 1000, 4099, 129280};
+    static const struct {
+        int32_t k;
+        float top_p, min_p;
+    } filters[] = {{0, 1.0f, 0.0f},  {0, 0.9f, 0.0f},  {50, 1.0f, 0.0f},     {40, 0.8f, 0.05f},
+                   {0, 1.0f, 0.1f},  {3000, 0.95f, 0}, {1, 1.0f, 0.0f},      {0, 0.3f, 0.01f},
+                   {7, 0.99f, 0.0f}, {0, 1e-3f, 0.0f}, {100000, 0.5f, 0.0f}, {2, 0.999f, 0.0f}};
     void *scratch = malloc(di_sampler_scratch_size(129280));
+    int filtered = 0;
     for (size_t vi = 0; vi < DI_ARRAY_LEN(vocabs); vi++) {
-        const int64_t V = vocabs[vi], n = 40;
+        const int64_t V = vocabs[vi], n = 48;
         float *x = rnd_vec(n * V, vi % 2 ? 12.0f : 3.0f);
         di_sample_row *rows = malloc((size_t)n * sizeof *rows);
         for (int64_t t = 0; t < n; t++) {
@@ -1709,11 +1732,23 @@ TEST(sample_rows) {
             if (t % 10 == 7)
                 for (int64_t i = 0; i < V; i += 2)
                     row[i] = -INFINITY;
-            rows[t] =
-                (di_sample_row){.temperature = t % 8 == 0 ? 0.0f : 0.2f + 0.1f * (float)(t % 9),
-                                .sample_index = (int32_t)(t % 3),
-                                .seed = 1000 + 7 * t,
-                                .position = 5 + 11 * t};
+            if (t % 12 == 1) /* nearly flat */
+                for (int64_t i = 0; i < V; i++)
+                    row[i] *= 0.01f;
+            if (t % 12 == 2) /* peaked */
+                for (int i = 0; i < 20; i++)
+                    row[rnd_int(0, V - 1)] += 15.0f;
+            if (t % 12 == 4) /* ties */
+                for (int64_t i = 0; i < V; i++)
+                    row[i] = roundf(row[i]);
+            di_sampling_params sp = di_sampling_default_params();
+            sp.temperature = t % 8 == 0 ? 0.0f : 0.2f + 0.1f * (float)(t % 9);
+            sp.top_k = filters[t % DI_ARRAY_LEN(filters)].k;
+            sp.top_p = filters[t % DI_ARRAY_LEN(filters)].top_p;
+            sp.min_p = filters[t % DI_ARRAY_LEN(filters)].min_p;
+            rows[t] = di_sample_row_of(&sp, 1000 + 7 * t, (int32_t)(t % 3), 5 + 11 * t);
+            filtered +=
+                sp.temperature > 0.0f && ((sp.top_k > 0 && sp.top_k < V) || sp.top_p < 1.0f);
         }
         float *dx = dev_floats(x, n * V);
         di_sample_row *drows = (di_sample_row *)dev_from(rows, (size_t)n * sizeof *rows);
@@ -1723,6 +1758,9 @@ TEST(sample_rows) {
         for (int64_t t = 0; t < n; t++) {
             di_sampling_params sp = di_sampling_default_params();
             sp.temperature = rows[t].temperature;
+            sp.top_k = rows[t].top_k;
+            sp.top_p = rows[t].top_p;
+            sp.min_p = rows[t].min_p;
             di_sample_input in = {.logits = x + t * V,
                                   .vocab = V,
                                   .eos_token_id = -1,
@@ -1731,12 +1769,15 @@ TEST(sample_rows) {
                                   .position = rows[t].position};
             di_sample_result r;
             const int32_t want = di_sampler_sample(&sp, &in, scratch, &r) == DI_OK ? r.token : -1;
-            CHECK_MSG(got[t] == want, "V=%lld row %lld (T %g): device %d, sampler %d", (long long)V,
-                      (long long)t, (double)rows[t].temperature, got[t], want);
+            CHECK_MSG(got[t] == want,
+                      "V=%lld row %lld (T %g, top_k %d, top_p %g, min_p %g): device %d, sampler %d",
+                      (long long)V, (long long)t, (double)sp.temperature, sp.top_k,
+                      (double)sp.top_p, (double)sp.min_p, got[t], want);
         }
         dfree(dx), dfree(drows), dfree(dout);
         free(x), free(rows), free(got);
     }
+    printf("  %d filtered rows (top_k or top_p) among them\n", filtered);
     free(scratch);
 }
 

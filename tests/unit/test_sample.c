@@ -7,6 +7,7 @@
 #include "core/core.h"
 #include "sample/philox.h"
 #include "sample/sample_full_row.h"
+#include "sample/sample_mass.h"
 #include "sample/sample_vec.h"
 #include "sample/sampler.h"
 #include "test.h"
@@ -290,11 +291,11 @@ TEST(greedy_uses_processed_row) {
     CHECK_EQ_INT(sample(&p, in, 0), 1);
 }
 
-/* Plain greedy -- di_sampler_unfiltered at a greedy temperature: true exactly when the token
+/* Plain greedy -- di_sampler_device_draw at a greedy temperature: true exactly when the token
  * is the raw row's first argmax (a device may then compute it), false whenever a processor,
  * logprobs or the temperature could change it or an id check would fail. */
 static bool greedy_plain(const di_sampling_params *p, const di_sample_input *in) {
-    return p->temperature < DI_SAMPLING_GREEDY_EPS && di_sampler_unfiltered(p, in);
+    return p->temperature < DI_SAMPLING_GREEDY_EPS && di_sampler_device_draw(p, in);
 }
 
 TEST(greedy_plain) {
@@ -334,9 +335,9 @@ TEST(greedy_plain) {
     CHECK(greedy_plain(&p, &in));
 }
 
-/* di_sampler_unfiltered: greedy or temperature only (top_k off or at least the vocabulary,
- * top_p 1, no min_p), no processor, no logprobs. */
-TEST(unfiltered) {
+/* di_sampler_device_draw: greedy, or any draw (temperature, top_k, top_p, min_p) with no
+ * processor and no logprobs; filtered draws only up to DI_SAMPLE_MASS_MAX_VOCAB ids. */
+TEST(device_draw) {
     static float x[3000];
     const int32_t ids[2] = {0, 5}, cnt[2] = {0, 1};
     di_token_counts h = {ids, cnt, 2, 1};
@@ -352,16 +353,19 @@ TEST(unfiltered) {
         cases[i].p = t, cases[i].want = true;
     cases[1].p.temperature = 0.0f;
     cases[2].p.top_k = 3000;
-    cases[3].p.top_k = 50, cases[3].want = false;
-    cases[4].p.top_p = 0.9f, cases[4].want = false;
-    cases[5].p.min_p = 0.05f, cases[5].want = false;
+    cases[3].p.top_k = 50;
+    cases[4].p.top_p = 0.9f;
+    cases[5].p.min_p = 0.05f;
     cases[6].p.logprobs = 2, cases[6].want = false;
     cases[7].p.frequency_penalty = 0.3f, cases[7].want = false;
     cases[8].p.temperature = 0.0f, cases[8].p.top_p = 0.5f; /* greedy ignores the filters */
     for (int i = 0; i < 9; i++) {
-        const bool u = di_sampler_unfiltered(&cases[i].p, &in);
+        const bool u = di_sampler_device_draw(&cases[i].p, &in);
         CHECK_MSG(u == cases[i].want, "case %d", i);
     }
+    /* a vocabulary past the masses' range: top_p is the host's (an error there too) */
+    in.vocab = (int64_t)DI_SAMPLE_MASS_MAX_VOCAB + 1;
+    CHECK(di_sampler_device_draw(&t, &in) && !di_sampler_device_draw(&cases[4].p, &in));
 }
 
 /* sample_full_row.h (the draw a GPU runs without the row leaving it) against the sampler:
@@ -730,7 +734,7 @@ int main(void) {
     RUN(greedy_ties_lowest_id);
     RUN(greedy_uses_processed_row);
     RUN(greedy_plain);
-    RUN(unfiltered);
+    RUN(device_draw);
     RUN(full_row_draw_matches);
     RUN(top_k_one_is_greedy);
     RUN(very_low_temperature_is_greedy);

@@ -7,6 +7,8 @@
  * counter between two samples of one row. Seeds are fixed and the chi-square critical value
  * is taken at p = 1e-6, so these tests cannot flake: a build always passes or always fails.
  */
+#include "sample/philox.h"
+#include "sample/sample_mass.h"
 #include "sample/sampler.h"
 #include "test.h"
 
@@ -337,6 +339,113 @@ TEST(draws_independent_of_call_order) {
     CHECK(distinct > N / 2);     /* and the draws do vary with the position */
 }
 
+/* ---------------------------------------------------------------------------------------- */
+/* The filtered draw against its definition                                                  */
+/* ---------------------------------------------------------------------------------------- */
+
+static int by_key(const void *a, const void *b) {
+    const uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* sample_mass.h's definition, by brute force: every token ranked by a full sort, the first
+ * top_k of those at or above min_p's cutoff, then while the integer mass before a token is
+ * below ceil(top_p x their mass), then the first kept id (increasing) whose running mass
+ * passes floor(u x the kept mass). Shares only the weight (ds_weight) and the key with the
+ * sampler; none of its heap, quickselect, buckets or radix sort. */
+static int32_t defined_draw(const di_sampling_params *p, const float *x, int64_t n, double u) {
+    float max = -INFINITY;
+    for (int64_t i = 0; i < n; i++)
+        max = x[i] > max ? x[i] : max;
+    float cutoff = -FLT_MAX;
+    if (p->min_p > 0.0f) cutoff = fmaxf(cutoff, max + p->temperature * logf(p->min_p));
+    const float inv_t = 1.0f / p->temperature;
+    uint64_t *keys = malloc((size_t)n * sizeof *keys);
+    bool *kept = calloc((size_t)n, sizeof *kept);
+    int64_t c = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (x[i] >= cutoff) keys[c++] = ds_rank_key(x[i], (int32_t)i);
+    qsort(keys, (size_t)c, sizeof *keys, by_key);
+    if (p->top_k > 0 && p->top_k < c) c = p->top_k;
+    ds_u128 total = 0;
+    for (int64_t j = 0; j < c; j++)
+        total += ds_mass(ds_weight(x[ds_key_id(keys[j])], max, inv_t, cutoff));
+    const ds_u128 need = p->top_p < 1.0f ? ds_top_p_need(p->top_p, total) : total + 1;
+    ds_u128 before = 0, kept_mass = 0;
+    for (int64_t j = 0; j < c && before < need; j++) {
+        const uint64_t m = ds_mass(ds_weight(x[ds_key_id(keys[j])], max, inv_t, cutoff));
+        kept[ds_key_id(keys[j])] = true;
+        before += m;
+        kept_mass += m;
+    }
+    const ds_u128 t = ds_draw_target(u, kept_mass);
+    ds_u128 acc = 0;
+    int32_t tok = -1;
+    for (int64_t i = 0; i < n && tok < 0; i++)
+        if (kept[i] && (acc += ds_mass(ds_weight(x[i], max, inv_t, cutoff))) > t) tok = (int32_t)i;
+    free(keys);
+    free(kept);
+    return tok;
+}
+
+/* The sampler's top_k / top_p tokens are the definition's, over peaked, flat and tied rows
+ * (equal logits across the cuts), small and large k (heap and quickselect), and top_p with
+ * and without top_k (bucketed nucleus and sorted list). */
+TEST(filtered_draw_matches_definition) {
+    static const struct {
+        float t, top_p, min_p;
+        int32_t k;
+    } cases[] = {
+        {1.0f, 0.9f, 0.0f, -1},  {0.7f, 0.5f, 0.0f, -1},   {1.0f, 1.0f, 0.0f, 50},
+        {0.8f, 0.95f, 0.0f, 40}, {1.0f, 0.8f, 0.05f, 100}, {1.3f, 0.99f, 0.0f, 3000},
+        {1.0f, 0.3f, 0.01f, 7},  {2.0f, 1e-3f, 0.0f, -1},  {0.5f, 1.0f, 0.0f, 1},
+    };
+    const int64_t n = 20000;
+    float *x = malloc((size_t)n * sizeof *x);
+    int checked = 0;
+    for (int row = 0; row < 4; row++) {
+        random_row(x, n, row == 1 ? 0.05 : 4.0); /* row 1: nearly flat */
+        if (row == 2)                            /* peaked */
+            for (int i = 0; i < 50; i++)
+                x[(int64_t)(rnd01() * (double)n)] += 9.0f;
+        if (row == 3) /* ties: logits on a coarse grid, many equal at every cut */
+            for (int64_t i = 0; i < n; i++)
+                x[i] = roundf(x[i] * 2.0f) / 2.0f;
+        for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+            di_sampling_params p = params(cases[c].t, cases[c].k, cases[c].top_p, cases[c].min_p);
+            di_sample_input in = input(x, n, 11 + (int64_t)c);
+            for (int pos = 0; pos < 40; pos++) {
+                in.position = pos;
+                di_sample_result r;
+                CHECK_EQ_INT(di_sampler_sample(&p, &in, scratch_for(n), &r), DI_OK);
+                const double u = di_philox_uniform(in.seed, 0, pos, 0);
+                const int32_t want = defined_draw(&p, x, n, u);
+                CHECK_MSG(r.token == want, "row %d case %zu pos %d: sampler %d, definition %d", row,
+                          c, pos, r.token, want);
+                checked++;
+            }
+        }
+    }
+    printf("  %d draws checked\n", checked);
+    free(x);
+}
+
+/* The exact helpers' edge cases: top_p's need is the ceiling of an exact product, even for
+ * the smallest top_p; the draw's target stays below the total for u just below 1. */
+TEST(mass_helpers) {
+    const ds_u128 total = ((ds_u128)1 << 70) + 12345;
+    CHECK(ds_top_p_need(1.0f, total) == total);
+    CHECK(ds_top_p_need(0.5f, total) == (total + 1) / 2);
+    CHECK(ds_top_p_need(0.25f, (ds_u128)4) == 1 && ds_top_p_need(0.25f, (ds_u128)5) == 2);
+    CHECK(ds_top_p_need(1e-45f, total) == 1); /* the smallest subnormal: keeps the best token */
+    CHECK(ds_mass(1.0f) == (uint64_t)1 << 52 && ds_mass(0.0f) == 0 && ds_mass(0x1p-53f) == 0);
+    const double u_max = 9007199254740991.0 / 9007199254740992.0;
+    CHECK(ds_draw_target(u_max, total) < total && ds_draw_target(0.0, total) == 0);
+    CHECK(ds_rank_key(2.0f, 5) < ds_rank_key(1.0f, 0) &&
+          ds_rank_key(1.0f, 3) < ds_rank_key(1.0f, 4));
+    CHECK(ds_rank_key(-1.0f, 0) < ds_rank_key(-2.0f, 0));
+}
+
 int main(void) {
     RUN(probs_match_reference);
     RUN(probs_match_reference_big_vocab);
@@ -344,5 +453,7 @@ int main(void) {
     RUN(chi_square_small_vocab);
     RUN(chi_square_larger_vocab);
     RUN(draws_independent_of_call_order);
+    RUN(filtered_draw_matches_definition);
+    RUN(mass_helpers);
     return test_summary();
 }

@@ -241,41 +241,39 @@ static void cpu_v4_swiglu(void *ctx, const float *gate, const float *up, int64_t
 }
 
 /* The device-side token ops (backend.h: argmax_rows, sample_rows) on the host, for runners
- * that treat this backend's memory as separate (tests): the sampler's scan, and the draw of
- * sample_full_row.h. Rows of more than 1024 blocks (262144 ids) give -1: the caller then
- * samples them from the rows. */
-#define CPU_DRAW_MAX_BLOCKS 1024
-
-static int32_t cpu_row_token(const float *x, int64_t V, const di_sample_row *r) {
-    bool bad;
-    int64_t first;
-    const float max = di_sample_kernels_active()->scan(x, V, &bad, &first);
-    if (bad || max == -INFINITY) return -1;
-    if (!r || r->temperature < DI_SAMPLING_GREEDY_EPS) return (int32_t)first;
-    const int64_t nb = (V + DI_SAMPLE_BLOCK - 1) / DI_SAMPLE_BLOCK;
-    if (nb > CPU_DRAW_MAX_BLOCKS) return -1;
-    double bsum[CPU_DRAW_MAX_BLOCKS], total = 0.0;
-    const float inv_t = 1.0f / r->temperature;
-    for (int64_t b = 0; b < nb; b++) {
-        const int64_t b0 = b * DI_SAMPLE_BLOCK;
-        bsum[b] = ds_block_sum(x, b0, DI_MIN(b0 + DI_SAMPLE_BLOCK, V), x[first], inv_t, -FLT_MAX);
-        total += bsum[b];
-    }
-    const double u = ds_philox_uniform(r->seed, r->sample_index, r->position, 0);
-    return ds_draw_full_row(x, V, x[first], inv_t, -FLT_MAX, bsum, u * total);
-}
-
+ * that treat this backend's memory as separate (tests): the sampler's scan, and the sampler
+ * itself with each row's parameters. */
 static void cpu_argmax_rows(void *ctx, const float *x, int64_t n, int64_t V, int32_t *out) {
     (void)ctx;
-    for (int64_t t = 0; t < n; t++)
-        out[t] = cpu_row_token(x + t * V, V, NULL);
+    for (int64_t t = 0; t < n; t++) {
+        bool bad;
+        int64_t first;
+        const float max = di_sample_kernels_active()->scan(x + t * V, V, &bad, &first);
+        out[t] = bad || max == -INFINITY ? -1 : (int32_t)first;
+    }
 }
 
 static void cpu_sample_rows(void *ctx, const float *x, int64_t n, int64_t V,
                             const di_sample_row *rows, int32_t *out) {
     (void)ctx;
-    for (int64_t t = 0; t < n; t++)
-        out[t] = cpu_row_token(x + t * V, V, &rows[t]);
+    void *scratch = di_malloc(di_sampler_scratch_size(V));
+    for (int64_t t = 0; t < n; t++) {
+        const di_sample_row *r = &rows[t];
+        di_sampling_params p = di_sampling_default_params();
+        p.temperature = r->temperature;
+        p.top_k = r->top_k;
+        p.top_p = r->top_p;
+        p.min_p = r->min_p;
+        const di_sample_input in = {.logits = x + t * V,
+                                    .vocab = V,
+                                    .eos_token_id = -1,
+                                    .seed = r->seed,
+                                    .sample_index = r->sample_index,
+                                    .position = r->position};
+        di_sample_result res;
+        out[t] = scratch && di_sampler_sample(&p, &in, scratch, &res) == DI_OK ? res.token : -1;
+    }
+    di_free(scratch);
 }
 
 static void cpu_free(void *ctx) {

@@ -37,6 +37,8 @@ typedef struct cuda_backend {
     bool side_open;             /* forked since the last join */
     float *attn_partial;        /* owned: split-KV chunk states, attn_partial_floats floats */
     int *attn_counters;         /* owned: split arrivals, DI_CUDA_ATTN_COUNTERS ints (zeroed) */
+    di_cuda_am_part *am_part;   /* owned: argmax slices, DI_CUDA_AM_ROWS x DI_CUDA_AM_SLICES */
+    int *am_counters;           /* owned: their arrivals, DI_CUDA_AM_ROWS ints (zeroed) */
     float *hc_mix;              /* owned: V4 mHC mixing rows, DI_CUDA_HC_MIX_FLOATS floats */
     int attn_heads;             /* heads per attention block: 0 (by shape), 2 or 8 */
     int64_t attn_partial_floats;
@@ -223,7 +225,7 @@ static void cuda_rope(void *ctx, const di_rope_op_params *p) {
 
 static void cuda_argmax_rows(void *ctx, const float *x, int64_t n, int64_t V, int32_t *out) {
     cuda_backend *be = (cuda_backend *)ctx;
-    note(be, di_cuda_launch_argmax(x, n, V, out, be->stream));
+    note(be, di_cuda_launch_argmax(x, n, V, out, be->am_part, be->am_counters, be->stream));
 }
 
 static void cuda_sample_rows(void *ctx, const float *x, int64_t n, int64_t V,
@@ -637,6 +639,8 @@ static void cuda_free_ctx(void *ctx) {
     if (be->side) cudaStreamSynchronize(be->side);
     cudaFree(be->attn_partial);
     cudaFree(be->attn_counters);
+    cudaFree(be->am_part);
+    cudaFree(be->am_counters);
     cudaFree(be->hc_mix);
     if (be->main) cudaStreamDestroy(be->main);
     if (be->side) cudaStreamDestroy(be->side);
@@ -763,7 +767,7 @@ static di_backend_ops make_ops(void) {
 
 static const di_backend_ops g_cuda_ops = make_ops();
 
-/* The same with sample_rows (the device draw of unfiltered rows): the default; a backend
+/* The same with sample_rows (the device draw: cuda_sample.cu): the default; a backend
  * created with DI_CUDA_SAMPLE=0 leaves it out, and such rows come down to the host sampler
  * (the same tokens: test_cuda_model compares the two). */
 static di_backend_ops make_ops_sample(void) {
@@ -922,6 +926,12 @@ extern "C" di_status di_backend_cuda_init(di_backend *out, int device, int64_t m
         (err = cudaMalloc((void **)&be->attn_counters, DI_CUDA_ATTN_COUNTERS * sizeof(int))) !=
             cudaSuccess ||
         (err = cudaMalloc((void **)&be->hc_mix, DI_CUDA_HC_MIX_FLOATS * sizeof(float))) !=
+            cudaSuccess ||
+        (err = cudaMalloc((void **)&be->am_part, DI_CUDA_AM_ROWS * DI_CUDA_AM_SLICES *
+                                                     sizeof(di_cuda_am_part))) != cudaSuccess ||
+        (err = cudaMalloc((void **)&be->am_counters, DI_CUDA_AM_ROWS * sizeof(int))) !=
+            cudaSuccess ||
+        (err = cudaMemsetAsync(be->am_counters, 0, DI_CUDA_AM_ROWS * sizeof(int), be->main)) !=
             cudaSuccess ||
         (err = cudaMemsetAsync(be->attn_counters, 0, DI_CUDA_ATTN_COUNTERS * sizeof(int),
                                be->main)) != cudaSuccess ||

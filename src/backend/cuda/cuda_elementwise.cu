@@ -329,8 +329,54 @@ __global__ void __launch_bounds__(AM_THREADS)
     if (threadIdx.x == 0) out[blockIdx.x] = r.bad || r.first < 0 ? -1 : (int32_t)r.first;
 }
 
+/* A few rows (a decode step of a few sequences): one block per row left most of the device
+ * idle while it read the row (102,400 logits in 18 us on the H200: NOTES.md, fifteenth round).
+ * Here DI_CUDA_AM_SLICES blocks per row each take a slice, leave their (max, first index, bad)
+ * in `part`, and the last to arrive (the attention's threadFenceReduction pattern) combines
+ * them. The maximum with the lowest index and "any NaN or +inf" do not depend on the order
+ * in which the slices are combined: the same token as argmax_kernel. */
+#define AM_SLICE_THREADS 256
+
+__global__ void __launch_bounds__(AM_SLICE_THREADS)
+    argmax_slices_kernel(const float *x, int64_t V, int32_t *out, di_cuda_am_part *part,
+                         int *counters) {
+    pdl_wait(); /* programmatic dependent launch: cuda_internal.cuh */
+    pdl_trigger();
+    const int64_t row = blockIdx.y, S = gridDim.x;
+    /* slice s: ids [lo, hi), multiples of 4 (whole float4 loads for an aligned row) */
+    const int64_t q = (V + 3) / 4, lo = min(4 * (q * blockIdx.x / S), V),
+                  hi = min(4 * (q * (blockIdx.x + 1) / S), V);
+    di_cuda_row_max r = di_cuda_block_row_max<AM_SLICE_THREADS>(x + row * V + lo, hi - lo);
+    __shared__ bool last_block;
+    if (threadIdx.x == 0) {
+        part[row * S + blockIdx.x] = {r.max, r.first < 0 ? -1 : lo + r.first, r.bad};
+        __threadfence();
+        last_block = atomicAdd(&counters[row], 1) == (int)S - 1;
+        if (last_block) {
+            counters[row] = 0; /* for the next launch */
+            __threadfence();   /* the others' slices before this block's reads */
+        }
+    }
+    __syncthreads();
+    if (!last_block || threadIdx.x != 0) return;
+    const volatile di_cuda_am_part *pr = part + row * S;
+    float bv = -INFINITY;
+    int64_t bi = -1;
+    bool bad = false;
+    for (int64_t s = 0; s < S; s++) {
+        const float v = pr[s].max;
+        const int64_t i = pr[s].first;
+        bad |= pr[s].bad;
+        if (i >= 0 && row_max_ahead(v, i, bv, bi)) bv = v, bi = i;
+    }
+    out[row] = bad || bi < 0 ? -1 : (int32_t)bi;
+}
+
 cudaError_t di_cuda_launch_argmax(const float *x, int64_t n, int64_t V, int32_t *out,
-                                  cudaStream_t stream) {
+                                  di_cuda_am_part *part, int *counters, cudaStream_t stream) {
     if (n <= 0 || V <= 0) return cudaSuccess;
+    if (part && counters && n <= DI_CUDA_AM_ROWS && V >= DI_CUDA_AM_MIN_V)
+        return di_cuda_launch(argmax_slices_kernel, dim3(DI_CUDA_AM_SLICES, (unsigned)n),
+                              AM_SLICE_THREADS, 0, stream, x, V, out, part, counters);
     return di_cuda_launch(argmax_kernel, (unsigned)n, AM_THREADS, 0, stream, x, V, out);
 }

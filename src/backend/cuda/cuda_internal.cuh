@@ -383,9 +383,19 @@ static __device__ __forceinline__ di_cuda_row_max di_cuda_block_row_max(const fl
 }
 
 /* Greedy decoding (backend.h's argmax_rows): out[t] = first index of row t's maximum, or -1
- * for a row with a NaN, +inf or only -inf. */
+ * for a row with a NaN, +inf or only -inf. Up to DI_CUDA_AM_ROWS rows of at least
+ * DI_CUDA_AM_MIN_V ids take DI_CUDA_AM_SLICES blocks each, given `part` (that many slices
+ * per row) and `counters` (DI_CUDA_AM_ROWS ints, zero, left zero); else one block per row. */
+#define DI_CUDA_AM_ROWS   16
+#define DI_CUDA_AM_SLICES 32
+#define DI_CUDA_AM_MIN_V  8192
+struct di_cuda_am_part {
+    float max;
+    int64_t first;
+    bool bad;
+};
 cudaError_t di_cuda_launch_argmax(const float *x, int64_t n, int64_t V, int32_t *out,
-                                  cudaStream_t stream);
+                                  di_cuda_am_part *part, int *counters, cudaStream_t stream);
 /* Seeded sampling, temperature only (backend.h's sample_rows; cuda_sample.cu), and the count
  * of its launches (di_backend_cuda_sample_launches). */
 extern int64_t di_cuda_sample_launches;
