@@ -29,15 +29,22 @@
 
 typedef unsigned __int128 ds_u128; /* GCC, clang and nvcc on 64-bit hosts */
 
-/* The largest vocabulary the filtered draw takes: its masses (below 2^52 each) sum to less
- * than 2^72, so the draw's product of 53 random bits and the total fits 128 bits. */
-#define DI_SAMPLE_MASS_MAX_VOCAB (1 << 20)
+/* The largest vocabulary the filtered draw takes: its masses (at most 2^52 each) sum to at
+ * most 2^75, so the draw's product of 53 random bits and the total fits 128 bits. */
+#define DI_SAMPLE_MASS_MAX_VOCAB (1 << 23)
+
+/* The largest vocabulary whose rows a device draws (backend.h's sample_rows; the CUDA kernel's
+ * shared memory holds the block sums of 2^20 ids): di_sampler_device_draw is false above. */
+#define DI_SAMPLE_DEVICE_MAX_VOCAB (1 << 20)
 
 #define DS_MASS_SCALE 4503599627370496.0f /* 2^52 */
 
-/* A float's bits as a uint32 that orders like the float (NaN excluded by the callers). */
+/* A float's bits as a uint32 that orders like the float (NaN excluded by the callers); -0
+ * as +0, since every comparison of the sampler (top_k's heap, the argmax) holds them equal:
+ * tied logits, ranked by id. */
 DS_HD uint32_t ds_float_order(float x) {
-    const uint32_t b = ds_float_bits(x);
+    uint32_t b = ds_float_bits(x);
+    if (b == 0x80000000u) b = 0;
     return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
 
@@ -60,8 +67,8 @@ DS_HD uint64_t ds_mass(float w) {
 #endif
 }
 
-/* need = ceil(top_p x total) exactly, top_p in (0, 1] a float m 2^-s (m < 2^24, total <
- * 2^72: m x total fits 128 bits). */
+/* need = ceil(top_p x total) exactly, top_p in (0, 1] a float m 2^-s (m < 2^24, total <=
+ * 2^75: m x total fits 128 bits). */
 DS_HD ds_u128 ds_top_p_need(float top_p, ds_u128 total) {
     const uint32_t b = ds_float_bits(top_p), e = (b >> 23) & 0xffu;
     const uint64_t m = e ? (b & 0x7fffffu) | 0x800000u : (b & 0x7fffffu);
@@ -73,7 +80,7 @@ DS_HD ds_u128 ds_top_p_need(float top_p, ds_u128 total) {
 }
 
 /* The draw's target floor(u x total) for u = b / 2^53 (di_philox_uniform's exact form):
- * b < 2^53 and total < 2^72, so b x total fits 128 bits. */
+ * b < 2^53 and total <= 2^75, so b x total fits 128 bits. */
 DS_HD ds_u128 ds_draw_target(double u, ds_u128 total) {
 #if defined(__CUDA_ARCH__)
     const uint64_t bits = __double2ull_rz(__dmul_rn(u, 9007199254740992.0));

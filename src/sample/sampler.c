@@ -232,9 +232,7 @@ static di_status prepare(const di_sampling_params *p, const di_sample_input *in,
 }
 
 bool di_sampler_device_draw(const di_sampling_params *p, const di_sample_input *in) {
-    if (!p || !in || in->vocab <= 0 || in->vocab > INT32_MAX) return false;
-    if (!is_greedy(p) && filtered(p, in->vocab) && in->vocab > DI_SAMPLE_MASS_MAX_VOCAB)
-        return false;
+    if (!p || !in || in->vocab <= 0 || in->vocab > DI_SAMPLE_DEVICE_MAX_VOCAB) return false;
     return p->logprobs < 0 && !processing_needed(p, in) && ids_valid(p, in);
 }
 

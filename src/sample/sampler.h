@@ -75,9 +75,9 @@ di_status di_sampler_sample(const di_sampling_params *params, const di_sample_in
 /* Whether di_sampler_sample's token for this input is one a device can find from its own
  * copy of the row: greedy (the first index of the row's maximum), the full-row draw of
  * sample_full_row.h (temperature, min_p) or the filtered draw of sample_mass.h (top_k,
- * top_p) -- with no logit processor active, no logprobs wanted and the ids valid. The device
- * then also checks the row for NaN and +inf (and a row of -inf only), which are errors
- * here. in->logits is not read. */
+ * top_p) -- with no logit processor active, no logprobs wanted, the ids valid and a vocabulary
+ * of at most DI_SAMPLE_DEVICE_MAX_VOCAB. The device then also checks the row for NaN and +inf
+ * (and a row of -inf only), which are errors here. in->logits is not read. */
 bool di_sampler_device_draw(const di_sampling_params *params, const di_sample_input *in);
 
 /* Raw logprobs of a given token (prompt logprobs): out->logprob of `token` and the n_top

@@ -1708,8 +1708,9 @@ TEST(argmax_rows) {
 /* sample_rows: the CPU sampler's token on every valid row, over temperatures (greedy at 0),
  * min_p, top_k and top_p (the full-row and the filtered draw), seeds, sample indices and
  * positions; -1 for the rows the sampler rejects. Rows: random (scales 3 and 12), nearly
- * flat (top_p keeps most of the vocabulary), peaked (a few tokens hold the mass) and on a
- * coarse grid (equal logits at every cut: the ranking's ties by id). */
+ * flat (top_p keeps most of the vocabulary), peaked (a few tokens hold the mass), on a coarse
+ * grid (equal logits at every cut: the ranking's ties by id) and with -0 and +0 tied at the
+ * top; each shape meets several of the filters (row t takes filter (t + t / 12) % 12). */
 TEST(sample_rows) {
     if (!g_have_gpu) SKIP("no CUDA device");
     const int64_t vocabs[] = {1, 7, 1000, 4099, 129280};
@@ -1741,11 +1742,18 @@ TEST(sample_rows) {
             if (t % 12 == 4) /* ties */
                 for (int64_t i = 0; i < V; i++)
                     row[i] = roundf(row[i]);
+            if (t % 12 == 6) { /* -0 and +0 tied at the top */
+                for (int64_t i = 0; i < V; i++)
+                    row[i] = -fabsf(row[i]) - 0.5f;
+                for (int i = 0; i < 4; i++)
+                    row[rnd_int(0, V - 1)] = i % 2 ? 0.0f : -0.0f;
+            }
             di_sampling_params sp = di_sampling_default_params();
             sp.temperature = t % 8 == 0 ? 0.0f : 0.2f + 0.1f * (float)(t % 9);
-            sp.top_k = filters[t % DI_ARRAY_LEN(filters)].k;
-            sp.top_p = filters[t % DI_ARRAY_LEN(filters)].top_p;
-            sp.min_p = filters[t % DI_ARRAY_LEN(filters)].min_p;
+            const size_t f = (size_t)(t + t / 12) % DI_ARRAY_LEN(filters);
+            sp.top_k = filters[f].k;
+            sp.top_p = filters[f].top_p;
+            sp.min_p = filters[f].min_p;
             rows[t] = di_sample_row_of(&sp, 1000 + 7 * t, (int32_t)(t % 3), 5 + 11 * t);
             filtered +=
                 sp.temperature > 0.0f && ((sp.top_k > 0 && sp.top_k < V) || sp.top_p < 1.0f);

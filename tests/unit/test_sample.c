@@ -336,7 +336,7 @@ TEST(greedy_plain) {
 }
 
 /* di_sampler_device_draw: greedy, or any draw (temperature, top_k, top_p, min_p) with no
- * processor and no logprobs; filtered draws only up to DI_SAMPLE_MASS_MAX_VOCAB ids. */
+ * processor and no logprobs, over at most DI_SAMPLE_DEVICE_MAX_VOCAB ids. */
 TEST(device_draw) {
     static float x[3000];
     const int32_t ids[2] = {0, 5}, cnt[2] = {0, 1};
@@ -363,9 +363,9 @@ TEST(device_draw) {
         const bool u = di_sampler_device_draw(&cases[i].p, &in);
         CHECK_MSG(u == cases[i].want, "case %d", i);
     }
-    /* a vocabulary past the masses' range: top_p is the host's (an error there too) */
-    in.vocab = (int64_t)DI_SAMPLE_MASS_MAX_VOCAB + 1;
-    CHECK(di_sampler_device_draw(&t, &in) && !di_sampler_device_draw(&cases[4].p, &in));
+    /* a vocabulary past what a device draws: every row is the host's */
+    in.vocab = (int64_t)DI_SAMPLE_DEVICE_MAX_VOCAB + 1;
+    CHECK(!di_sampler_device_draw(&t, &in) && !di_sampler_device_draw(&cases[1].p, &in));
 }
 
 /* sample_full_row.h (the draw a GPU runs without the row leaving it) against the sampler:

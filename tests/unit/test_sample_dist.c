@@ -389,8 +389,10 @@ static int32_t defined_draw(const di_sampling_params *p, const float *x, int64_t
 }
 
 /* The sampler's top_k / top_p tokens are the definition's, over peaked, flat and tied rows
- * (equal logits across the cuts), small and large k (heap and quickselect), and top_p with
- * and without top_k (bucketed nucleus and sorted list). */
+ * (equal logits across the cuts), -0 and +0 tied at the top, banned (-inf) tokens, tokens of
+ * zero mass (a logit 60 below the maximum) and candidates fewer than top_k; small and large
+ * k (heap and quickselect), top_p with and without top_k (bucketed nucleus and sorted list),
+ * min_p up to 1, and vocabularies of 20000 and 777 ids. */
 TEST(filtered_draw_matches_definition) {
     static const struct {
         float t, top_p, min_p;
@@ -399,11 +401,12 @@ TEST(filtered_draw_matches_definition) {
         {1.0f, 0.9f, 0.0f, -1},  {0.7f, 0.5f, 0.0f, -1},   {1.0f, 1.0f, 0.0f, 50},
         {0.8f, 0.95f, 0.0f, 40}, {1.0f, 0.8f, 0.05f, 100}, {1.3f, 0.99f, 0.0f, 3000},
         {1.0f, 0.3f, 0.01f, 7},  {2.0f, 1e-3f, 0.0f, -1},  {0.5f, 1.0f, 0.0f, 1},
+        {1.0f, 0.9f, 1.0f, 5},   {0.9f, 1.0f, 0.0f, 2},    {1.0f, 0.99999994f, 0.0f, -1},
     };
-    const int64_t n = 20000;
-    float *x = malloc((size_t)n * sizeof *x);
+    float *x = malloc((size_t)20000 * sizeof *x);
     int checked = 0;
-    for (int row = 0; row < 4; row++) {
+    for (int row = 0; row < 7; row++) {
+        const int64_t n = row == 6 ? 777 : 20000;
         random_row(x, n, row == 1 ? 0.05 : 4.0); /* row 1: nearly flat */
         if (row == 2)                            /* peaked */
             for (int i = 0; i < 50; i++)
@@ -411,6 +414,15 @@ TEST(filtered_draw_matches_definition) {
         if (row == 3) /* ties: logits on a coarse grid, many equal at every cut */
             for (int64_t i = 0; i < n; i++)
                 x[i] = roundf(x[i] * 2.0f) / 2.0f;
+        if (row == 4) { /* -0 and +0 tied at the top, the rest below */
+            for (int64_t i = 0; i < n; i++)
+                x[i] = -fabsf(x[i]) - 0.5f;
+            for (int i = 0; i < 6; i++)
+                x[(int64_t)(rnd01() * (double)n)] = i % 2 ? 0.0f : -0.0f;
+        }
+        if (row == 5) /* banned tokens, tokens of zero mass; fewer candidates than some k */
+            for (int64_t i = 0; i < n; i++)
+                x[i] = i % 7 == 0 ? x[i] : i % 7 == 1 ? x[i] - 60.0f : -INFINITY;
         for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
             di_sampling_params p = params(cases[c].t, cases[c].k, cases[c].top_p, cases[c].min_p);
             di_sample_input in = input(x, n, 11 + (int64_t)c);

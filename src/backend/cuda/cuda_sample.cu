@@ -223,10 +223,14 @@ static __device__ uint64_t radix_select(const float *x, int64_t V, float max, fl
                     s_found = key;
             }
             __syncthreads();
-            return s_found;
+            const uint64_t found = s_found;
+            __syncthreads(); /* read by all before a later call could reset it */
+            return found;
         }
     }
-    return s_prefix;
+    const uint64_t prefix = s_prefix;
+    __syncthreads();
+    return prefix;
 }
 
 /* The filtered draw of one row (the block's): sample_mass.h's definition. */
@@ -279,7 +283,9 @@ static __device__ int32_t filtered_draw(const float *x, int64_t V, float max, fl
         }
     }
     __syncthreads();
-    return s_tok;
+    const int32_t tok = s_tok;
+    __syncthreads(); /* read by all before a later call could reset it */
+    return tok;
 }
 
 __global__ void __launch_bounds__(SR_THREADS)
@@ -335,9 +341,9 @@ cudaError_t di_cuda_launch_sample_rows(const float *x, int64_t n, int64_t V,
     size_t smem = (size_t)((V + DI_SAMPLE_BLOCK - 1) / DI_SAMPLE_BLOCK) * sizeof(double);
     smem = smem > SR_HIST_BYTES ? smem : SR_HIST_BYTES;
     /* 48 KiB of shared memory without opting in, less the kernel's own (under 12 KiB):
-     * vocabularies up to DI_SAMPLE_MASS_MAX_VOCAB (32 KiB of block sums); larger ones give
-     * -1 (the host sampler's rows) */
-    if (smem > 36 * 1024 || V > DI_SAMPLE_MASS_MAX_VOCAB)
+     * vocabularies up to DI_SAMPLE_DEVICE_MAX_VOCAB (32 KiB of block sums; the engine sends
+     * none larger: di_sampler_device_draw); larger ones give -1 (the host sampler's rows) */
+    if (smem > 36 * 1024 || V > DI_SAMPLE_DEVICE_MAX_VOCAB)
         return cudaMemsetAsync(out, 0xff, (size_t)n * sizeof *out, stream);
     di_cuda_sample_launches++;
     return di_cuda_launch(sample_rows_kernel, (unsigned)n, SR_THREADS, smem, stream, x, V, rows,
