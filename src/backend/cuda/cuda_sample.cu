@@ -95,7 +95,7 @@ static __device__ ds_u128 block_scan_u128(ds_u128 v, ds_u128 *all) {
     return before + inc - v;
 }
 
-/* Token i's weight and whether it is a candidate (at or above min_p's cutoff). */
+/* A token's integer mass (sample_mass.h): 0 below min_p's cutoff. */
 static __device__ __forceinline__ uint64_t sr_mass(float x, float max, float inv_t, float cutoff) {
     return ds_mass(ds_weight(x, max, inv_t, cutoff));
 }
