@@ -74,8 +74,7 @@ static int run_engine(const bench_opts *o, di_model *model, const di_model_info 
     ep.n_threads = (int32_t)o->threads;
     if (o->max_running) ep.max_running = (int32_t)o->max_running;
     if (o->max_batch_tokens) ep.max_batch_tokens = o->max_batch_tokens;
-    if (o->max_prefill_tokens) ep.max_prefill_tokens = o->max_prefill_tokens;
-    if (ep.max_prefill_tokens > ep.max_batch_tokens) ep.max_prefill_tokens = ep.max_batch_tokens;
+    if (o->max_prefill_tokens) ep.max_prefill_tokens = o->max_prefill_tokens; /* engine caps it */
     ep.enable_prefix_cache = !o->no_prefix_cache;
     ep.batch_invariant = !o->no_batch_invariant;
     ep.overlap = o->overlap;

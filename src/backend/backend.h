@@ -273,6 +273,17 @@ static inline di_sample_row di_sample_row_of(const di_sampling_params *sp, int64
     return r;
 }
 
+/* The sampling parameters a row carries (the rest the defaults): the host sampler's view of
+ * it, for backends that draw on the host and for tests. */
+static inline di_sampling_params di_sample_row_params(const di_sample_row *r) {
+    di_sampling_params p = di_sampling_default_params();
+    p.temperature = r->temperature;
+    p.top_k = r->top_k;
+    p.top_p = r->top_p;
+    p.min_p = r->min_p;
+    return p;
+}
+
 typedef struct di_backend_ops {
     const char *name;
 

@@ -794,10 +794,10 @@ static bool all_greedy(const ds_state *s, const di_backend *be, int64_t n, const
 /* Will a decode step's rows be drawn on the device (every row device_draw, not every row
  * greedy, the backend draws)? */
 static bool all_drawn(const ds_state *s, const di_backend *be, int64_t n, const int32_t *tokens) {
-    bool unf = tokens && be->ops->sample_rows && !all_greedy(s, be, n, tokens);
-    for (int64_t g = 0; unf && g < n; g++)
-        unf = s->segs[g].seq->device_draw;
-    return unf;
+    bool drawn = tokens && be->ops->sample_rows && !all_greedy(s, be, n, tokens);
+    for (int64_t g = 0; drawn && g < n; g++)
+        drawn = s->segs[g].seq->device_draw;
+    return drawn;
 }
 
 /* Before a decode step's forward: when its rows will be drawn on the device, their

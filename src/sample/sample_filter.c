@@ -313,7 +313,6 @@ static void finish_list(const uint64_t *keys, int64_t c, int64_t n, const di_fil
     out->n = c;
     out->block_sum = NULL;
     out->mass_total = total;
-    out->total = ds_u128_double(total);
 }
 
 /* top_k, then top_p on what it kept. */

@@ -33,8 +33,8 @@ typedef struct di_sample_dist {
     int64_t n;
     const float *w;          /* [vocab]; NULL when ids is: recomputed a block at a time */
     const double *block_sum; /* when ids is NULL: [ceil(n / DI_SAMPLE_BLOCK)] block sums */
-    double total;            /* the kept weights' sum: block order; a list's mass_total */
-    ds_u128 mass_total; /* a list's: the kept ids' integer masses, exactly */
+    double total;            /* a full row's: the kept weights' sum, block order */
+    ds_u128 mass_total;      /* a list's: the kept ids' integer masses, exactly */
     const float *x;          /* the row and the weights' parameters, to recompute them */
     float max, inv_t, cutoff;
 } di_sample_dist;

@@ -1764,11 +1764,7 @@ TEST(sample_rows) {
         g_be.ops->sample_rows(g_be.ctx, dx, n, V, drows, dout);
         int32_t *got = host_ints(dout, n);
         for (int64_t t = 0; t < n; t++) {
-            di_sampling_params sp = di_sampling_default_params();
-            sp.temperature = rows[t].temperature;
-            sp.top_k = rows[t].top_k;
-            sp.top_p = rows[t].top_p;
-            sp.min_p = rows[t].min_p;
+            const di_sampling_params sp = di_sample_row_params(&rows[t]);
             di_sample_input in = {.logits = x + t * V,
                                   .vocab = V,
                                   .eos_token_id = -1,

@@ -351,8 +351,9 @@ static int by_key(const void *a, const void *b) {
 /* sample_mass.h's definition, by brute force: every token ranked by a full sort, the first
  * top_k of those at or above min_p's cutoff, then while the integer mass before a token is
  * below ceil(top_p x their mass), then the first kept id (increasing) whose running mass
- * passes floor(u x the kept mass). Shares only the weight (ds_weight) and the key with the
- * sampler; none of its heap, quickselect, buckets or radix sort. */
+ * passes floor(u x the kept mass). Shares with the sampler only the weight (ds_weight) and
+ * sample_mass.h's helpers (their edge cases: mass_helpers), none of its heap, quickselect,
+ * buckets or radix sort. */
 static int32_t defined_draw(const di_sampling_params *p, const float *x, int64_t n, double u) {
     float max = -INFINITY;
     for (int64_t i = 0; i < n; i++)

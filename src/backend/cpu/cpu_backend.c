@@ -259,11 +259,7 @@ static void cpu_sample_rows(void *ctx, const float *x, int64_t n, int64_t V,
     void *scratch = di_malloc(di_sampler_scratch_size(V));
     for (int64_t t = 0; t < n; t++) {
         const di_sample_row *r = &rows[t];
-        di_sampling_params p = di_sampling_default_params();
-        p.temperature = r->temperature;
-        p.top_k = r->top_k;
-        p.top_p = r->top_p;
-        p.min_p = r->min_p;
+        const di_sampling_params p = di_sample_row_params(r);
         const di_sample_input in = {.logits = x + t * V,
                                     .vocab = V,
                                     .eos_token_id = -1,

@@ -396,8 +396,8 @@ struct di_cuda_am_part {
 };
 cudaError_t di_cuda_launch_argmax(const float *x, int64_t n, int64_t V, int32_t *out,
                                   di_cuda_am_part *part, int *counters, cudaStream_t stream);
-/* Seeded sampling, temperature only (backend.h's sample_rows; cuda_sample.cu), and the count
- * of its launches (di_backend_cuda_sample_launches). */
+/* Seeded sampling: temperature, min_p, top_k, top_p (backend.h's sample_rows; cuda_sample.cu),
+ * and the count of its launches (di_backend_cuda_sample_launches). */
 extern int64_t di_cuda_sample_launches;
 cudaError_t di_cuda_launch_sample_rows(const float *x, int64_t n, int64_t V,
                                        const di_sample_row *rows, int32_t *out,

@@ -100,6 +100,12 @@ static __device__ __forceinline__ uint64_t sr_mass(float x, float max, float inv
     return ds_mass(ds_weight(x, max, inv_t, cutoff));
 }
 
+/* Token i's mass if it is kept (a candidate whose key is at most lim), else 0. */
+static __device__ __forceinline__ uint64_t sr_kept_mass(float x, int64_t i, float max, float inv_t,
+                                                        float cutoff, uint64_t lim) {
+    return x >= cutoff && ds_rank_key(x, (int32_t)i) <= lim ? sr_mass(x, max, inv_t, cutoff) : 0;
+}
+
 /* Adds this lane's token (when `in`) to digit d of sub-histogram sub: the warp's lanes of
  * one digit are added once, by their first lane (a nearly flat row puts most tokens in one
  * digit, and 32 atomics on one address would queue). Every lane of the warp calls it. */
@@ -246,11 +252,8 @@ static __device__ int32_t filtered_draw(const float *x, int64_t V, float max, fl
     }
     if (r.top_p < 1.0f) {
         ds_u128 m = 0;
-        for (int64_t i = threadIdx.x; i < V; i += SR_THREADS) {
-            const float xi = x[i];
-            if (xi >= cutoff && ds_rank_key(xi, (int32_t)i) <= lim)
-                m += sr_mass(xi, max, inv_t, cutoff);
-        }
+        for (int64_t i = threadIdx.x; i < V; i += SR_THREADS)
+            m += sr_kept_mass(x[i], i, max, inv_t, cutoff, lim);
         const ds_u128 need = ds_top_p_need(r.top_p, block_sum_u128(m));
         lim = radix_select<true>(x, V, max, inv_t, cutoff, lim, 0, need, h);
     }
@@ -258,11 +261,8 @@ static __device__ int32_t filtered_draw(const float *x, int64_t V, float max, fl
     const int64_t per = (V + SR_THREADS - 1) / SR_THREADS;
     const int64_t i0 = min((int64_t)threadIdx.x * per, V), i1 = min(i0 + per, V);
     ds_u128 mine = 0;
-    for (int64_t i = i0; i < i1; i++) {
-        const float xi = x[i];
-        if (xi >= cutoff && ds_rank_key(xi, (int32_t)i) <= lim)
-            mine += sr_mass(xi, max, inv_t, cutoff);
-    }
+    for (int64_t i = i0; i < i1; i++)
+        mine += sr_kept_mass(x[i], i, max, inv_t, cutoff, lim);
     ds_u128 total;
     const ds_u128 before = block_scan_u128(mine, &total);
     const ds_u128 target =
@@ -271,16 +271,12 @@ static __device__ int32_t filtered_draw(const float *x, int64_t V, float max, fl
     if (threadIdx.x == 0) s_tok = -1;
     __syncthreads();
     if (before <= target && target < before + mine) { /* one thread: the run that passes it */
-        ds_u128 acc = before;
-        for (int64_t i = i0; i < i1; i++) {
-            const float xi = x[i];
-            if (!(xi >= cutoff) || ds_rank_key(xi, (int32_t)i) > lim) continue;
-            acc += sr_mass(xi, max, inv_t, cutoff);
-            if (acc > target) {
+        ds_u128 acc = before; /* a token of no mass never passes the target */
+        for (int64_t i = i0; i < i1; i++)
+            if ((acc += sr_kept_mass(x[i], i, max, inv_t, cutoff, lim)) > target) {
                 s_tok = (int32_t)i;
                 break;
             }
-        }
     }
     __syncthreads();
     const int32_t tok = s_tok;
