@@ -7,13 +7,17 @@
  *                [--max-running M] [--max-batch-tokens B] [--max-prefill-tokens F]
  *                [--no-prefix-cache] [--seed X]
  *                [--no-batch-invariant] [--overlap] [--device cpu|cuda|cuda:N]
- *                [--temperature T] [--top-p P]
+ *                [--temperature T] [--top-p P] [--warmup]
  *
  * engine:  a closed loop over di_engine: C requests in flight, a new one submitted as soon as
  *          one finishes, N in all. Each prompt is S ids shared by every request (a "system
  *          prompt", for the prefix cache) then P ids of its own; greedy (or sampled with
  *          --temperature / --top-p, seed = the request's index), ignore_eos, G tokens.
  *          --overlap runs the engine's overlap loop (forward on a compute thread).
+ *          --warmup first runs C requests of the same prompt length for 2 tokens, untimed:
+ *          the kernels' first launches and the decode graph of C sequences happen there, as
+ *          a serving engine's happen before its first client (transformers' side of
+ *          bench/gpu_vs_transformers.py runs a warm-up generate too).
  * context: the one-request-at-a-time baseline: di_context prefill, then G - 1 single-token
  *          evals, request after request (what `deepinfer generate` does).
  *
@@ -40,7 +44,7 @@ typedef struct bench_opts {
     const char *model, *mode, *device;
     int64_t concurrency, requests, prompt_len, gen_len, shared_prefix, threads, max_running,
         max_batch_tokens, max_prefill_tokens, seed;
-    bool no_prefix_cache, no_batch_invariant, overlap;
+    bool no_prefix_cache, no_batch_invariant, overlap, warmup;
     double temperature, top_p;
 } bench_opts;
 
@@ -67,6 +71,35 @@ typedef struct step_buckets {
     double *expert_loads; /* the engine's n_expert_loads over those steps (0: not counted) */
     int64_t cap;
 } step_buckets;
+
+/* --warmup: o->concurrency requests of 2 tokens (at most gen_len), run to the end. Their
+ * prompts come from a random stream of their own, so the timed prompts are the ones a run
+ * without a warm-up draws (the shared prefix, if any, stays cached, as in a running server). */
+static int warm_up(di_engine *e, const bench_opts *o, const int32_t *prefix, int64_t vocab,
+                   int32_t *prompt, di_engine_output *outs, int64_t cap) {
+    const uint64_t timed_rng = g_rng;
+    g_rng = ~timed_rng;
+    di_sampling_params sp = di_sampling_default_params();
+    sp.temperature = (float)o->temperature;
+    sp.top_p = (float)o->top_p;
+    sp.ignore_eos = true;
+    sp.max_tokens = o->gen_len < 2 ? o->gen_len : 2;
+    for (int64_t i = 0; i < o->concurrency; i++) {
+        make_prompt(o, prefix, vocab, prompt);
+        sp.seed = o->requests + i; /* seeds the timed requests do not use */
+        di_engine_request q = {.prompt_ids = prompt,
+                               .n_prompt_ids = o->shared_prefix + o->prompt_len,
+                               .sampling = &sp,
+                               .id = (uint64_t)i};
+        if (di_engine_add_request(e, &q) != DI_OK) return 1;
+    }
+    g_rng = timed_rng;
+    while (di_engine_has_unfinished(e)) {
+        int64_t n = 0;
+        if (di_engine_step(e, outs, cap, &n) != DI_OK) return 1;
+    }
+    return 0;
+}
 
 static int run_engine(const bench_opts *o, di_model *model, const di_model_info *info,
                       json_t *out) {
@@ -101,10 +134,14 @@ static int run_engine(const bench_opts *o, di_model *model, const di_model_info 
     sp.ignore_eos = true;
     sp.max_tokens = o->gen_len;
     samples ttft = {0}, itl = {0};
-    int64_t submitted = 0, finished = 0, in_flight = 0, tokens = 0, prev_prompt_tokens = 0;
-    int64_t prev_loads = 0; /* without --overlap a step's delta is that step's forward */
+    int rc = o->warmup ? warm_up(e, o, prefix, info->vocab_size, prompt, outs, cap) : 0;
+    if (rc) fprintf(stderr, "bench_engine: warm-up: %s\n", di_last_error());
+    di_engine_stats st0; /* the warm-up's share of the engine's counters, subtracted below */
+    di_engine_get_stats(e, &st0);
+    int64_t submitted = 0, finished = 0, in_flight = 0, tokens = 0;
+    int64_t prev_prompt_tokens = st0.n_prompt_tokens;
+    int64_t prev_loads = st0.n_expert_loads; /* without --overlap a step's delta is that step's */
     double t0 = now_s();
-    int rc = 0;
     while (finished < o->requests && rc == 0) {
         while (in_flight < o->concurrency && submitted < o->requests) {
             make_prompt(o, prefix, info->vocab_size, prompt);
@@ -160,6 +197,15 @@ static int run_engine(const bench_opts *o, di_model *model, const di_model_info 
     double wall = now_s() - t0;
     di_engine_stats st;
     di_engine_get_stats(e, &st);
+    st.n_steps -= st0.n_steps;
+    st.n_prompt_tokens -= st0.n_prompt_tokens;
+    st.n_generated_tokens -= st0.n_generated_tokens;
+    st.prefix_cache_hit_tokens -= st0.prefix_cache_hit_tokens;
+    st.n_preemptions -= st0.n_preemptions;
+    st.time_schedule_s -= st0.time_schedule_s;
+    st.time_device_s -= st0.time_device_s;
+    st.time_postprocess_s -= st0.time_postprocess_s;
+    st.time_total_s -= st0.time_total_s;
     json_t *steps = json_array();
     for (int64_t b = 1; b < sb.cap; b++)
         if (sb.count[b])
@@ -273,7 +319,7 @@ static int usage(void) {
             "[--requests N] [--prompt-len P] [--gen-len G] [--shared-prefix S] "
             "[--threads T] [--max-running M] [--max-batch-tokens B] [--max-prefill-tokens F] "
             "[--no-prefix-cache] [--seed X] [--no-batch-invariant] [--overlap] "
-            "[--device cpu|cuda|cuda:N] [--temperature T] [--top-p P]\n");
+            "[--device cpu|cuda|cuda:N] [--temperature T] [--top-p P] [--warmup]\n");
     return 2;
 }
 
@@ -304,6 +350,8 @@ int main(int argc, char **argv) {
             o.no_prefix_cache = done = true;
         } else if (!strcmp(argv[i], "--no-batch-invariant")) {
             o.no_batch_invariant = done = true;
+        } else if (!strcmp(argv[i], "--warmup")) {
+            o.warmup = done = true;
         } else if (!strcmp(argv[i], "--overlap")) {
             o.overlap = done = true;
         } else if (i + 1 < argc && !strcmp(argv[i], "--model")) {
@@ -351,6 +399,7 @@ int main(int argc, char **argv) {
                   (json_int_t)o.shared_prefix, "prefix_cache", !o.no_prefix_cache,
                   "batch_invariant", !o.no_batch_invariant, "overlap", o.overlap, "temperature",
                   o.temperature, "top_p", o.top_p);
+    json_object_set_new(out, "warmup", json_boolean(o.warmup && !strcmp(o.mode, "engine")));
     int rc = !strcmp(o.mode, "engine") ? run_engine(&o, model, &info, out)
                                        : run_context(&o, model, &info, out);
     if (rc == 0) {

@@ -147,11 +147,14 @@ def di_generate(args, new_tokens, env=None, extra=()):
 
 def di_engine(args, conc, env=None, extra=()):
     """The engine as `deepinfer batch --device cuda` runs it: the overlap loop on (on a GPU the
-    device loop, the next decode step queued behind the running one)."""
+    device loop, the next decode step queued behind the running one), after an untimed warm-up
+    round of the same shape (--warmup: first kernel launches, the decode graph), as
+    transformers gets its warm-up generate."""
     cmd = [args.bench_engine, "--device", "cuda", "--model", args.model_dir, "--mode", "engine",
            "--concurrency", str(conc), "--requests", str(conc), "--prompt-len", str(args.prompt_len),
            "--gen-len", str(args.gen), "--max-running", str(max(conc, 1)),
-           "--max-batch-tokens", str(max(conc * args.prompt_len, 256)), "--overlap"] + list(extra)
+           "--max-batch-tokens", str(max(conc * args.prompt_len, 256)), "--overlap",
+           "--warmup"] + list(extra)
     out = subprocess.run(cmd, check=True, capture_output=True, text=True,
                          env=dict(os.environ, **(env or {}))).stdout
     return json.loads(out.strip().splitlines()[-1])
@@ -321,6 +324,16 @@ def write_outputs(res, concs, args):
         plot(res, concs, args.plot)
 
 
+def warm_b1(res):
+    """Batch-1 decode tok/s from the 1-concurrent engine run: 1 / its mean decode step, after
+    the warm-up (None when that run is missing or was not warmed up)."""
+    e = res.get("deepinfer_engine", {}).get("1")
+    if not e or not e.get("warmup"):
+        return None
+    steps = [st for st in e.get("decode_steps", []) if st[0] == 1]
+    return 1.0 / steps[0][2] if steps and steps[0][2] > 0 else None
+
+
 def report(res, concs):
     """The Markdown table of one run."""
     rl = res["roofline_tok_s"]
@@ -328,8 +341,13 @@ def report(res, concs):
              "|---|---|---|---|"]
     d1 = res.get("deepinfer_b1", {}).get("decode_tok_s")
     h1 = res.get("hf", {}).get("1", {}).get("decode_tok_s")
+    dw = warm_b1(res)
+    if dw:
+        lines.append("| deepinfer batch-1 decode (the engine's warm decode steps) | %.1f | %.0f %% "
+                     "| %s |" % (dw, 100 * dw / rl, "%.1fx" % (dw / h1) if h1 else "-"))
     if d1:
-        lines.append("| deepinfer batch-1 decode | %.1f | %.0f %% | %s |"
+        lines.append("| deepinfer batch-1 decode (`deepinfer generate`: one process, its graph "
+                     "capture included) | %.1f | %.0f %% | %s |"
                      % (d1, 100 * d1 / rl, "%.1fx" % (d1 / h1) if h1 else "-"))
     d1n = res.get("deepinfer_b1_nographs", {}).get("decode_tok_s")
     if d1n:

@@ -408,13 +408,16 @@ typedef struct di_backend_ops {
      * activation rounded exactly as matmul and silu_mul round them (so the fused and the
      * separate forms give the same bits). gate and up: one shape, dtype and scale layout.
      * matmul_experts_glu: the same over matmul_experts' grouped rows (gate and up tables of
-     * one expert set's two projections; not for FP4 experts, which V4 clamps: an error). */
+     * one expert set's two projections; not for FP4 experts, which V4 clamps: an error).
+     * x_rows NULL: x holds the grouped rows; else grouped row g is row x_rows[g] of x (a
+     * moe_route src list over token rows of `cols` floats), which the backend reads in place
+     * or first gathers into x_scratch ([n_rows][cols]): the same bits either way. */
     void (*matmul_glu)(void *ctx, const di_weight *gate, const di_weight *up, const float *x,
                        int64_t n, float *y);
     void (*matmul_experts_glu)(void *ctx, const di_expert_weights *gate,
                                const di_expert_weights *up, const int32_t *offsets,
                                const int32_t *active, int64_t max_active, int64_t n_rows,
-                               const float *x, float *y);
+                               const float *x, const int32_t *x_rows, float *x_scratch, float *y);
     /* y[t][r] += sum_c x[t][c] W[r][c] (a residual add in the product's epilogue; optional,
      * NULL: matmul into a scratch and axpy). Rounded exactly as matmul then axpy(1, ., y). */
     void (*matmul_add)(void *ctx, const di_weight *w, const float *x, int64_t n, float *y);

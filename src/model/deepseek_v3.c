@@ -583,8 +583,9 @@ static void mlp(const ds_mlp *w, ds_state *s, const di_backend *be, const float 
 /* DeepSeekMoE over s->xn: routed experts grouped by expert, plus shared experts, added to
  * the residual stream s->x ([n][H]). Everything stays on the backend: moe_route selects and groups
  * (the offsets and the active-expert list live in backend memory), the routed rows are
- * gathered into expert order with one op, matmul_experts runs each active expert once over
- * its rows (gate, up, then down), and the combine sums each token's outputs in its slot
+ * read in expert order through moe_route's src list (the fused gate / up product reads them
+ * in place where it can; else one gather op), matmul_experts runs each active expert once
+ * over its rows (gate, up, then down), and the combine sums each token's outputs in its slot
  * order, so the result does not depend on the grouping (batch invariance).
  *
  * The shared experts come first, into s->hbuf, added after the combine (the arithmetic of
@@ -622,11 +623,11 @@ static void moe(const ds_model *m, const ds_layer *L, ds_state *s, const di_back
     /* On a host-memory backend the op has run: count the experts this chunk reads. */
     if (be->ops->host_memory) s->expert_loads += s->r_active[0];
 
-    be->ops->copy_rows(c, s->xe, H, NULL, s->xn, H, s->r_src, nk, H);
-    if (be->ops->matmul_experts_glu) {
-        be->ops->matmul_experts_glu(c, &L->x_gate, &L->x_up, s->r_off, s->r_active, na, nk, s->xe,
-                                    s->xg);
+    if (be->ops->matmul_experts_glu) { /* the routed rows read in place, or gathered into xe */
+        be->ops->matmul_experts_glu(c, &L->x_gate, &L->x_up, s->r_off, s->r_active, na, nk, s->xn,
+                                    s->r_src, s->xe, s->xg);
     } else {
+        be->ops->copy_rows(c, s->xe, H, NULL, s->xn, H, s->r_src, nk, H);
         be->ops->matmul_experts(c, &L->x_gate, s->r_off, s->r_active, na, nk, s->xe, s->xg);
         be->ops->matmul_experts(c, &L->x_up, s->r_off, s->r_active, na, nk, s->xe, s->xu);
         be->ops->silu_mul(c, s->xg, s->xu, nk * I, s->xg);

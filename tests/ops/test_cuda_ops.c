@@ -25,6 +25,7 @@
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cuda/cuda_backend.h"
 #include "core/core.h"
+#include "sample/sample_vec.h"
 #include "sample/sampler.h"
 #include "test.h"
 #define TEST_RAND_SEED 0x853c49e6748fea9bull
@@ -1066,7 +1067,7 @@ static void check_experts(di_dtype dt, int64_t E, int64_t K, int64_t n, int64_t 
     float *yu = host_floats(dy, nk * rows), *gref = gpu_silu_mul(y, yu, nk * rows);
     float *dg = dev_poison(nk * rows);
     g_xbe->ops->matmul_experts_glu(g_xbe->ctx, &ew, &up.ew, db.off, db.act, DI_MIN(E, nk), nk, dx,
-                                   dg);
+                                   NULL, NULL, dg);
     CHECK(di_backend_cuda_sync(g_xbe) == DI_OK);
     float *yg = host_floats(dg, nk * rows);
     CHECK_MSG(memcmp(yg, gref, (size_t)(nk * rows) * 4) == 0,
@@ -1074,10 +1075,31 @@ static void check_experts(di_dtype dt, int64_t E, int64_t K, int64_t n, int64_t 
               "silu_mul",
               di_dtype_name(dt), (long long)E, (long long)K, (long long)n, (long long)rows,
               (long long)cols);
+    /* ... and with the grouped rows read from token rows through the routing's src list
+     * (in place on the streaming kernel, else gathered into the scratch): bitwise the product
+     * of the same rows gathered on the host. */
+    int32_t *src = host_ints(db.src, nk);
+    float *xt = rnd_vec(n * cols, 1.0f), *xg = malloc((size_t)(nk * cols) * 4);
+    for (int64_t g = 0; g < nk; g++)
+        memcpy(xg + g * cols, xt + src[g] * cols, (size_t)cols * 4);
+    float *dxt = dev_floats(xt, n * cols), *dxg = dev_floats(xg, nk * cols);
+    float *dscr = dev_poison(nk * cols), *dg1 = dev_poison(nk * rows), *dg2 = dev_poison(nk * rows);
+    CHECK(di_backend_cuda_sync(&g_be) == DI_OK);
+    g_xbe->ops->matmul_experts_glu(g_xbe->ctx, &ew, &up.ew, db.off, db.act, DI_MIN(E, nk), nk, dxg,
+                                   NULL, NULL, dg1);
+    g_xbe->ops->matmul_experts_glu(g_xbe->ctx, &ew, &up.ew, db.off, db.act, DI_MIN(E, nk), nk, dxt,
+                                   db.src, dscr, dg2);
+    CHECK(di_backend_cuda_sync(g_xbe) == DI_OK);
+    float *yg1 = host_floats(dg1, nk * rows), *yg2 = host_floats(dg2, nk * rows);
+    CHECK_MSG(memcmp(yg1, yg2, (size_t)(nk * rows) * 4) == 0,
+              "%s E=%lld K=%lld n=%lld %lldx%lld: experts glu over x_rows differs from the "
+              "gathered rows",
+              di_dtype_name(dt), (long long)E, (long long)K, (long long)n, (long long)rows,
+              (long long)cols);
     CHECK(di_backend_cuda_sync(&g_be) == DI_OK);
     free_experts(&gate), free_experts(&up);
-    dfree(dg);
-    free(yu), free(gref), free(yg);
+    dfree(dg), dfree(dg1), dfree(dg2), dfree(dxt), dfree(dxg), dfree(dscr);
+    free(yu), free(gref), free(yg), free(yg1), free(yg2), free(src), free(xt), free(xg);
     route_dev_free(&db);
     dfree(dlg), dfree(dx), dfree(dy);
     free(lg), free(x), free(y), free(off), free(ref);
@@ -1304,8 +1326,9 @@ static void one_product(di_backend *be, int64_t n) {
 /* BF16 products on the tensor cores (cuda_tc_gemv.cu, the default, and from 9 tokens
  * cuda_tc_wide.cu): the reference's accuracy and the same bits for a token alone (the GEMV)
  * and in batches of any size (the wide kernel), over the kernels' cases: 1-8 K runs,
- * partial row tiles, row blocks and chunks (K % 32 == 8), every token group count; with 2
- * bf16 parts per activation (DI_CUDA_TC_TERMS=2) a looser bound. */
+ * partial row tiles, row blocks and chunks (K % 32 == 8), every token group count (the
+ * default: 2 bf16 parts per activation; 3 with DI_CUDA_TC_TERMS=3, every bit of the fp32
+ * activations). */
 static void check_tc(di_backend *be, di_dtype dt, int blk, int64_t rows, int64_t cols, double tol) {
     static const int64_t ns[] = {3, 8, 9, 17, 40, 64, 100};
     /* FP8: a row view (5 rows skipped: row_offset 5, the scale rows shifted) */
@@ -1392,7 +1415,7 @@ TEST(matmul_tc) {
     /* The other one-token-group variants: the same bits as the default GEMV (which stages
      * the split activations of up to 32 KiB: DI_CUDA_TC_XS=32) for plain, GLU and accumulate,
      * grouped (matmul_experts on g_xbe against the default's plain products), and a token
-     * alone against a batch on the wide kernel (check_tc), with 3 and 2 parts: every shape
+     * alone against a batch on the wide kernel (check_tc), with 2 and 3 parts: every shape
      * staged (100), none (0), and the lean kernel. */
     static const char *opt_in[][2] = {
         {"DI_CUDA_TC_XS", "100"}, {"DI_CUDA_TC_XS", "0"}, {"DI_CUDA_TC_LEAN", "1"}};
@@ -1421,17 +1444,17 @@ TEST(matmul_tc) {
         check_tc(&bo, DI_DTYPE_BF16, 0, 1408, 2048, 1e-5);
         check_tc(&bo, DI_DTYPE_BF16, 0, 37, 2056, 1e-5);
         di_backend_free(&bo);
-        setenv("DI_CUDA_TC_TERMS", "2", 1);
+        setenv("DI_CUDA_TC_TERMS", "3", 1);
         bo = backend_with(opt_in[oi][0], opt_in[oi][1]);
         unsetenv("DI_CUDA_TC_TERMS");
-        if (bo.ctx) check_tc(&bo, DI_DTYPE_BF16, 0, 1408, 2048, 5e-5);
+        if (bo.ctx) check_tc(&bo, DI_DTYPE_BF16, 0, 1408, 2048, 1e-5);
         di_backend_free(&bo);
     }
-    di_backend b2 = backend_with("DI_CUDA_TC_TERMS", "2");
-    if (!b2.ctx) return;
-    check_tc(&b2, DI_DTYPE_BF16, 0, 1408, 2048, 5e-5);
-    check_tc(&b2, DI_DTYPE_BF16, 0, 37, 2056, 5e-5);
-    di_backend_free(&b2);
+    di_backend b3 = backend_with("DI_CUDA_TC_TERMS", "3");
+    if (!b3.ctx) return;
+    check_tc(&b3, DI_DTYPE_BF16, 0, 1408, 2048, 1e-5);
+    check_tc(&b3, DI_DTYPE_BF16, 0, 37, 2056, 1e-5);
+    di_backend_free(&b3);
     /* batch invariance off: the SIMT GEMV up to 8 tokens, the tensor cores above; both at
      * the reference's accuracy, GLU still bitwise matmul + silu_mul at either size */
     di_backend_cuda_set_batch_invariant(&g_be, false);
@@ -1710,7 +1733,8 @@ TEST(argmax_rows) {
  * positions; -1 for the rows the sampler rejects. Rows: random (scales 3 and 12), nearly
  * flat (top_p keeps most of the vocabulary), peaked (a few tokens hold the mass), on a coarse
  * grid (equal logits at every cut: the ranking's ties by id) and with -0 and +0 tied at the
- * top; each shape meets several of the filters (row t takes filter (t + t / 12) % 12). */
+ * top; each shape meets several of the filters (row t takes filter (t + t / 12) % 12). The
+ * rows are drawn in one call (a block per row) and in calls of up to 16 (a cluster per row). */
 TEST(sample_rows) {
     if (!g_have_gpu) SKIP("no CUDA device");
     const int64_t vocabs[] = {1, 7, 1000, 4099, 129280};
@@ -1758,11 +1782,7 @@ TEST(sample_rows) {
             filtered +=
                 sp.temperature > 0.0f && ((sp.top_k > 0 && sp.top_k < V) || sp.top_p < 1.0f);
         }
-        float *dx = dev_floats(x, n * V);
-        di_sample_row *drows = (di_sample_row *)dev_from(rows, (size_t)n * sizeof *rows);
-        int32_t *dout = (int32_t *)dev_poison(n);
-        g_be.ops->sample_rows(g_be.ctx, dx, n, V, drows, dout);
-        int32_t *got = host_ints(dout, n);
+        int32_t *want = malloc((size_t)n * sizeof *want);
         for (int64_t t = 0; t < n; t++) {
             const di_sampling_params sp = di_sample_row_params(&rows[t]);
             di_sample_input in = {.logits = x + t * V,
@@ -1772,14 +1792,35 @@ TEST(sample_rows) {
                                   .sample_index = rows[t].sample_index,
                                   .position = rows[t].position};
             di_sample_result r;
-            const int32_t want = di_sampler_sample(&sp, &in, scratch, &r) == DI_OK ? r.token : -1;
-            CHECK_MSG(got[t] == want,
-                      "V=%lld row %lld (T %g, top_k %d, top_p %g, min_p %g): device %d, sampler %d",
-                      (long long)V, (long long)t, (double)sp.temperature, sp.top_k,
-                      (double)sp.top_p, (double)sp.min_p, got[t], want);
+            want[t] = di_sampler_sample(&sp, &in, scratch, &r) == DI_OK ? r.token : -1;
         }
-        dfree(dx), dfree(drows), dfree(dout);
-        free(x), free(rows), free(got);
+        float *dx = dev_floats(x, n * V);
+        di_sample_row *drows = (di_sample_row *)dev_from(rows, (size_t)n * sizeof *rows);
+        /* (first row, rows): all (one block per row), then calls of a few rows (a cluster per
+         * row where the vocabulary spans its blocks), one of them twice */
+        const int64_t calls[][2] = {{0, n}, {0, 16}, {16, 16}, {32, 16}, {5, 1}, {5, 1}};
+        for (size_t ci = 0; ci < DI_ARRAY_LEN(calls); ci++) {
+            const int64_t t0 = calls[ci][0], m = calls[ci][1];
+            const int64_t clustered = di_backend_cuda_sample_cluster_launches();
+            int32_t *dout = (int32_t *)dev_poison(m);
+            g_be.ops->sample_rows(g_be.ctx, dx + t0 * V, m, V, drows + t0, dout);
+            int32_t *got = host_ints(dout, m);
+            if (m <= 16 && V >= 8 * DI_SAMPLE_BLOCK)
+                CHECK_MSG(di_backend_cuda_sample_cluster_launches() > clustered,
+                          "V=%lld: a call of %lld rows took no cluster", (long long)V,
+                          (long long)m);
+            for (int64_t t = t0; t < t0 + m; t++)
+                CHECK_MSG(got[t - t0] == want[t],
+                          "V=%lld row %lld of a call of %lld (T %g, top_k %d, top_p %g, min_p "
+                          "%g): device %d, sampler %d",
+                          (long long)V, (long long)t, (long long)m, (double)rows[t].temperature,
+                          rows[t].top_k, (double)rows[t].top_p, (double)rows[t].min_p, got[t - t0],
+                          want[t]);
+            dfree(dout);
+            free(got);
+        }
+        dfree(dx), dfree(drows);
+        free(x), free(rows), free(want);
     }
     printf("  %d filtered rows (top_k or top_p) among them\n", filtered);
     free(scratch);

@@ -274,7 +274,8 @@ TEST(matmul_experts_fp4_misuse) {
     int32_t *doff = dev_from(off, sizeof off), *dact = dev_from(act, sizeof act);
     float *dx = dev_poison(nk * cols), *dy = dev_poison(nk * rows);
     CHECK(di_backend_cuda_sync(&g_be) == DI_OK);
-    g_be.ops->matmul_experts_glu(g_be.ctx, &xs.ew, &xs.ew, doff, dact, DI_MIN(E, nk), nk, dx, dy);
+    g_be.ops->matmul_experts_glu(g_be.ctx, &xs.ew, &xs.ew, doff, dact, DI_MIN(E, nk), nk, dx, NULL,
+                                 NULL, dy);
     CHECK(di_backend_cuda_sync(&g_be) != DI_OK);
     float *y = host_floats(dy, nk * rows); /* the sync inside finds no error left */
     bool untouched = true;

@@ -39,8 +39,10 @@ typedef struct cuda_backend {
     int *attn_counters;         /* owned: split arrivals, DI_CUDA_ATTN_COUNTERS ints (zeroed) */
     di_cuda_am_part *am_part;   /* owned: argmax slices, DI_CUDA_AM_ROWS x DI_CUDA_AM_SLICES */
     int *am_counters;           /* owned: their arrivals, DI_CUDA_AM_ROWS ints (zeroed) */
-    float *hc_mix;              /* owned: V4 mHC mixing rows, DI_CUDA_HC_MIX_FLOATS floats */
-    int attn_heads;             /* heads per attention block: 0 (by shape), 2 or 8 */
+    bool sample_clusters;       /* the device runs sample_rows' clusters (a few rows each) */
+    int *route_arrivals; /* owned: moe_route's selection blocks' arrivals, one int (zeroed) */
+    float *hc_mix;       /* owned: V4 mHC mixing rows, DI_CUDA_HC_MIX_FLOATS floats */
+    int attn_heads;      /* heads per attention block: 0 (by shape), 2 or 8 */
     int64_t attn_partial_floats;
     int n_sms;
     int64_t max_ctx; /* the longest context a call may attend over (init's max_ctx) */
@@ -231,7 +233,7 @@ static void cuda_argmax_rows(void *ctx, const float *x, int64_t n, int64_t V, in
 static void cuda_sample_rows(void *ctx, const float *x, int64_t n, int64_t V,
                              const di_sample_row *rows, int32_t *out) {
     cuda_backend *be = (cuda_backend *)ctx;
-    note(be, di_cuda_launch_sample_rows(x, n, V, rows, out, be->stream));
+    note(be, di_cuda_launch_sample_rows(x, n, V, rows, out, be->sample_clusters, be->stream));
 }
 
 static void cuda_mla_store(void *ctx, const di_mla_store_params *p) {
@@ -414,7 +416,7 @@ static di_status cuda_upload_op(void *ctx, void *dst, const void *src, size_t by
 
 static void cuda_moe_route(void *ctx, const di_moe_route_params *p) {
     cuda_backend *be = (cuda_backend *)ctx;
-    note(be, di_cuda_launch_moe_route(p, be->stream));
+    note(be, di_cuda_launch_moe_route(p, be->route_arrivals, be->stream));
 }
 
 /* The parameters of the GEMV in grouped mode (cuda_internal.cuh): the common shape from
@@ -496,7 +498,8 @@ static void cuda_matmul_experts(void *ctx, const di_expert_weights *ew, const in
 static void cuda_matmul_experts_glu(void *ctx, const di_expert_weights *gate,
                                     const di_expert_weights *up, const int32_t *offsets,
                                     const int32_t *active, int64_t max_active, int64_t n_rows,
-                                    const float *x, float *y) {
+                                    const float *x, const int32_t *x_rows, float *x_scratch,
+                                    float *y) {
     cuda_backend *be = (cuda_backend *)ctx;
     if (max_active <= 0 || n_rows <= 0) return;
     if (gate->w[0].dtype == DI_DTYPE_F4_E2M1 || up->w[0].dtype == DI_DTYPE_F4_E2M1) {
@@ -509,6 +512,13 @@ static void cuda_matmul_experts_glu(void *ctx, const di_expert_weights *gate,
     }
     di_cuda_mm_params p = grouped_params(gate, be, offsets, active, max_active, n_rows, x, y);
     p.glu_experts = (const di_cuda_expert_ptrs *)up->table;
+    p.x_rows = x_rows;
+    if (x_rows && !di_cuda_mm_reads_x_rows(&p)) { /* a kernel that reads gathered rows */
+        note(be, di_cuda_launch_copy_rows(x_scratch, p.cols, NULL, x, p.cols, x_rows, n_rows,
+                                          p.cols, be->stream));
+        p.x = x_scratch;
+        p.x_rows = NULL;
+    }
     note(be, di_cuda_launch_matmul(&p));
 }
 
@@ -641,6 +651,7 @@ static void cuda_free_ctx(void *ctx) {
     cudaFree(be->attn_counters);
     cudaFree(be->am_part);
     cudaFree(be->am_counters);
+    cudaFree(be->route_arrivals);
     cudaFree(be->hc_mix);
     if (be->main) cudaStreamDestroy(be->main);
     if (be->side) cudaStreamDestroy(be->side);
@@ -843,11 +854,14 @@ extern "C" di_status di_backend_cuda_init(di_backend *out, int device, int64_t m
     env = getenv("DI_CUDA_MAX_TB"); /* 1, 2, 4 or 8 */
     be->tune.max_tb = env && (atoi(env) == 1 || atoi(env) == 2 || atoi(env) == 4) ? atoi(env) : 8;
     /* DI_CUDA_TC=0: BF16 products on the SIMT GEMV instead of the tensor cores (both
-     * batch-invariant; cuda_tc_gemv.cu); DI_CUDA_TC_TERMS=2|3: bf16 parts per activation. */
+     * batch-invariant; cuda_tc_gemv.cu); DI_CUDA_TC_TERMS=2|3: bf16 parts per activation,
+     * 2 by default (16 of a float's 24 significant bits; 3: all of them). H200, 27-layer
+     * V2-Lite model: 64 concurrent 4677 / 4688 -> 4832 / 4844 output tok/s (decode steps 12.3
+     * -> 11.9 ms), batch 1 320.5 / 321.0 -> 329.8 / 329.5 (NOTES.md, twenty-first round). */
     env = getenv("DI_CUDA_TC");
     be->tune.tc = !(env && strcmp(env, "0") == 0);
     env = getenv("DI_CUDA_TC_TERMS");
-    be->tune.tc_terms = env && atoi(env) == 2 ? 2 : 3;
+    be->tune.tc_terms = env && atoi(env) == 3 ? 3 : 2;
     /* Weights of fewer rows (a router) keep the SIMT GEMV at every n: too few row tiles to
      * fill the device. kv_a (576 rows) is above the line since the fourteenth round: on the
      * H200 a 256-row prefill chunk's kv_a went 84 -> 25 us, decode steps were no slower. */
@@ -933,6 +947,8 @@ extern "C" di_status di_backend_cuda_init(di_backend *out, int device, int64_t m
             cudaSuccess ||
         (err = cudaMemsetAsync(be->am_counters, 0, DI_CUDA_AM_ROWS * sizeof(int), be->main)) !=
             cudaSuccess ||
+        (err = cudaMalloc((void **)&be->route_arrivals, sizeof(int))) != cudaSuccess ||
+        (err = cudaMemsetAsync(be->route_arrivals, 0, sizeof(int), be->main)) != cudaSuccess ||
         (err = cudaMemsetAsync(be->attn_counters, 0, DI_CUDA_ATTN_COUNTERS * sizeof(int),
                                be->main)) != cudaSuccess ||
         (err = di_cuda_attn_setup()) != cudaSuccess || (err = di_cuda_v4_setup()) != cudaSuccess ||
@@ -945,6 +961,7 @@ extern "C" di_status di_backend_cuda_init(di_backend *out, int device, int64_t m
                         cudaGetErrorString(err));
     }
     be->stream = be->main;
+    be->sample_clusters = di_cuda_sample_setup();
     if (!wide_ok) /* no clusters here: the GEMV for every n */
         be->tune.tc_wide_min_n = be->tune.tc_wide_grouped = 0;
     const char *sample = getenv("DI_CUDA_SAMPLE");
@@ -978,6 +995,10 @@ extern "C" void *di_backend_cuda_stream(const di_backend *dbe) {
 
 extern "C" int64_t di_backend_cuda_sample_launches(void) {
     return di_cuda_sample_launches;
+}
+
+extern "C" int64_t di_backend_cuda_sample_cluster_launches(void) {
+    return di_cuda_sample_cluster_launches;
 }
 
 extern "C" int64_t di_backend_cuda_side_forks(void) {

@@ -83,6 +83,8 @@ void di_backend_cuda_set_batch_invariant(const di_backend *be, bool on);
 /* How many sample_rows draws this process has launched (0 without CUDA): lets a test see
  * that the device path ran. */
 int64_t di_backend_cuda_sample_launches(void);
+/* ... and how many of them drew their rows with thread-block clusters (calls of a few rows). */
+int64_t di_backend_cuda_sample_cluster_launches(void);
 
 /* How many times this process's CUDA backends forked ops onto their second stream
  * (side_begin in backend.h; 0 without CUDA or with DI_CUDA_STREAMS=1): lets a test see that

@@ -115,8 +115,9 @@ typedef struct di_cuda_tuning {
      * blocks per SM) but read each weight vector more often. Same values. */
     int max_tb;
     /* BF16 weights of a suitable shape (di_cuda_tc_fits; FP8 ones too with tc_fp8) on the
-     * tensor cores (cuda_tc_gemv.cu) when tc is set, the activations split into tc_terms (2
-     * or 3) bf16 parts; weights of fewer than tc_min_rows rows keep the SIMT GEMV. */
+     * tensor cores (cuda_tc_gemv.cu) when tc is set, the activations split into tc_terms (2,
+     * the default, or 3) bf16 parts; weights of fewer than tc_min_rows rows keep the SIMT
+     * GEMV. */
     int tc, tc_terms;
     int64_t tc_min_rows;
     /* The wide tensor-core product (cuda_tc_wide.cu) for plain products of at least
@@ -194,6 +195,10 @@ typedef struct di_cuda_mm_params {
      * the mean rows per slot, chooses the kernel variant). */
     const struct di_cuda_expert_ptrs *experts;
     const int32_t *g_off, *g_active;
+    /* Grouped mode: NULL, or row g's activations are x + x_rows[g] x_tstride (the routed
+     * tokens read in place, with no gather; only the streaming kernel reads it:
+     * di_cuda_mm_reads_x_rows). */
+    const int32_t *x_rows;
     /* GLU mode (SwiGLU in the epilogue), when glu_data (plain) or glu_experts (grouped) is
      * set: a second weight of the same shape, dtype and scale layout (the up projection; the
      * fields above describe the gate), and y = silu(W x) * (W2 x), rows x n_tokens. */
@@ -246,6 +251,10 @@ static inline bool di_cuda_per_head(const di_cuda_mm_params *p) {
 }
 
 cudaError_t di_cuda_launch_matmul(const di_cuda_mm_params *p);
+/* Will di_cuda_launch_matmul run p on a kernel that reads p->x_rows (a grouped BF16 product
+ * of up to 8 rows per slot on the streaming kernel)? Else the caller gathers the rows and
+ * clears x_rows (di_cuda_launch_matmul refuses it). */
+bool di_cuda_mm_reads_x_rows(const di_cuda_mm_params *p);
 
 /* The batch-invariant tensor-core product (cuda_tc_gemv.cu): does the weight suit it (BF16 with
  * 16-byte aligned data, or with tune.tc_fp8 block-scaled FP8 with 8-byte aligned data and
@@ -397,10 +406,13 @@ struct di_cuda_am_part {
 cudaError_t di_cuda_launch_argmax(const float *x, int64_t n, int64_t V, int32_t *out,
                                   di_cuda_am_part *part, int *counters, cudaStream_t stream);
 /* Seeded sampling: temperature, min_p, top_k, top_p (backend.h's sample_rows; cuda_sample.cu),
- * and the count of its launches (di_backend_cuda_sample_launches). */
-extern int64_t di_cuda_sample_launches;
+ * and the count of its launches (di_backend_cuda_sample_launches; _cluster_launches those
+ * drawn by thread-block clusters). `clusters`: the device runs the draw's clusters
+ * (di_cuda_sample_setup, once per backend), taken for calls of a few rows. */
+extern int64_t di_cuda_sample_launches, di_cuda_sample_cluster_launches;
+bool di_cuda_sample_setup(void);
 cudaError_t di_cuda_launch_sample_rows(const float *x, int64_t n, int64_t V,
-                                       const di_sample_row *rows, int32_t *out,
+                                       const di_sample_row *rows, int32_t *out, bool clusters,
                                        cudaStream_t stream);
 
 /* A step queued behind the running one (cuda_async.cu; backend.h's upload_async ..
@@ -427,10 +439,12 @@ cudaError_t di_cuda_launch_resolve_ids(int32_t *ids, int64_t n, const int32_t *p
  * expert, as backend.h's moe_route describes. At most DI_CUDA_ROUTE_MAX_E experts and
  * DI_CUDA_ROUTE_MAX_ENTRIES (token, slot) entries per call (cudaErrorNotSupported past
  * them; backend.h's DI_BACKEND_ROUTE_ENTRIES, which bounds the V2/V3 runner's device chunks):
- * the grouping block keeps the ids in 32 KiB of shared memory. */
+ * the grouping block keeps the ids in 32 KiB of shared memory. `arrivals`: one int of device
+ * memory, zero between launches (the selection blocks' arrival counter). */
 #define DI_CUDA_ROUTE_MAX_E       1024
 #define DI_CUDA_ROUTE_MAX_ENTRIES DI_BACKEND_ROUTE_ENTRIES
-cudaError_t di_cuda_launch_moe_route(const di_moe_route_params *p, cudaStream_t stream);
+cudaError_t di_cuda_launch_moe_route(const di_moe_route_params *p, int *arrivals,
+                                     cudaStream_t stream);
 
 /* ---------------------------------------------------------------------------------------- */
 /* MLA attention                                                                              */

@@ -327,7 +327,7 @@ __global__ void __launch_bounds__(MM_WARPS * 32, PIPE &&TB == 1 ? MM_FP8_MIN_BLO
     const void *wdata = p.data, *gdata = p.glu_data;
     const float *wscale = p.scale, *gscale = p.glu_scale;
     if constexpr (G) { /* grouped: slot z runs one active expert over its rows (uniform exits) */
-        pdl_wait(); /* the routing (active list, offsets) comes from the previous kernels */
+        pdl_wait();    /* the routing (active list, offsets) comes from the previous kernels */
         pdl_trigger();
         if (h >= p.g_active[0]) return;
         const int e = p.g_active[1 + h];
@@ -397,8 +397,8 @@ __global__ void __launch_bounds__(MM_WARPS * 32, PIPE &&TB == 1 ? MM_FP8_MIN_BLO
 #pragma unroll
                     for (int j = 0; j < RB; j++)
                         sj[j] = srow[j][sc];
-                    fp8_vec<TB, RB>(raw[u], sj, p.tune.fp8_bits, xb, p.x_tstride, c0, nvalid,
-                                    xvec, nt, acc);
+                    fp8_vec<TB, RB>(raw[u], sj, p.tune.fp8_bits, xb, p.x_tstride, c0, nvalid, xvec,
+                                    nt, acc);
                 } else {
                     float wf[RB][V];
 #pragma unroll
@@ -459,14 +459,13 @@ __global__ void __launch_bounds__(MM_WARPS * 32, PIPE &&TB == 1 ? MM_FP8_MIN_BLO
             __syncthreads();
             if (warp == 0) {
                 const int k = lane < TB * RB ? lane : 0;
-                const float tot = (warp_sums[0][k] + warp_sums[1][k]) +
-                                  (warp_sums[2][k] + warp_sums[3][k]);
+                const float tot =
+                    (warp_sums[0][k] + warp_sums[1][k]) + (warp_sums[2][k] + warp_sums[3][k]);
                 /* GLU: the lane of (i, j) takes the up total of (i, j + RO) from its lane. */
                 const float up = GLU ? __shfl_down_sync(0xffffffffu, tot, RO) : 0.0f;
                 const int i = lane / RB, j = lane % RB;
                 if (lane < TB * RB && i < nt && j < RO && j < nr)
-                    store_y(y + i * p.y_tstride + j, GLU ? silu_times(tot, up) : tot,
-                            p.accumulate);
+                    store_y(y + i * p.y_tstride + j, GLU ? silu_times(tot, up) : tot, p.accumulate);
             }
             __syncthreads(); /* warp_sums is written again by the next token group */
         }
@@ -478,10 +477,10 @@ __global__ void __launch_bounds__(MM_WARPS * 32, PIPE &&TB == 1 ? MM_FP8_MIN_BLO
 /* y = W^T x                                                                                  */
 /* ---------------------------------------------------------------------------------------- */
 
-#define MMT_VECS    8                        /* 16-byte column vectors per block */
-#define MMT_SLICES  16                       /* row slices per block */
-#define MMT_THREADS (MMT_VECS * MMT_SLICES)  /* thread (slice, vector) */
-#define MMT_UNROLL  4                        /* rows of a slice loaded before any is used */
+#define MMT_VECS    8                       /* 16-byte column vectors per block */
+#define MMT_SLICES  16                      /* row slices per block */
+#define MMT_THREADS (MMT_VECS * MMT_SLICES) /* thread (slice, vector) */
+#define MMT_UNROLL  4                       /* rows of a slice loaded before any is used */
 
 /* Block: MMT_VECS 16-byte vectors of output columns for the TB tokens of blockIdx.y and head
  * blockIdx.z. Thread (slice, vector) sums, in order, rows slice, slice + MMT_SLICES, ...;
@@ -592,9 +591,8 @@ template <di_dtype DT> static cudaError_t launch_dtype(const di_cuda_mm_params *
      * power of two, else a 32-bit division. */
     di_cuda_mm_params q = *pin;
     const di_cuda_mm_params *p = &q;
-    di_cuda_set_scale_step(&q, DT == DI_DTYPE_F8_E4M3 && q.block_cols % T::V == 0
-                                   ? q.block_cols / T::V
-                                   : 1);
+    di_cuda_set_scale_step(
+        &q, DT == DI_DTYPE_F8_E4M3 && q.block_cols % T::V == 0 ? q.block_cols / T::V : 1);
     /* 16-byte weight loads need every row (of every head) to start on a 16-byte boundary;
      * reading a whole vector past `cols` then stays inside the row's stride. */
     const bool wvec = aligned16(p->data) && (!p->glu_data || aligned16(p->glu_data)) &&
@@ -678,6 +676,7 @@ template <di_dtype DT> static cudaError_t launch_dtype(const di_cuda_mm_params *
 
 cudaError_t di_cuda_launch_matmul(const di_cuda_mm_params *p) {
     if (p->n_tokens <= 0 || p->n_heads <= 0 || p->rows <= 0 || p->cols <= 0) return cudaSuccess;
+    if (p->x_rows && !di_cuda_mm_reads_x_rows(p)) return cudaErrorInvalidValue;
     if (p->tune.tc && di_cuda_rows_per_weight(p) >= p->tc_min_n && di_cuda_tc_fits(p))
         return di_cuda_launch_matmul_tc(p);
     switch (p->dtype) {

@@ -61,6 +61,10 @@ int64_t di_backend_cuda_sample_launches(void) {
     return 0;
 }
 
+int64_t di_backend_cuda_sample_cluster_launches(void) {
+    return 0;
+}
+
 int64_t di_backend_cuda_side_forks(void) {
     return 0;
 }

@@ -18,10 +18,12 @@
  *     (in registers for a warp's own runs, then in shared memory). n only decides how many
  *     token groups run side by side.
  *   - fp32 activations are split into `terms` bf16 parts (x = hi + mid + lo: exact for normal
- *     floats with 3 terms, 16 significant bits with 2), one mma per part, in that order.
- *     Products of bf16 values are exact; the mma's fp32 accumulation is the only rounding
- *     that differs from the SIMT GEMV's fmaf chain, so results agree with the CPU within the
- *     op tests' 1e-5 normalised error (and the model goldens' tolerances), not bitwise.
+ *     floats with 3 terms, 16 significant bits with 2: the default, DI_CUDA_TC_TERMS=3 for
+ *     all 24), one mma per part, in that order. Products of bf16 values are exact; with 3
+ *     terms the mma's fp32 accumulation is the only rounding that differs from the SIMT
+ *     GEMV's fmaf chain, with 2 the activations' rounding to 16 bits too (a relative 2^-17 at
+ *     most, where bf16 activations would carry 2^-9), so results agree with the CPU within
+ *     the op tests' 1e-5 normalised error (and the model goldens' tolerances), not bitwise.
  *
  * The A fragment is loaded straight from global memory, 16 bytes (8 consecutive k) per lane
  * and row: the mma's k slots are a permutation of the chunk's 32 columns, the same one for A
@@ -486,14 +488,26 @@ static int tc_runs(const di_cuda_mm_params *p, int ks) {
  * average more than 4 rows (an expert of 9..16 rows, one in six at 64 sequences, read once
  * instead of twice) made no difference there (17180 vs 17126 output tok/s, three runs each)
  * and were dropped. */
+/* Does a BF16 grouped product of at most 8 rows per slot take the streaming kernel
+ * (cuda_tc_stream.cu)? x in 16-byte aligned rows, for its cp.async; an expert's bytes in 32
+ * bits. */
+static bool ts_takes(const di_cuda_mm_params *p, bool xvec) {
+    return p->tune.tc_stream && xvec && (uint64_t)p->rows * p->row_stride * 2 <= UINT32_MAX;
+}
+
+/* Does the one-token-group GEMV go to the opt-in lean kernel (DI_CUDA_TC_LEAN=1, BF16), whose
+ * row and token counts are 32-bit (one head or grouped)? */
+static bool lean_takes(const di_cuda_mm_params *p, int64_t n, bool xvec) {
+    return n <= 8 && xvec && p->tune.tc_lean && !di_cuda_per_head(p) && p->rows < INT32_MAX &&
+           p->n_tokens < INT32_MAX;
+}
+
 template <bool GLU, bool F8>
 static cudaError_t launch_tc_grouped(const di_cuda_mm_params *p, int ks, bool xvec) {
     if constexpr (!F8) { /* a decode batch: several K runs per warp (tc_runs), one row tile
                           * per warp (the registers of two did not fit) */
         const int r = tc_runs(p, ks);
-        /* x in 16-byte aligned rows, for its cp.async; an expert's bytes in 32 bits */
-        if (p->tune.tc_stream && xvec && (uint64_t)p->rows * p->row_stride * 2 <= UINT32_MAX)
-            return di_cuda_launch_matmul_tc_stream(p, ks, r);
+        if (ts_takes(p, xvec)) return di_cuda_launch_matmul_tc_stream(p, ks, r);
         if (r == 8) return launch_tc<2, 1, 2, true, GLU, 1, F8, 8>(p, ks, xvec);
         if (r == 4) return launch_tc<2, 1, 2, true, GLU, 1, F8, 4>(p, ks, xvec);
         if (r == 2) return launch_tc<2, 1, 2, true, GLU, 1, F8, 2>(p, ks, xvec);
@@ -508,11 +522,8 @@ template <bool F8> static cudaError_t launch_tc_gemv(const di_cuda_mm_params *p)
     const int ks = tc_ks(p);
     const bool heads = di_cuda_per_head(p), xvec = tc_xvec(p);
     const int64_t n = di_cuda_rows_per_weight(p);
-    /* Opt-in (DI_CUDA_TC_LEAN=1, BF16): one token group on the swapped-operand kernel,
-     * whose row and token counts are 32-bit (one head or grouped). */
-    if (!F8 && n <= 8 && xvec && p->tune.tc_lean && !heads && p->rows < INT32_MAX &&
-        p->n_tokens < INT32_MAX)
-        return di_cuda_launch_matmul_tc_lean(p, ks);
+    /* Opt-in (DI_CUDA_TC_LEAN=1, BF16): one token group on the swapped-operand kernel. */
+    if (!F8 && lean_takes(p, n, xvec)) return di_cuda_launch_matmul_tc_lean(p, ks);
     /* Token groups of 8 per block as n needs, at most 4 (32 tokens: the registers of two
      * m-tiles). One m-tile per warp for a few tokens (more warps, more loads in flight),
      * two for more (each activation fragment serves twice the weights) and for grouped
@@ -528,6 +539,14 @@ template <bool F8> static cudaError_t launch_tc_gemv(const di_cuda_mm_params *p)
     if (n <= 8) return launch_tc<1, 1, TC_U1<F8>, true, false, 1, F8>(p, ks, xvec);
     if (n <= 16) return launch_tc<1, 2, 4, false, false, 1, F8>(p, ks, xvec);
     return launch_tc<2, 4, 2, false, false, 1, F8>(p, ks, xvec);
+}
+
+bool di_cuda_mm_reads_x_rows(const di_cuda_mm_params *p) {
+    if (!p->experts || p->dtype != DI_DTYPE_BF16 || !p->tune.tc) return false;
+    const int64_t n = di_cuda_rows_per_weight(p); /* di_cuda_launch_matmul's choices ... */
+    if (n < p->tc_min_n || n > 8 || !di_cuda_tc_fits(p) || di_cuda_tc_wide_fits(p)) return false;
+    const bool xvec = tc_xvec(p); /* ... and launch_tc_gemv's */
+    return !lean_takes(p, n, xvec) && ts_takes(p, xvec);
 }
 
 cudaError_t di_cuda_launch_matmul_tc(const di_cuda_mm_params *p) {

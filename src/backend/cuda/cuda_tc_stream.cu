@@ -30,6 +30,10 @@
  * repeats the last row: their sums are never stored), the same split and mma sequence per
  * chunk, the same tree over the tile's warps. matmul_experts' op test compares it bitwise with the
  * plain product.
+ *
+ * With p.x_rows the routed tokens' activations are read in place (row g of the product is
+ * token x_rows[g]'s row of x), so a MoE layer's gate / up needs no gather launch before it:
+ * the same floats reach the same slots.
  */
 #include "backend/cuda/cuda_tc.cuh"
 
@@ -120,10 +124,10 @@ __global__ void __launch_bounds__(32 * TC_MAX_KS, 2)
     uint4 *wring = ring + (size_t)warp * (TS_WARP_BYTES / sizeof(uint4)); /* the warp's ring */
 
     for (; t0 < t_end; t0 += 8) { /* block-uniform */
-        const int64_t t = t0 + g; /* this lane's token (the mma's B column g) */
+        const int64_t t = t0 + g; /* this lane's row (the mma's B column g) */
         const bool tok = t < t_end;
-        const char *xrow =
-            reinterpret_cast<const char *>(p.x + (tok ? t : t0) * p.x_tstride + 8 * tig);
+        const int64_t xt = tok ? t : t0, xr = p.x_rows ? (int64_t)p.x_rows[xt] : xt;
+        const char *xrow = reinterpret_cast<const char *>(p.x + xr * p.x_tstride + 8 * tig);
         /* The producer: the next pair of the warp's run pq -- chunks pc .. pe, pe the next
          * even chunk or the run's end, so that a pair's 128 bytes of a row are one line (a
          * run starting at an odd chunk starts with that chunk alone) -- into the next pair
