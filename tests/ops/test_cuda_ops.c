@@ -1734,7 +1734,8 @@ TEST(argmax_rows) {
  * flat (top_p keeps most of the vocabulary), peaked (a few tokens hold the mass), on a coarse
  * grid (equal logits at every cut: the ranking's ties by id) and with -0 and +0 tied at the
  * top; each shape meets several of the filters (row t takes filter (t + t / 12) % 12). The
- * rows are drawn in one call (a block per row) and in calls of up to 16 (a cluster per row). */
+ * rows are drawn in one call of 80 (a block per row), one of 48 (two-block clusters) and
+ * calls of up to 16 (8-block clusters). */
 TEST(sample_rows) {
     if (!g_have_gpu) SKIP("no CUDA device");
     const int64_t vocabs[] = {1, 7, 1000, 4099, 129280};
@@ -1747,7 +1748,7 @@ TEST(sample_rows) {
     void *scratch = malloc(di_sampler_scratch_size(129280));
     int filtered = 0;
     for (size_t vi = 0; vi < DI_ARRAY_LEN(vocabs); vi++) {
-        const int64_t V = vocabs[vi], n = 48;
+        const int64_t V = vocabs[vi], n = 80;
         float *x = rnd_vec(n * V, vi % 2 ? 12.0f : 3.0f);
         di_sample_row *rows = malloc((size_t)n * sizeof *rows);
         for (int64_t t = 0; t < n; t++) {
@@ -1796,19 +1797,21 @@ TEST(sample_rows) {
         }
         float *dx = dev_floats(x, n * V);
         di_sample_row *drows = (di_sample_row *)dev_from(rows, (size_t)n * sizeof *rows);
-        /* (first row, rows): all (one block per row), then calls of a few rows (a cluster per
-         * row where the vocabulary spans its blocks), one of them twice */
-        const int64_t calls[][2] = {{0, n}, {0, 16}, {16, 16}, {32, 16}, {5, 1}, {5, 1}};
+        /* (first row, rows): all (one block per row), 48 (a two-block cluster per row), then
+         * calls of a few rows (an 8-block cluster per row), one of them twice -- each where
+         * the vocabulary spans the blocks */
+        const int64_t calls[][2] = {{0, n}, {0, 48}, {0, 16}, {16, 16}, {32, 16}, {5, 1}, {5, 1}};
         for (size_t ci = 0; ci < DI_ARRAY_LEN(calls); ci++) {
             const int64_t t0 = calls[ci][0], m = calls[ci][1];
             const int64_t clustered = di_backend_cuda_sample_cluster_launches();
             int32_t *dout = (int32_t *)dev_poison(m);
             g_be.ops->sample_rows(g_be.ctx, dx + t0 * V, m, V, drows + t0, dout);
             int32_t *got = host_ints(dout, m);
-            if (m <= 16 && V >= 8 * DI_SAMPLE_BLOCK)
-                CHECK_MSG(di_backend_cuda_sample_cluster_launches() > clustered,
-                          "V=%lld: a call of %lld rows took no cluster", (long long)V,
-                          (long long)m);
+            const bool cluster =
+                (m <= 16 && V >= 8 * DI_SAMPLE_BLOCK) || (m <= 64 && V >= 2 * DI_SAMPLE_BLOCK);
+            CHECK_MSG((di_backend_cuda_sample_cluster_launches() > clustered) == cluster,
+                      "V=%lld: a call of %lld rows %s a cluster", (long long)V, (long long)m,
+                      cluster ? "took no" : "took");
             for (int64_t t = t0; t < t0 + m; t++)
                 CHECK_MSG(got[t - t0] == want[t],
                           "V=%lld row %lld of a call of %lld (T %g, top_k %d, top_p %g, min_p "
@@ -1837,7 +1840,8 @@ int main(void) {
     static const char *knobs[] = {
         "DI_CUDA_TC_LEAN",           "DI_CUDA_TC_XS",          "DI_CUDA_TC_FP8",
         "DI_CUDA_TC_RUNS_MIN_N",     "DI_CUDA_TC_RUNS_TARGET", "DI_CUDA_TC_TARGET",
-        "DI_CUDA_TC_TARGET_EXPERTS", "DI_CUDA_TC_TERMS",       "DI_CUDA_TC_STREAM"};
+        "DI_CUDA_TC_TARGET_EXPERTS", "DI_CUDA_TC_TERMS",       "DI_CUDA_TC_STREAM",
+        "DI_CUDA_SAMPLE_PAIRS"};
     for (size_t i = 0; i < DI_ARRAY_LEN(knobs); i++)
         unsetenv(knobs[i]);
     di_status st = di_backend_cuda_init(&g_be, 0, 8192);

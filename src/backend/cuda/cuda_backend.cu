@@ -40,6 +40,7 @@ typedef struct cuda_backend {
     di_cuda_am_part *am_part;   /* owned: argmax slices, DI_CUDA_AM_ROWS x DI_CUDA_AM_SLICES */
     int *am_counters;           /* owned: their arrivals, DI_CUDA_AM_ROWS ints (zeroed) */
     bool sample_clusters;       /* the device runs sample_rows' clusters (a few rows each) */
+    int64_t sample_pair_rows;   /* ... and draws calls of up to this many rows by pairs */
     int *route_arrivals; /* owned: moe_route's selection blocks' arrivals, one int (zeroed) */
     float *hc_mix;       /* owned: V4 mHC mixing rows, DI_CUDA_HC_MIX_FLOATS floats */
     int attn_heads;      /* heads per attention block: 0 (by shape), 2 or 8 */
@@ -233,7 +234,8 @@ static void cuda_argmax_rows(void *ctx, const float *x, int64_t n, int64_t V, in
 static void cuda_sample_rows(void *ctx, const float *x, int64_t n, int64_t V,
                              const di_sample_row *rows, int32_t *out) {
     cuda_backend *be = (cuda_backend *)ctx;
-    note(be, di_cuda_launch_sample_rows(x, n, V, rows, out, be->sample_clusters, be->stream));
+    note(be, di_cuda_launch_sample_rows(x, n, V, rows, out, be->sample_clusters,
+                                        be->sample_pair_rows, be->stream));
 }
 
 static void cuda_mla_store(void *ctx, const di_mla_store_params *p) {
@@ -911,6 +913,10 @@ extern "C" di_status di_backend_cuda_init(di_backend *out, int device, int64_t m
      * target of 512; batch 1 unchanged (0.57 ms; NOTES.md, sixteenth round). */
     env = getenv("DI_CUDA_TC_STREAM");
     be->tune.tc_stream = !(env && strcmp(env, "0") == 0);
+    /* DI_CUDA_SAMPLE_PAIRS=<rows>: the most rows of a sample_rows call drawn by two-block
+     * clusters (64 by default; 0: none; calls of up to 16 rows take 8-block clusters) */
+    env = getenv("DI_CUDA_SAMPLE_PAIRS");
+    be->sample_pair_rows = env ? atoll(env) : 64;
     be->invariant = true;
     const int64_t chunks = (max_ctx + DI_CUDA_ATTN_CHUNK - 1) / DI_CUDA_ATTN_CHUNK;
     int64_t floats = DI_CUDA_ATTN_SPLIT_TOKENS * 128 * chunks * (DI_CUDA_ATTN_MAX_R + 2);

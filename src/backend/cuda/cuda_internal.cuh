@@ -408,12 +408,13 @@ cudaError_t di_cuda_launch_argmax(const float *x, int64_t n, int64_t V, int32_t 
 /* Seeded sampling: temperature, min_p, top_k, top_p (backend.h's sample_rows; cuda_sample.cu),
  * and the count of its launches (di_backend_cuda_sample_launches; _cluster_launches those
  * drawn by thread-block clusters). `clusters`: the device runs the draw's clusters
- * (di_cuda_sample_setup, once per backend), taken for calls of a few rows. */
+ * (di_cuda_sample_setup, once per backend), taken for calls of a few rows (8 blocks a row)
+ * and of up to pair_rows rows (2 blocks a row). */
 extern int64_t di_cuda_sample_launches, di_cuda_sample_cluster_launches;
 bool di_cuda_sample_setup(void);
 cudaError_t di_cuda_launch_sample_rows(const float *x, int64_t n, int64_t V,
                                        const di_sample_row *rows, int32_t *out, bool clusters,
-                                       cudaStream_t stream);
+                                       int64_t pair_rows, cudaStream_t stream);
 
 /* A step queued behind the running one (cuda_async.cu; backend.h's upload_async ..
  * resolve_ids): pinned staging for each direction, fences, downloads handed over at the

@@ -4,12 +4,14 @@
  * and top_p (no logit processor or logprobs), bit for bit, and the greedy token for
  * temperature 0.
  *
- * A row is drawn by its group: one 1024-thread block, or for a call of at most
- * SR_CLUSTER_ROWS rows (a decode step of a few sequences) a thread-block cluster of
- * SR_CLUSTER 512-thread blocks (sm_90), block r taking the r-th slice of the row's sum blocks
- * (DI_SAMPLE_BLOCK ids each). One block walked a nearly flat 102,400-id row in 0.38 ms (a
- * third of a batch-1 step), eight blocks in 0.15 ms; but at 64 rows the 512 blocks of the
- * clusters took four waves and were slower than 64 blocks (NOTES.md, twentieth round). What
+ * A row is drawn by its group: for a call of at most SR_CLUSTER_ROWS rows (a decode step of
+ * a few sequences) a thread-block cluster of SR_CLUSTER 512-thread blocks (sm_90), block r
+ * taking the r-th slice of the row's sum blocks (DI_SAMPLE_BLOCK ids each); for up to
+ * `pair_rows` rows (64 by default) a cluster of two; for more, one 1024-thread block. One
+ * block walked a nearly flat 102,400-id row in 0.38 ms (a third of a batch-1 step), eight
+ * blocks in 0.15 ms; but at 64 rows the 512 blocks of 8-block clusters took four waves and
+ * were slower than 64 blocks (NOTES.md, twentieth round), while pairs (128 blocks, one wave)
+ * took a 4-layer sampled step of 64 sequences from 2.27 to 2.19 ms (twenty-first round). What
  * a cluster's blocks must agree on goes through distributed shared memory: each block reads
  * every block's value and combines them in rank order, so all hold the same result. Both
  * shapes are one template (sr_group: with one block the exchanges are the block's own).
@@ -486,7 +488,7 @@ bool di_cuda_sample_setup(void) {
 
 cudaError_t di_cuda_launch_sample_rows(const float *x, int64_t n, int64_t V,
                                        const di_sample_row *rows, int32_t *out, bool clusters,
-                                       cudaStream_t stream) {
+                                       int64_t pair_rows, cudaStream_t stream) {
     if (n <= 0 || V <= 0) return cudaSuccess;
     size_t smem = (size_t)((V + DI_SAMPLE_BLOCK - 1) / DI_SAMPLE_BLOCK) * sizeof(double);
     smem = smem > SR_HIST_BYTES ? smem : SR_HIST_BYTES;
@@ -501,6 +503,12 @@ cudaError_t di_cuda_launch_sample_rows(const float *x, int64_t n, int64_t V,
         return di_cuda_launch_cluster(
             sample_rows_kernel<SR_CLUSTER>, dim3((unsigned)(SR_CLUSTER * n)),
             dim3(sr_threads<SR_CLUSTER>), smem, stream, dim3(SR_CLUSTER, 1, 1), x, V, rows, out);
+    }
+    if (clusters && n <= pair_rows && V >= 2 * DI_SAMPLE_BLOCK) {
+        di_cuda_sample_cluster_launches++;
+        return di_cuda_launch_cluster(sample_rows_kernel<2>, dim3((unsigned)(2 * n)),
+                                      dim3(sr_threads<2>), smem, stream, dim3(2, 1, 1), x, V, rows,
+                                      out);
     }
     return di_cuda_launch(sample_rows_kernel<1>, (unsigned)n, sr_threads<1>, smem, stream, x, V,
                           rows, out);
