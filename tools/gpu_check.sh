@@ -6,6 +6,7 @@
 #   build.log     configure + build (warnings are errors)
 #   cuda_ops.log  tests/ops/test_cuda_ops and test_cuda_v4_ops (every CUDA op vs the CPU
 #                 reference)
+#   probe.log     bench/probe_wgmma (wgmma's k16 sums against mma.sync's, bitwise)
 #   cuda_model.log tests/e2e/test_cuda_model (V2/V3/V4 goldens, engine and batch invariance
 #                 on CUDA; again with DI_CUDA_GRAPHS=0, with each other one-token-group
 #                 GEMV: DI_CUDA_TC_LEAN=1, DI_CUDA_TC_XS=0, with a prefill's grouped products on
@@ -86,7 +87,7 @@ t0=$(date +%s)
 {
     cmake -S "$repo" -B "$build" -DDI_WERROR=ON -DCMAKE_BUILD_TYPE=Release &&
         cmake --build "$build" -j"$jobs" --target test_cuda_ops test_cuda_v4_ops test_cuda_model \
-            test_bundled_model deepinfer bench_cuda_matmul
+            test_bundled_model deepinfer bench_cuda_matmul probe_wgmma
 } >"$out/build.log" 2>&1
 rc=$?
 say "build (CUDA test + bench): rc=$rc in $(($(date +%s) - t0)) s ($(grep -c 'Building CUDA object' "$out/build.log") CUDA objects)"
@@ -114,6 +115,10 @@ echo "==== test_cuda_v4_ops" >>"$out/cuda_ops.log"
 (cd "$repo" && "$build/test_cuda_v4_ops") >>"$out/cuda_ops.log" 2>&1
 rc=$?
 say "test_cuda_v4_ops: rc=$rc in $(($(date +%s) - t0)) s: $(tail -1 "$out/cuda_ops.log")"
+# wgmma's k16 sums against mma.sync's, bitwise (bench/probe_wgmma.cu; exit 1 when any differ)
+"$build/probe_wgmma" >"$out/probe.log" 2>&1
+rc=$?
+say "probe_wgmma: rc=$rc: $(tail -2 "$out/probe.log" | tr '\n' ' ')"
 
 # --- the model on CUDA -------------------------------------------------------------------------
 t0=$(date +%s)
