@@ -137,6 +137,30 @@ static uint16_t rnd_bf16(int spread) {
     return (uint16_t)(sign << 15 | exp << 7 | (rnd() & 0x7F));
 }
 
+static float bf16_float(uint16_t b) {
+    const uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* max |y - exact| / max |exact| over the outputs, exact = C + every step's A B in double: a
+ * layout error shows as a large error, a rounding difference as a tiny one */
+static double rel_error(const trial *t, const float *y) {
+    double worst = 0.0, scale = 0.0;
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < N; n++) {
+            double e = t->c[m][n];
+            for (int s = 0; s < STEPS; s++)
+                for (int k = 0; k < K; k++)
+                    e += (double)bf16_float(t->a[s][m][k]) * (double)bf16_float(t->b[s][k][n]);
+            const double d = y[m * N + n] - e;
+            worst = d < 0 ? (-d > worst ? -d : worst) : (d > worst ? d : worst);
+            scale = e < 0 ? (-e > scale ? -e : scale) : (e > scale ? e : scale);
+        }
+    return scale > 0 ? worst / scale : worst;
+}
+
 static void make_trial(trial *t, bool permute) {
     for (int s = 0; s < STEPS; s++) {
         for (int m = 0; m < M; m++)
@@ -178,6 +202,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     int differ[2] = {0, 0}, shown = 0;
+    double err_mma = 0.0, err_wgmma = 0.0; /* worst relative errors against the exact sums */
     for (int it = 0; it < 2 * trials; it++) {
         const int permute = it & 1; /* 0: the same slot order, 1: permuted */
         make_trial(ht, permute);
@@ -190,6 +215,9 @@ int main(int argc, char **argv) {
         }
         cudaMemcpy(hm, dm, sizeof hm, cudaMemcpyDeviceToHost);
         cudaMemcpy(hw, dw, sizeof hw, cudaMemcpyDeviceToHost);
+        const double em = rel_error(ht, hm), ew = rel_error(ht, hw);
+        err_mma = em > err_mma ? em : err_mma;
+        err_wgmma = ew > err_wgmma ? ew : err_wgmma;
         if (memcmp(hm, hw, sizeof hm) != 0) {
             differ[permute]++;
             for (int i = 0; i < M * N && shown < 5; i++)
@@ -204,5 +232,8 @@ int main(int argc, char **argv) {
            STEPS, M, N);
     printf("  wgmma vs mma.sync, the same slot order: %d of %d trials differ\n", differ[0], trials);
     printf("  wgmma with each step's slots permuted:  %d of %d trials differ\n", differ[1], trials);
+    printf("  worst error against the exact sums: mma.sync %.3g, wgmma %.3g (large: a layout "
+           "error)\n",
+           err_mma, err_wgmma);
     return differ[0] || differ[1] ? 1 : 0;
 }
