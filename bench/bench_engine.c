@@ -72,6 +72,16 @@ typedef struct step_buckets {
     int64_t cap;
 } step_buckets;
 
+/* A request's sampling: greedy, or --temperature / --top-p; ignore_eos, max_tokens new ones. */
+static di_sampling_params request_sampling(const bench_opts *o, int64_t max_tokens) {
+    di_sampling_params sp = di_sampling_default_params();
+    sp.temperature = (float)o->temperature;
+    sp.top_p = (float)o->top_p;
+    sp.ignore_eos = true;
+    sp.max_tokens = max_tokens;
+    return sp;
+}
+
 /* --warmup: o->concurrency requests of 2 tokens (at most gen_len), run to the end. Their
  * prompts come from a random stream of their own, so the timed prompts are the ones a run
  * without a warm-up draws (the shared prefix, if any, stays cached, as in a running server). */
@@ -79,11 +89,7 @@ static int warm_up(di_engine *e, const bench_opts *o, const int32_t *prefix, int
                    int32_t *prompt, di_engine_output *outs, int64_t cap) {
     const uint64_t timed_rng = g_rng;
     g_rng = ~timed_rng;
-    di_sampling_params sp = di_sampling_default_params();
-    sp.temperature = (float)o->temperature;
-    sp.top_p = (float)o->top_p;
-    sp.ignore_eos = true;
-    sp.max_tokens = o->gen_len < 2 ? o->gen_len : 2;
+    di_sampling_params sp = request_sampling(o, o->gen_len < 2 ? o->gen_len : 2);
     for (int64_t i = 0; i < o->concurrency; i++) {
         make_prompt(o, prefix, vocab, prompt);
         sp.seed = o->requests + i; /* seeds the timed requests do not use */
@@ -128,11 +134,7 @@ static int run_engine(const bench_opts *o, di_model *model, const di_model_info 
     sb.expert_loads = calloc((size_t)sb.cap, sizeof(double));
     for (int64_t k = 0; k < o->shared_prefix; k++)
         prefix[k] = rand_id(info->vocab_size);
-    di_sampling_params sp = di_sampling_default_params();
-    sp.temperature = (float)o->temperature;
-    sp.top_p = (float)o->top_p;
-    sp.ignore_eos = true;
-    sp.max_tokens = o->gen_len;
+    di_sampling_params sp = request_sampling(o, o->gen_len);
     samples ttft = {0}, itl = {0};
     int rc = o->warmup ? warm_up(e, o, prefix, info->vocab_size, prompt, outs, cap) : 0;
     if (rc) fprintf(stderr, "bench_engine: warm-up: %s\n", di_last_error());

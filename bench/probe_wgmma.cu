@@ -23,6 +23,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -154,9 +155,8 @@ static double rel_error(const trial *t, const float *y) {
             for (int s = 0; s < STEPS; s++)
                 for (int k = 0; k < K; k++)
                     e += (double)bf16_float(t->a[s][m][k]) * (double)bf16_float(t->b[s][k][n]);
-            const double d = y[m * N + n] - e;
-            worst = d < 0 ? (-d > worst ? -d : worst) : (d > worst ? d : worst);
-            scale = e < 0 ? (-e > scale ? -e : scale) : (e > scale ? e : scale);
+            worst = fmax(worst, fabs(y[m * N + n] - e));
+            scale = fmax(scale, fabs(e));
         }
     return scale > 0 ? worst / scale : worst;
 }

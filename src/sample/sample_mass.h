@@ -25,6 +25,7 @@
 
 #include "sample/sample_full_row.h" /* DS_HD, ds_float_bits */
 
+#include <stdbool.h>
 #include <stdint.h>
 
 typedef unsigned __int128 ds_u128; /* GCC, clang and nvcc on 64-bit hosts */
@@ -38,6 +39,13 @@ typedef unsigned __int128 ds_u128; /* GCC, clang and nvcc on 64-bit hosts */
 #define DI_SAMPLE_DEVICE_MAX_VOCAB (1 << 20)
 
 #define DS_MASS_SCALE 4503599627370496.0f /* 2^52 */
+
+/* Does a random draw take the filtered path (top_k below the vocabulary or top_p below 1),
+ * whose cut and draw use these integer masses? (Else the full-row draw of
+ * sample_full_row.h.) */
+DS_HD bool ds_filtered(int32_t top_k, float top_p, int64_t vocab) {
+    return (top_k > 0 && top_k < vocab) || top_p < 1.0f;
+}
 
 /* A float's bits as a uint32 that orders like the float (NaN excluded by the callers); -0
  * as +0, since every comparison of the sampler (top_k's heap, the argmax) holds them equal:

@@ -70,19 +70,13 @@ static bool ids_valid(const di_sampling_params *p, const di_sample_input *in) {
 }
 
 /* Everything that depends on the vocabulary size, which params validation cannot know. */
-/* Does a random draw under p take the filtered path (top_k below the vocabulary or top_p
- * below 1: sample_mass.h's integer masses)? */
-static bool filtered(const di_sampling_params *p, int64_t vocab) {
-    return (p->top_k > 0 && p->top_k < vocab) || p->top_p < 1.0f;
-}
-
 static di_status check_input(const di_sampling_params *p, const di_sample_input *in) {
     if (!p || !in || !in->logits || in->vocab <= 0 || in->vocab > INT32_MAX)
         return di_error(DI_ERR_INVALID_ARG,
                         "sampler: need params, a logits row and a vocab "
                         "size in [1, 2^31), got vocab %lld",
                         in ? (long long)in->vocab : 0LL);
-    if (filtered(p, in->vocab) && in->vocab > DI_SAMPLE_MASS_MAX_VOCAB)
+    if (ds_filtered(p->top_k, p->top_p, in->vocab) && in->vocab > DI_SAMPLE_MASS_MAX_VOCAB)
         return di_error(DI_ERR_INVALID_ARG,
                         "sampler: top_k / top_p take a vocab of at most %d ids, got %lld",
                         DI_SAMPLE_MASS_MAX_VOCAB, (long long)in->vocab);

@@ -370,7 +370,6 @@ __global__ void __launch_bounds__(ATT_THREADS, 2) /* 2 blocks of <= 93 KiB per S
     pdl_wait(); /* programmatic dependent launch: cuda_internal.cuh */
     pdl_trigger();
     extern __shared__ float smem[];
-    __shared__ int last_block;
     di_mla_attn_params p = p_in;
     const int R = (int)p.kv_lora_rank, dr = (int)p.rope_dim, tid = threadIdx.x;
     const att_smem s = att_carve<HG>(smem, R, dr);
@@ -446,20 +445,9 @@ __global__ void __launch_bounds__(ATT_THREADS, 2) /* 2 blocks of <= 93 KiB per S
         }
     }
     if (to_slots) {
-        /* The last block of this (query, head group) folds: every thread's slot writes are
-         * fenced before the block's arrival is counted (the threadFenceReduction pattern). */
-        __threadfence();
-        __syncthreads();
-        if (tid == 0) {
-            const int arrivals = (int)min((int64_t)gridDim.y, n_chunks);
-            last_block = atomicAdd(&counters[blockIdx.x], 1) == arrivals - 1;
-            if (last_block) {
-                counters[blockIdx.x] = 0; /* for the next launch */
-                __threadfence();          /* the others' states before this block's reads */
-            }
-        }
-        __syncthreads();
-        if (!last_block) return;
+        /* The last block of this (query, head group) to write its slots folds them. */
+        if (!di_cuda_last_to_arrive(&counters[blockIdx.x], (int)min((int64_t)gridDim.y, n_chunks)))
+            return;
 #pragma unroll
         for (int k = 0; k < ATT_MAXE(HG); k++) {
             const int64_t h = h0 + ATT_HEAD(k, HG);

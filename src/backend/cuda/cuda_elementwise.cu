@@ -332,7 +332,7 @@ __global__ void __launch_bounds__(AM_THREADS)
 /* A few rows (a decode step of a few sequences): one block per row left most of the device
  * idle while it read the row (102,400 logits in 18 us on the H200: NOTES.md, fifteenth round).
  * Here DI_CUDA_AM_SLICES blocks per row each take a slice, leave their (max, first index, bad)
- * in `part`, and the last to arrive (the attention's threadFenceReduction pattern) combines
+ * in `part`, and the last to arrive (di_cuda_last_to_arrive) combines
  * them. The maximum with the lowest index and "any NaN or +inf" do not depend on the order
  * in which the slices are combined: the same token as argmax_kernel. */
 #define AM_SLICE_THREADS 256
@@ -347,18 +347,9 @@ __global__ void __launch_bounds__(AM_SLICE_THREADS)
     const int64_t q = (V + 3) / 4, lo = min(4 * (q * blockIdx.x / S), V),
                   hi = min(4 * (q * (blockIdx.x + 1) / S), V);
     di_cuda_row_max r = di_cuda_block_row_max<AM_SLICE_THREADS>(x + row * V + lo, hi - lo);
-    __shared__ bool last_block;
-    if (threadIdx.x == 0) {
+    if (threadIdx.x == 0)
         part[row * S + blockIdx.x] = {r.max, r.first < 0 ? -1 : lo + r.first, r.bad};
-        __threadfence();
-        last_block = atomicAdd(&counters[row], 1) == (int)S - 1;
-        if (last_block) {
-            counters[row] = 0; /* for the next launch */
-            __threadfence();   /* the others' slices before this block's reads */
-        }
-    }
-    __syncthreads();
-    if (!last_block || threadIdx.x != 0) return;
+    if (!di_cuda_last_to_arrive(&counters[row], (int)S) || threadIdx.x != 0) return;
     const volatile di_cuda_am_part *pr = part + row * S;
     float bv = -INFINITY;
     int64_t bi = -1;

@@ -51,6 +51,25 @@ static __device__ __forceinline__ void pdl_trigger(void) {
 #endif
 }
 
+/* The last block to arrive (the threadFenceReduction pattern): every thread of the block
+ * calls it after the writes the last block will read; true, in every thread, in the block
+ * that arrives `expected`-th at *counter, which it resets to 0 for the next launch (the
+ * counter starts at 0). The split attention's fold, the argmax slices' combine and the MoE
+ * routing's grouping use it. */
+static __device__ __forceinline__ bool di_cuda_last_to_arrive(int *counter, int expected) {
+    __threadfence(); /* this thread's writes, before the block's arrival is counted */
+    __syncthreads();
+    bool last = false;
+    if (threadIdx.x == 0) {
+        last = atomicAdd(counter, 1) == expected - 1;
+        if (last) {
+            *counter = 0;    /* for the next launch */
+            __threadfence(); /* the others' writes before this block's reads */
+        }
+    }
+    return __syncthreads_or(last); /* (no shared flag: the caller may use all 48 KiB) */
+}
+
 /* kernel<<<grid, block, smem, stream>>>(args...) in thread-block clusters of `cluster`
  * blocks (1 x 1 x 1: no clusters), with the programmatic-serialization attribute when
  * di_cuda_pdl is on. */

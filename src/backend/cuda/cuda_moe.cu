@@ -30,8 +30,8 @@
  * Launches: a call of at most one block's warps of tokens (a decode step of a few sequences:
  * 8 for up to 243 experts, fewer for more, as the warps' scratch allows) is one kernel,
  * route_small_kernel, which selects and then groups; a larger one is route_kernel (a warp
- * per token), whose last block to finish its selections groups them all (the arrival
- * counter of the argmax slices and the split attention): one launch where a selection
+ * per token), whose last block to finish its selections groups them all
+ * (di_cuda_last_to_arrive): one launch where a selection
  * kernel and a grouping kernel took 6.3 and 6.5 us at 64 tokens on the H200. Grouping is
  * one block either way, so the rows are the same.
  */
@@ -306,19 +306,8 @@ __global__ void __launch_bounds__(RG_THREADS)
              t += (int64_t)gridDim.x * warps)
             select_token(a, t, s, a.ids + t * K);
     }
-    bool last = false;
-    __syncthreads(); /* this block's ids are written */
-    if (threadIdx.x == 0) {
-        __threadfence(); /* ... and visible to the last block before it counts this one */
-        last = atomicAdd(arrivals, 1) == (int)gridDim.x - 1;
-        if (last) {
-            *arrivals = 0;   /* for the next launch */
-            __threadfence(); /* the others' ids before this block's reads */
-        }
-    }
-    /* (a block-wide OR, not a shared flag: the static and dynamic shared memory can take all
-     * 48 KiB) */
-    if (!__syncthreads_or(last)) return;
+    /* the block to write its ids last groups everyone's */
+    if (!di_cuda_last_to_arrive(arrivals, (int)gridDim.x)) return;
     const int nk = (int)(a.n * K);
     int32_t *ids = reinterpret_cast<int32_t *>(route_smem); /* the scratch is done with */
     for (int i = threadIdx.x; i < nk; i += (int)blockDim.x)

@@ -66,7 +66,38 @@ struct sr_hist {
     unsigned long long *lo; /* [SR_SUBS][SR_BINS]: sums of mass & 0xffffffff */
 };
 
-/* The block's sum of v (every thread's, T threads), returned to every thread. */
+/* The warp's inclusive prefix of v in lane order (128 bits as two 64-bit shuffles). */
+static __device__ __forceinline__ ds_u128 warp_scan_u128(ds_u128 v) {
+    const int lane = threadIdx.x & 31;
+    for (int off = 1; off < 32; off <<= 1) {
+        const unsigned long long h =
+            __shfl_up_sync(0xffffffffu, (unsigned long long)(v >> 64), off);
+        const unsigned long long l = __shfl_up_sync(0xffffffffu, (unsigned long long)v, off);
+        if (lane >= off) v += ((ds_u128)h << 64) | l;
+    }
+    return v;
+}
+
+/* The block's exclusive prefix of v in thread order (thread 0 gets 0, T threads); *all the
+ * block's sum, in every thread. */
+template <int T> static __device__ ds_u128 block_scan_u128(ds_u128 v, ds_u128 *all) {
+    __shared__ unsigned long long wh[T / 32], wl[T / 32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const ds_u128 inc = warp_scan_u128(v);
+    if (lane == 31) wh[warp] = (unsigned long long)(inc >> 64), wl[warp] = (unsigned long long)inc;
+    __syncthreads();
+    ds_u128 before = 0, sum = 0; /* the earlier warps' sums; all warps' */
+    for (int w = 0; w < T / 32; w++) {
+        const ds_u128 s = ((ds_u128)wh[w] << 64) | wl[w];
+        if (w < warp) before += s;
+        sum += s;
+    }
+    __syncthreads(); /* wh / wl may be rewritten by the next call */
+    *all = sum;
+    return before + inc - v;
+}
+
+/* The block's sum of v (every thread's), returned to every thread. */
 template <int T> static __device__ ds_u128 block_sum_u128(ds_u128 v) {
     __shared__ unsigned long long wh[T / 32], wl[T / 32];
     __shared__ ds_u128 total;
@@ -90,30 +121,6 @@ template <int T> static __device__ ds_u128 block_sum_u128(ds_u128 v) {
     const ds_u128 t = total;
     __syncthreads(); /* total may be rewritten by the next call */
     return t;
-}
-
-/* The block's exclusive prefix of v in thread order (thread 0 gets 0); *all the sum. */
-template <int T> static __device__ ds_u128 block_scan_u128(ds_u128 v, ds_u128 *all) {
-    __shared__ unsigned long long wh[T / 32], wl[T / 32];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    ds_u128 inc = v; /* the warp's inclusive scan */
-    for (int off = 1; off < 32; off <<= 1) {
-        const unsigned long long h =
-            __shfl_up_sync(0xffffffffu, (unsigned long long)(inc >> 64), off);
-        const unsigned long long l = __shfl_up_sync(0xffffffffu, (unsigned long long)inc, off);
-        if (lane >= off) inc += ((ds_u128)h << 64) | l;
-    }
-    if (lane == 31) wh[warp] = (unsigned long long)(inc >> 64), wl[warp] = (unsigned long long)inc;
-    __syncthreads();
-    ds_u128 before = 0, sum = 0; /* the earlier warps' sums; all warps' */
-    for (int w = 0; w < T / 32; w++) {
-        const ds_u128 s = ((ds_u128)wh[w] << 64) | wl[w];
-        if (w < warp) before += s;
-        sum += s;
-    }
-    __syncthreads(); /* wh / wl may be rewritten by the next call */
-    *all = sum;
-    return before + inc - v;
 }
 
 /* A row's group of CL blocks (one block, or a cluster): this block's rank and its slice
@@ -309,14 +316,7 @@ static __device__ uint64_t radix_select(const sr_group<CL> &c, const float *x, f
             ds_u128 mine = 0;
             for (int j = 0; j < 8; j++)
                 mine += s_dv[8 * lane + j];
-            ds_u128 inc = mine;
-            for (int off = 1; off < 32; off <<= 1) {
-                const unsigned long long hh =
-                    __shfl_up_sync(0xffffffffu, (unsigned long long)(inc >> 64), off);
-                const unsigned long long ll =
-                    __shfl_up_sync(0xffffffffu, (unsigned long long)inc, off);
-                if (lane >= off) inc += ((ds_u128)hh << 64) | ll;
-            }
+            const ds_u128 inc = warp_scan_u128(mine);
             const unsigned reach = __ballot_sync(0xffffffffu, base + inc >= target);
             /* reach != 0: the target is always reached (rank <= the candidates, need <= their
              * mass); were it not, the last digit is taken */
@@ -430,7 +430,7 @@ __global__ void __launch_bounds__(sr_threads<CL>)
         const float cm = __fadd_rn(bv, __fmul_rn(r.temperature, r.log_min_p));
         cutoff = cm > cutoff ? cm : cutoff;
     }
-    if ((r.top_k > 0 && r.top_k < V) || r.top_p < 1.0f) {
+    if (ds_filtered(r.top_k, r.top_p, V)) {
         unsigned char *sm = reinterpret_cast<unsigned char *>(bsum);
         const sr_hist h = {reinterpret_cast<unsigned *>(sm),
                            reinterpret_cast<unsigned long long *>(sm + SR_SUBS * SR_BINS * 4),
