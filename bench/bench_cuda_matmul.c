@@ -13,9 +13,9 @@
  * Prints the device's measured copy bandwidth (bytes read + written per second, the
  * roofline), then for DeepSeek-V3 weight shapes in BF16 and block-scaled FP8, and V4-Flash
  * expert shapes in FP4 (e2m1 with E8M0 scales, through matmul_fp4), and batch sizes
- * n = 1 .. 64: the time of one matmul and the weight bytes (scales included) streamed per
- * second, as GB/s and as a share of the copy bandwidth. Each shape cycles over enough distinct
- * device copies
+ * n = 1 .. 64 (256 and 1024 too where max_n allows): the time of one matmul and the weight bytes
+ * (scales included) streamed per second, as GB/s and as a share of the copy bandwidth. Each shape
+ * cycles over enough distinct device copies
  * (>= 512 MiB) that the 60 MB L2 cannot serve repeats. Then the MLA decode attention's time
  * for a few context lengths. Without a CUDA device it says so and exits 0.
  */
@@ -102,8 +102,10 @@ static void bench_shape(const di_backend *be, const shape *s, double copy_bw, in
             break;
         }
     }
-    static const int64_t ns[] = {1, 2, 4, 8, 16, 64};
-    const int64_t nmax = 64;
+    static const int64_t ns[] = {1, 2, 4, 8, 16, 64, 256, 1024}; /* 256, 1024: a prefill's */
+    int64_t nmax = 1;
+    for (size_t k = 0; k < DI_ARRAY_LEN(ns) && ns[k] <= max_n; k++)
+        nmax = ns[k];
     float *x = dev_random(be, nmax * s->cols);
     float *y = di_cuda_malloc(be, sizeof(float) * (size_t)(nmax * s->rows));
     for (size_t k = 0; k < DI_ARRAY_LEN(ns) && ncopies > 0 && ns[k] <= max_n; k++) {

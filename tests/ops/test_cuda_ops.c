@@ -1398,6 +1398,43 @@ static void check_tc_modes(di_backend *be, di_dtype dt, int64_t rows, int64_t co
     glu_case_free(&c);
 }
 
+/* The wide kernel on mma.sync (DI_CUDA_TC_WGMMA=0) against the default, wgmma on an sm_90
+ * device: see matmul_tc. */
+static void check_wide_mma(void) {
+    di_device_info dev;
+    int32_t ndev = 0;
+    const bool sm90 = di_cuda_devices(&dev, 1, &ndev) == DI_OK && ndev > 0 && dev.cc_major == 9;
+    const int64_t wg = di_backend_cuda_wgmma_launches();
+    for (int terms = 2; terms <= 3; terms++) {
+        if (terms == 3) setenv("DI_CUDA_TC_TERMS", "3", 1);
+        di_backend bm = backend_with("DI_CUDA_TC_WGMMA", "0");
+        unsetenv("DI_CUDA_TC_TERMS");
+        if (!bm.ctx) return;
+        const int64_t wide = di_backend_cuda_wide_launches(false),
+                      before = di_backend_cuda_wgmma_launches();
+        check_tc(&bm, DI_DTYPE_BF16, 0, 1408, 2048, 1e-5); /* every product on bm */
+        check_tc(&bm, DI_DTYPE_BF16, 0, 37, 2056, 1e-5);   /* runs of 8 and 9 chunks */
+        if (terms == 2) check_tc_modes(&bm, DI_DTYPE_BF16, 1408, 2048, 40); /* GLU, add */
+        CHECK_MSG(di_backend_cuda_wide_launches(false) > wide,
+                  "DI_CUDA_TC_WGMMA=0: no wide product ran");
+        CHECK_MSG(di_backend_cuda_wgmma_launches() == before,
+                  "DI_CUDA_TC_WGMMA=0 still launched the wgmma kernel");
+        if (terms == 2) { /* grouped products of many rows per expert on bm, against g_be's
+                           * plain products (on wgmma) */
+            const int64_t grouped = di_backend_cuda_wide_launches(true);
+            g_xbe = &bm;
+            check_experts(DI_DTYPE_BF16, 8, 2, 300, 1408, 2048);
+            check_experts(DI_DTYPE_BF16, 4, 2, 100, 300, 520);
+            g_xbe = &g_be;
+            CHECK_MSG(di_backend_cuda_wide_launches(true) > grouped,
+                      "DI_CUDA_TC_WGMMA=0: no grouped wide product ran");
+        }
+        di_backend_free(&bm);
+    }
+    /* and the default ran wgmma on an sm_90 device (matmul_tc's batches before this) */
+    CHECK_MSG(!sm90 || wg > 0, "%s (sm_90): no wide product ran on wgmma", dev.name);
+}
+
 TEST(matmul_tc) {
     if (!g_have_gpu) SKIP("no CUDA device");
     static const int64_t shapes[][2] = {{37, 2056},  {1408, 2048}, {2048, 1408}, {576, 2048},
@@ -1455,6 +1492,11 @@ TEST(matmul_tc) {
     check_tc(&b3, DI_DTYPE_BF16, 0, 1408, 2048, 1e-5);
     check_tc(&b3, DI_DTYPE_BF16, 0, 37, 2056, 1e-5);
     di_backend_free(&b3);
+    /* The wide kernel on mma.sync as on wgmma (the default on sm_90): the same bits as the
+     * GEMV for plain products (check_tc: a batch against its tokens alone, check_tc_modes: GLU
+     * and accumulate) and for a prefill's grouped ones (check_experts: against the default
+     * backend's plain products), with 2 and 3 parts. */
+    check_wide_mma();
     /* batch invariance off: the SIMT GEMV up to 8 tokens, the tensor cores above; both at
      * the reference's accuracy, GLU still bitwise matmul + silu_mul at either size */
     di_backend_cuda_set_batch_invariant(&g_be, false);
@@ -1841,7 +1883,7 @@ int main(void) {
         "DI_CUDA_TC_LEAN",           "DI_CUDA_TC_XS",          "DI_CUDA_TC_FP8",
         "DI_CUDA_TC_RUNS_MIN_N",     "DI_CUDA_TC_RUNS_TARGET", "DI_CUDA_TC_TARGET",
         "DI_CUDA_TC_TARGET_EXPERTS", "DI_CUDA_TC_TERMS",       "DI_CUDA_TC_STREAM",
-        "DI_CUDA_SAMPLE_PAIRS"};
+        "DI_CUDA_SAMPLE_PAIRS",      "DI_CUDA_TC_WGMMA"};
     for (size_t i = 0; i < DI_ARRAY_LEN(knobs); i++)
         unsetenv(knobs[i]);
     di_status st = di_backend_cuda_init(&g_be, 0, 8192);

@@ -882,6 +882,10 @@ extern "C" di_status di_backend_cuda_init(di_backend *out, int device, int64_t m
      * chunk of its expert, as before the nineteenth round of NOTES.md). */
     env = getenv("DI_CUDA_TC_WIDE_X");
     be->tune.tc_wide_x = env && atoll(env) > 0 ? atoll(env) : 8;
+    /* The wide kernel on wgmma (1, the default where the device is sm_90) or on mma.sync
+     * (0); the same sums (cuda_tc_wide.cu). */
+    env = getenv("DI_CUDA_TC_WGMMA");
+    be->tune.tc_wgmma = !(env && strcmp(env, "0") == 0);
     env = getenv("DI_CUDA_TC_RT"); /* 1 or 2 (default); tc_kernel's grouped products only */
     be->tune.tc_rt = env && atoi(env) == 1 ? 1 : 2;
     /* A decode batch's grouped products with several K runs per warp (the same sums as one
@@ -967,6 +971,12 @@ extern "C" di_status di_backend_cuda_init(di_backend *out, int device, int64_t m
                         cudaGetErrorString(err));
     }
     be->stream = be->main;
+    int cc_major = 0; /* wgmma: sm_90a's only */
+    if (cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, device) !=
+            cudaSuccess ||
+        cc_major != 9)
+        be->tune.tc_wgmma = 0;
+    (void)cudaGetLastError();
     be->sample_clusters = di_cuda_sample_setup();
     if (!wide_ok) /* no clusters here: the GEMV for every n */
         be->tune.tc_wide_min_n = be->tune.tc_wide_grouped = 0;
@@ -1041,6 +1051,10 @@ extern "C" int64_t di_backend_cuda_xs_launches(void) {
 
 extern "C" int64_t di_backend_cuda_wide_launches(bool grouped) {
     return di_cuda_wide_launches[grouped ? 1 : 0];
+}
+
+extern "C" int64_t di_backend_cuda_wgmma_launches(void) {
+    return di_cuda_wgmma_launches;
 }
 
 extern "C" int64_t di_cuda_device_free_bytes(int device) {

@@ -114,6 +114,8 @@ int64_t di_backend_cuda_tc_stream_launches(void);
 /* How many wide tensor-core products of many tokens this process has launched, grouped
  * (expert) ones or plain ones (0 without CUDA): lets a test see that they ran. */
 int64_t di_backend_cuda_wide_launches(bool grouped);
+/* ... of them on wgmma (DI_CUDA_TC_WGMMA; an sm_90 device). */
+int64_t di_backend_cuda_wgmma_launches(void);
 
 /* Device-to-device copy bandwidth in bytes/s (bytes read + bytes written per second) over a
  * buffer of `bytes`: the roofline the benchmarks compare with. Returns 0 on failure. */

@@ -147,6 +147,9 @@ typedef struct di_cuda_tuning {
      * tc_wide_x-th of its expert's token chunks (cuda_tc_wide.cu: tw_grouped_x; 1: one block
      * walks them all). Same values. */
     int64_t tc_wide_x;
+    /* The wide kernel's products as wgmma (sm_90a; DI_CUDA_TC_WGMMA, on by default where
+     * the device's compute capability is 9.0) instead of mma.sync. Same values. */
+    int tc_wgmma;
     /* Row tiles per warp of tc_kernel's grouped products for a few tokens per expert (1 or
      * 2): fewer, longer-lived blocks. Same values. Those products take the streaming kernel
      * by default (tc_stream), so this applies under DI_CUDA_TC_STREAM=0, to FP8 weights and
@@ -304,6 +307,7 @@ cudaError_t di_cuda_launch_matmul_tc_stream(const di_cuda_mm_params *p, int ks, 
 cudaError_t di_cuda_tc_stream_setup(void);
 extern int64_t di_cuda_tc_stream_launches; /* di_backend_cuda_tc_stream_launches */
 extern int64_t di_cuda_wide_launches[2];   /* di_backend_cuda_wide_launches: plain, grouped */
+extern int64_t di_cuda_wgmma_launches;     /* di_backend_cuda_wgmma_launches */
 extern int64_t di_cuda_lean_launches;      /* di_backend_cuda_lean_launches */
 extern int64_t di_cuda_xs_launches;        /* di_backend_cuda_xs_launches */
 extern int64_t di_cuda_tc_fp8_launches;    /* di_backend_cuda_tc_fp8_launches */

@@ -102,6 +102,10 @@ int64_t di_backend_cuda_wide_launches(bool grouped) {
     return 0;
 }
 
+int64_t di_backend_cuda_wgmma_launches(void) {
+    return 0;
+}
+
 int64_t di_cuda_device_free_bytes(int device) {
     (void)device;
     return -1;

@@ -24,6 +24,17 @@
  * elements from all ks blocks' shared memory, in run order, and applies the epilogue (GLU,
  * accumulate). No scratch, no atomics. With one K run a block stores directly.
  * test_cuda_ops checks the equality bitwise against the GEMV's one-token results.
+ *
+ * On sm_90a (WG, the default there: DI_CUDA_TC_WGMMA) the block's two warpgroups run the
+ * products as wgmma m64nNk16 (N = 8 x the token groups with tokens): each warp's weight
+ * fragments stay in its registers exactly as above, and the tensor cores read the
+ * activations' parts straight from shared memory, staged in wgmma's K-major core-matrix
+ * layout instead of the mma's fragments (H200: 1-7 % faster at 256-1024 tokens, the same at
+ * 64; the kernel is latency-bound -- NOTES.md, twenty-second round). Why the bits stay the
+ * GEMV's: on Hopper a k16 step of wgmma and of mma.sync m16n8k16 are the same fused dot-add
+ * of the 16 products and the accumulator, independent of the order of the 16 pairs
+ * (bench/probe_wgmma.cu checks both on the device); each k-step here holds the mma step's
+ * 16 (weight, activation) pairs, from the same accumulator, in the same sequence.
  */
 #include "backend/cuda/cuda_tc.cuh"
 
@@ -45,6 +56,114 @@ namespace cg = cooperative_groups;
 static_assert(TW_SU * TW_THREADS == TW_NG * TW_SLAB * 32, "whole units per thread");
 static_assert(TW_TOKENS * TW_PSTRIDE * sizeof(float) <= (size_t)TW_SMEM,
               "the partial sums reuse the fragments' shared memory");
+
+/* wgmma exists on sm_90a only; elsewhere a WG kernel runs the mma.sync path (same sums). */
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define TW_WGMMA 1
+#else
+#define TW_WGMMA 0
+#endif
+
+/* WG's shared memory: one 1 KiB tile per (slab chunk cc, part s, k-step h) holding the step's
+ * 16 k-slots of the 32 tokens as bf16, K-major without swizzle: token group j's two 8 x 8
+ * core matrices (slots 0-7, 8-15) at j 256 + kb 128 bytes, token n's 8 slots in 16 bytes at
+ * 16 n. Slot 2 tig + e of core kb holds what the mma's B register kb of lane (n, tig) holds. */
+#define TW_TILE_BYTES 1024
+static_assert(TW_SLAB * TW_TERMS * 2 * TW_TILE_BYTES == TW_SMEM, "WG's tiles fill the space");
+static __device__ __forceinline__ int tw_tile(int cc, int s, int h) {
+    return ((cc * TW_TERMS + s) * 2 + h) * TW_TILE_BYTES;
+}
+
+#if TW_WGMMA /* (used only there) */
+/* A shared-memory matrix descriptor, no swizzle: the start address, the byte offsets between
+ * core matrices along K (128) and along N (256), each >> 4. */
+static __device__ __forceinline__ uint64_t tw_desc(const void *tile) {
+    const uint32_t addr = (uint32_t)__cvta_generic_to_shared(tile);
+    return (uint64_t)((addr & 0x3FFFF) >> 4) | (uint64_t)(128 >> 4) << 16 |
+           (uint64_t)(256 >> 4) << 32;
+}
+
+/* Keeps the compiler from moving a register across the asynchronous wgmma's reads / writes. */
+static __device__ __forceinline__ void tw_fence_operand(float &r) {
+    asm volatile("" : "+f"(r)::"memory");
+}
+#endif
+
+/* d (m-tile rows of this warp x 8 NG tokens) += A B for one k16 step of the warpgroup: a0-a3
+ * the mma's A registers, B the tile at desc. */
+template <int NG>
+static __device__ __forceinline__ void tw_wgmma(float (&d)[TW_NG][4], uint32_t a0, uint32_t a1,
+                                                uint32_t a2, uint32_t a3, uint64_t desc) {
+#if TW_WGMMA
+    if constexpr (NG == 1)
+        asm volatile("wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 "
+                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, %8, 1, 1, 1, 0;"
+                     : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3])
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc)
+                     : "memory");
+    else if constexpr (NG == 2)
+        asm volatile("wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
+                     "{%0,%1,%2,%3,%4,%5,%6,%7}, {%8,%9,%10,%11}, %12, 1, 1, 1, 0;"
+                     : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]),
+                       "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3])
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc)
+                     : "memory");
+    else if constexpr (NG == 3)
+        asm volatile("wgmma.mma_async.sync.aligned.m64n24k16.f32.bf16.bf16 "
+                     "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11}, {%12,%13,%14,%15}, %16, 1, 1, 1, 0;"
+                     : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]),
+                       "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]),
+                       "+f"(d[2][2]), "+f"(d[2][3])
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc)
+                     : "memory");
+    else
+        asm volatile("wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+                     "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, "
+                     "{%16,%17,%18,%19}, %20, 1, 1, 1, 0;"
+                     : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]),
+                       "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]),
+                       "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]),
+                       "+f"(d[3][3])
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc)
+                     : "memory");
+#endif
+}
+
+/* WG's version of one chunk's mma (tw_chunk_mma): per term, per k-step, one wgmma per m-tile
+ * for the first NGA token groups, then a wait for them all (the next chunk's weights replace
+ * the A registers; the last chunk's tiles are restaged after the slab). The same sequence
+ * per accumulator. tb: the shared memory. */
+template <int NGA>
+static __device__ __forceinline__ void tw_chunk_wgmma(float (&acc)[2][TW_NG][4],
+                                                      const uint4 (&a)[2][2], const char *tb,
+                                                      int cc, int terms) {
+#if TW_WGMMA
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int e = 0; e < TW_NG * 4; e++)
+            tw_fence_operand((&acc[mt][0][0])[e]);
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+    for (int s = 0; s < TW_TERMS; s++) {
+        if (s >= terms) break; /* uniform: 2 or 3 terms */
+        const uint64_t d0 = tw_desc(tb + tw_tile(cc, s, 0)), d1 = tw_desc(tb + tw_tile(cc, s, 1));
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+            tw_wgmma<NGA>(acc[mt], a[mt][0].x, a[mt][1].x, a[mt][0].y, a[mt][1].y, d0);
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+            tw_wgmma<NGA>(acc[mt], a[mt][0].z, a[mt][1].z, a[mt][0].w, a[mt][1].w, d1);
+    }
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int e = 0; e < TW_NG * 4; e++)
+            tw_fence_operand((&acc[mt][0][0])[e]);
+#endif
+}
 
 /* One chunk's mma for the first NGA token groups: per accumulator (m-tile mt, group j) the
  * GEMV's sequence -- for each term, the chunk's two k-steps -- but the accumulators'
@@ -83,10 +202,12 @@ static __device__ __forceinline__ void tw_chunk_mma(float (&acc)[2][TW_NG][4],
  * chunks; per head: z = head x row blocks + row block). acc[mt][j][i]: m-tile mt (GLU: 0 the gate,
  * 1 the up projection, same rows), token group j; i = 0, 1: row g, tokens 2 tig, 2 tig + 1; i = 2,
  * 3: row g + 8. */
-template <bool GLU, bool G>
+template <bool GLU, bool G, bool WG_ASKED>
 __global__ void __launch_bounds__(TW_THREADS, 2)
     tw_kernel(const di_cuda_mm_params p, int ks, int terms, bool xvec, int row_blocks) {
-    extern __shared__ uint4 sb[]; /* [group j][slab chunk][term][lane]: B fragments */
+    constexpr bool WG = WG_ASKED && TW_WGMMA;
+    /* mma: [group j][slab chunk][term][lane], B fragments; WG: tw_tile's tiles */
+    extern __shared__ uint4 sb[];
     constexpr int RO = GLU ? 16 : 32, RB = TW_WARPS * RO; /* output rows per warp, block */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, tig = lane & 3;
@@ -164,26 +285,54 @@ __global__ void __launch_bounds__(TW_THREADS, 2)
                 const int u = (int)threadIdx.x + i * TW_THREADS;
                 const int ln = u & 31, cc = (u >> 5) % TW_SLAB, j = u / (32 * TW_SLAB);
                 if (cc >= sl || 8 * j >= nt) continue; /* a unit no warp reads */
-                uint4 *dst = sb + (j * TW_SLAB + cc) * TW_TERMS * 32 + ln;
-                for (int s = 0; s < terms; s++)
-                    dst[s * 32] = split_quad(xv[i]);
+                if constexpr (WG) { /* token 8 j + (ln >> 2), slots 2 (ln & 3) + {0, 1} */
+                    char *dst =
+                        reinterpret_cast<char *>(sb) + 256 * j + 16 * (ln >> 2) + 4 * (ln & 3);
+                    for (int s = 0; s < terms; s++) {
+                        const uint4 b = split_quad(xv[i]);
+                        char *t0 = dst + tw_tile(cc, s, 0), *t1 = dst + tw_tile(cc, s, 1);
+                        *reinterpret_cast<uint32_t *>(t0) = b.x; /* core 0 of step 0 */
+                        *reinterpret_cast<uint32_t *>(t0 + 128) = b.y;
+                        *reinterpret_cast<uint32_t *>(t1) = b.z; /* step 1 */
+                        *reinterpret_cast<uint32_t *>(t1 + 128) = b.w;
+                    }
+                } else {
+                    uint4 *dst = sb + (j * TW_SLAB + cc) * TW_TERMS * 32 + ln;
+                    for (int s = 0; s < terms; s++)
+                        dst[s * 32] = split_quad(xv[i]);
+                }
             }
+            if constexpr (WG) /* the stores, before the tensor cores' reads (async proxy) */
+                asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
             __syncthreads();
             for (int cc = 0; cc < sl; cc++) {
                 uint4 nx[2][2];
                 load_a(nx, s0 + cc + 1); /* the next chunk (maybe the next slab's first) */
-                switch ((nt + 7) / 8) {  /* the token groups with tokens (uniform) */
+                const char *tb = reinterpret_cast<const char *>(sb);
+                switch ((nt + 7) / 8) { /* the token groups with tokens (uniform) */
                 case 1:
-                    tw_chunk_mma<1>(acc, a, sb, cc, lane, terms);
+                    if constexpr (WG)
+                        tw_chunk_wgmma<1>(acc, a, tb, cc, terms);
+                    else
+                        tw_chunk_mma<1>(acc, a, sb, cc, lane, terms);
                     break;
                 case 2:
-                    tw_chunk_mma<2>(acc, a, sb, cc, lane, terms);
+                    if constexpr (WG)
+                        tw_chunk_wgmma<2>(acc, a, tb, cc, terms);
+                    else
+                        tw_chunk_mma<2>(acc, a, sb, cc, lane, terms);
                     break;
                 case 3:
-                    tw_chunk_mma<3>(acc, a, sb, cc, lane, terms);
+                    if constexpr (WG)
+                        tw_chunk_wgmma<3>(acc, a, tb, cc, terms);
+                    else
+                        tw_chunk_mma<3>(acc, a, sb, cc, lane, terms);
                     break;
                 default:
-                    tw_chunk_mma<TW_NG>(acc, a, sb, cc, lane, terms);
+                    if constexpr (WG)
+                        tw_chunk_wgmma<TW_NG>(acc, a, tb, cc, terms);
+                    else
+                        tw_chunk_mma<TW_NG>(acc, a, sb, cc, lane, terms);
                     break;
                 }
 #pragma unroll
@@ -257,10 +406,20 @@ __global__ void __launch_bounds__(TW_THREADS, 2)
 }
 
 int64_t di_cuda_wide_launches[2]; /* cuda_backend.h: plain, grouped launches (for tests) */
+int64_t di_cuda_wgmma_launches;   /* ... of them with WG set */
+
+typedef void (*tw_kernel_fn)(const di_cuda_mm_params, int, int, bool, int);
+
+/* Every instantiation, [wgmma][grouped][glu]. */
+static const tw_kernel_fn tw_kernels[2][2][2] = {
+    {{tw_kernel<false, false, false>, tw_kernel<true, false, false>},
+     {tw_kernel<false, true, false>, tw_kernel<true, true, false>}},
+    {{tw_kernel<false, false, true>, tw_kernel<true, false, true>},
+     {tw_kernel<false, true, true>, tw_kernel<true, true, true>}}};
 
 /* Can clusters of the most K runs of these blocks run on this device at all? A query error
  * counts as no (the backend then keeps the GEMV, whose sums are the same). */
-static bool cluster_fits(void (*k)(const di_cuda_mm_params, int, int, bool, int)) {
+static bool cluster_fits(tw_kernel_fn k) {
     cudaLaunchAttribute attr;
     attr.id = cudaLaunchAttributeClusterDimension;
     attr.val.clusterDim.x = 1;
@@ -279,15 +438,12 @@ static bool cluster_fits(void (*k)(const di_cuda_mm_params, int, int, bool, int)
 }
 
 cudaError_t di_cuda_tc_wide_setup(bool *usable) {
-    void (*const kernels[])(const di_cuda_mm_params, int, int, bool,
-                            int) = {tw_kernel<false, false>, tw_kernel<true, false>,
-                                    tw_kernel<false, true>, tw_kernel<true, true>};
     cudaError_t err = cudaSuccess;
     *usable = true;
-    for (size_t i = 0; i < sizeof kernels / sizeof *kernels && err == cudaSuccess; i++) {
-        err =
-            cudaFuncSetAttribute(kernels[i], cudaFuncAttributeMaxDynamicSharedMemorySize, TW_SMEM);
-        *usable = *usable && err == cudaSuccess && cluster_fits(kernels[i]);
+    for (int i = 0; i < 8 && err == cudaSuccess; i++) {
+        const tw_kernel_fn k = tw_kernels[i >> 2][(i >> 1) & 1][i & 1];
+        err = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, TW_SMEM);
+        *usable = *usable && err == cudaSuccess && cluster_fits(k);
     }
     return err;
 }
@@ -332,10 +488,10 @@ cudaError_t di_cuda_launch_matmul_tc_wide(const di_cuda_mm_params *p) {
     const int64_t gx = grouped ? tw_grouped_x(p) : (p->n_tokens + TW_TOKENS - 1) / TW_TOKENS;
     const dim3 grid((unsigned)gx, (unsigned)ks, (unsigned)(row_blocks * DI_MAX(p->n_heads, 1)));
     if (heads) di_cuda_tc_head_launches++;
-    void (*k)(const di_cuda_mm_params, int, int, bool, int) =
-        grouped ? (glu ? tw_kernel<true, true> : tw_kernel<false, true>)
-                : (glu ? tw_kernel<true, false> : tw_kernel<false, false>);
+    const bool wg = p->tune.tc_wgmma != 0;
+    const tw_kernel_fn k = tw_kernels[wg][grouped][glu];
     di_cuda_wide_launches[grouped ? 1 : 0]++;
+    di_cuda_wgmma_launches += wg;
     return di_cuda_launch_cluster(k, grid, dim3(TW_THREADS), (size_t)TW_SMEM, p->stream,
                                   dim3(1, (unsigned)ks, 1), *p, ks, p->tune.tc_terms, xvec,
                                   row_blocks);
