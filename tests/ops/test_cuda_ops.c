@@ -1493,9 +1493,9 @@ TEST(matmul_tc) {
     check_tc(&b3, DI_DTYPE_BF16, 0, 37, 2056, 1e-5);
     di_backend_free(&b3);
     /* The wide kernel on mma.sync as on wgmma (the default on sm_90): the same bits as the
-     * GEMV for plain products (check_tc: a batch against its tokens alone, check_tc_modes: GLU
-     * and accumulate) and for a prefill's grouped ones (check_experts: against the default
-     * backend's plain products), with 2 and 3 parts. */
+     * GEMV for plain products (check_tc: a batch against its tokens alone, with 2 and 3 parts;
+     * check_tc_modes: GLU and accumulate) and for a prefill's grouped ones (check_experts:
+     * against the default backend's plain products, 2 parts). */
     check_wide_mma();
     /* batch invariance off: the SIMT GEMV up to 8 tokens, the tensor cores above; both at
      * the reference's accuracy, GLU still bitwise matmul + silu_mul at either size */

@@ -829,7 +829,8 @@ extern "C" di_status di_backend_cuda_init(di_backend *out, int device, int64_t m
                         cudaGetErrorString(err));
     if (prop.major < 9)
         return di_error(DI_ERR_UNSUPPORTED,
-                        "cuda backend: %s has compute capability %d.%d; this build needs 9.0",
+                        "cuda backend: %s has compute capability %d.%d; this build needs 9.0 "
+                        "(Hopper) or newer",
                         prop.name, prop.major, prop.minor);
 
     cuda_backend *be = (cuda_backend *)di_calloc(1, sizeof *be);
@@ -885,7 +886,7 @@ extern "C" di_status di_backend_cuda_init(di_backend *out, int device, int64_t m
     /* The wide kernel on wgmma (1, the default where the device is sm_90) or on mma.sync
      * (0); the same sums (cuda_tc_wide.cu). */
     env = getenv("DI_CUDA_TC_WGMMA");
-    be->tune.tc_wgmma = !(env && strcmp(env, "0") == 0);
+    be->tune.tc_wgmma = prop.major == 9 && !(env && strcmp(env, "0") == 0);
     env = getenv("DI_CUDA_TC_RT"); /* 1 or 2 (default); tc_kernel's grouped products only */
     be->tune.tc_rt = env && atoi(env) == 1 ? 1 : 2;
     /* A decode batch's grouped products with several K runs per warp (the same sums as one
@@ -936,7 +937,7 @@ extern "C" di_status di_backend_cuda_init(di_backend *out, int device, int64_t m
     const bool two_streams = !(env && strcmp(env, "1") == 0);
     env = getenv("DI_CUDA_GRAPH_TIMING");
     be->time_graphs = env && strcmp(env, "1") == 0;
-    bool wide_ok = false;
+    bool wide_ok = false, wgmma_ok = false;
     if ((err = cudaSetDevice(device)) != cudaSuccess ||
         (err = cudaStreamCreateWithFlags(&be->main, cudaStreamNonBlocking)) != cudaSuccess ||
         (two_streams &&
@@ -962,7 +963,7 @@ extern "C" di_status di_backend_cuda_init(di_backend *out, int device, int64_t m
         (err = cudaMemsetAsync(be->attn_counters, 0, DI_CUDA_ATTN_COUNTERS * sizeof(int),
                                be->main)) != cudaSuccess ||
         (err = di_cuda_attn_setup()) != cudaSuccess || (err = di_cuda_v4_setup()) != cudaSuccess ||
-        (err = di_cuda_tc_wide_setup(&wide_ok)) != cudaSuccess ||
+        (err = di_cuda_tc_wide_setup(&wide_ok, &wgmma_ok)) != cudaSuccess ||
         (err = di_cuda_tc_gemv_setup()) != cudaSuccess ||
         (err = di_cuda_tc_stream_setup()) != cudaSuccess ||
         (err = di_cuda_async_create(&be->async)) != cudaSuccess) {
@@ -971,15 +972,11 @@ extern "C" di_status di_backend_cuda_init(di_backend *out, int device, int64_t m
                         cudaGetErrorString(err));
     }
     be->stream = be->main;
-    int cc_major = 0; /* wgmma: sm_90a's only */
-    if (cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, device) !=
-            cudaSuccess ||
-        cc_major != 9)
-        be->tune.tc_wgmma = 0;
-    (void)cudaGetLastError();
     be->sample_clusters = di_cuda_sample_setup();
     if (!wide_ok) /* no clusters here: the GEMV for every n */
         be->tune.tc_wide_min_n = be->tune.tc_wide_grouped = 0;
+    if (!wgmma_ok) /* the kernel the device loaded has no wgmma (not sm_90a code) */
+        be->tune.tc_wgmma = 0;
     const char *sample = getenv("DI_CUDA_SAMPLE");
     out->ops = sample && strcmp(sample, "0") == 0 ? &g_cuda_ops : &g_cuda_ops_sample;
     out->ctx = be;

@@ -148,7 +148,8 @@ typedef struct di_cuda_tuning {
      * walks them all). Same values. */
     int64_t tc_wide_x;
     /* The wide kernel's products as wgmma (sm_90a; DI_CUDA_TC_WGMMA, on by default where
-     * the device's compute capability is 9.0) instead of mma.sync. Same values. */
+     * the device's compute capability is 9.0 and runs the build's sm_90a code) instead of
+     * mma.sync. Same values. */
     int tc_wgmma;
     /* Row tiles per warp of tc_kernel's grouped products for a few tokens per expert (1 or
      * 2): fewer, longer-lived blocks. Same values. Those products take the streaming kernel
@@ -289,8 +290,9 @@ cudaError_t di_cuda_launch_matmul_tc(const di_cuda_mm_params *p);
  * plain products of n >= p->tune.tc_wide_min_n tokens: the same bits as the GEMV. */
 bool di_cuda_tc_wide_fits(const di_cuda_mm_params *p);
 /* Once per backend: the kernels' shared memory; *usable: whether the device can run their
- * clusters (if not, the backend leaves the wide product off). */
-cudaError_t di_cuda_tc_wide_setup(bool *usable);
+ * clusters (if not, the backend leaves the wide product off); *wgmma: whether the code the
+ * device runs has wgmma (sm_90a code on a Hopper; not PTX compiled for another device). */
+cudaError_t di_cuda_tc_wide_setup(bool *usable, bool *wgmma);
 /* Once per backend: the GEMV's shared-memory limit for its staged activations. */
 cudaError_t di_cuda_tc_gemv_setup(void);
 /* The one-token-group GEMV with a short chain per chunk (cuda_tc_lean.cu; p->tune.tc_lean):

@@ -126,6 +126,8 @@ static __device__ __forceinline__ void tw_wgmma(float (&d)[TW_NG][4], uint32_t a
                        "+f"(d[3][3])
                      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc)
                      : "memory");
+#else
+    __trap(); /* never called without wgmma (tw_kernel's WG is false there) */
 #endif
 }
 
@@ -162,6 +164,8 @@ static __device__ __forceinline__ void tw_chunk_wgmma(float (&acc)[2][TW_NG][4],
 #pragma unroll
         for (int e = 0; e < TW_NG * 4; e++)
             tw_fence_operand((&acc[mt][0][0])[e]);
+#else
+    __trap(); /* never called without wgmma (tw_kernel's WG is false there) */
 #endif
 }
 
@@ -290,11 +294,11 @@ __global__ void __launch_bounds__(TW_THREADS, 2)
                         reinterpret_cast<char *>(sb) + 256 * j + 16 * (ln >> 2) + 4 * (ln & 3);
                     for (int s = 0; s < terms; s++) {
                         const uint4 b = split_quad(xv[i]);
-                        char *t0 = dst + tw_tile(cc, s, 0), *t1 = dst + tw_tile(cc, s, 1);
-                        *reinterpret_cast<uint32_t *>(t0) = b.x; /* core 0 of step 0 */
-                        *reinterpret_cast<uint32_t *>(t0 + 128) = b.y;
-                        *reinterpret_cast<uint32_t *>(t1) = b.z; /* step 1 */
-                        *reinterpret_cast<uint32_t *>(t1 + 128) = b.w;
+                        char *k0 = dst + tw_tile(cc, s, 0), *k1 = dst + tw_tile(cc, s, 1);
+                        *reinterpret_cast<uint32_t *>(k0) = b.x; /* core 0 of step 0 */
+                        *reinterpret_cast<uint32_t *>(k0 + 128) = b.y;
+                        *reinterpret_cast<uint32_t *>(k1) = b.z; /* step 1 */
+                        *reinterpret_cast<uint32_t *>(k1 + 128) = b.w;
                     }
                 } else {
                     uint4 *dst = sb + (j * TW_SLAB + cc) * TW_TERMS * 32 + ln;
@@ -437,14 +441,27 @@ static bool cluster_fits(tw_kernel_fn k) {
     return err == cudaSuccess && clusters > 0;
 }
 
-cudaError_t di_cuda_tc_wide_setup(bool *usable) {
+/* Writes whether this code has wgmma: which code a device runs (the sm_90a image, or the
+ * compute_90 PTX compiled for it) is the driver's choice. */
+__global__ void tw_has_wgmma(int *out) {
+    *out = TW_WGMMA;
+}
+
+cudaError_t di_cuda_tc_wide_setup(bool *usable, bool *wgmma) {
     cudaError_t err = cudaSuccess;
     *usable = true;
-    for (int i = 0; i < 8 && err == cudaSuccess; i++) {
-        const tw_kernel_fn k = tw_kernels[i >> 2][(i >> 1) & 1][i & 1];
-        err = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, TW_SMEM);
-        *usable = *usable && err == cudaSuccess && cluster_fits(k);
+    const tw_kernel_fn *k = &tw_kernels[0][0][0];
+    for (size_t i = 0; i < sizeof tw_kernels / sizeof *k && err == cudaSuccess; i++) {
+        err = cudaFuncSetAttribute(k[i], cudaFuncAttributeMaxDynamicSharedMemorySize, TW_SMEM);
+        *usable = *usable && err == cudaSuccess && cluster_fits(k[i]);
     }
+    int *flag = nullptr, has = 0;
+    if (err == cudaSuccess && (err = cudaMalloc((void **)&flag, sizeof(int))) == cudaSuccess) {
+        tw_has_wgmma<<<1, 1>>>(flag);
+        err = cudaMemcpy(&has, flag, sizeof(int), cudaMemcpyDeviceToHost);
+        cudaFree(flag);
+    }
+    *wgmma = err == cudaSuccess && has == 1;
     return err;
 }
 
