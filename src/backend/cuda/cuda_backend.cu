@@ -883,10 +883,10 @@ extern "C" di_status di_backend_cuda_init(di_backend *out, int device, int64_t m
      * chunk of its expert, as before the nineteenth round of NOTES.md). */
     env = getenv("DI_CUDA_TC_WIDE_X");
     be->tune.tc_wide_x = env && atoll(env) > 0 ? atoll(env) : 8;
-    /* The wide kernel on wgmma (1, the default where the device is sm_90) or on mma.sync
-     * (0); the same sums (cuda_tc_wide.cu). */
+    /* The wide kernel on wgmma (1, the default, kept where the device runs the build's sm_90a
+     * code: di_cuda_tc_wide_setup asks) or on mma.sync (0); the same sums (cuda_tc_wide.cu). */
     env = getenv("DI_CUDA_TC_WGMMA");
-    be->tune.tc_wgmma = prop.major == 9 && !(env && strcmp(env, "0") == 0);
+    be->tune.tc_wgmma = !(env && strcmp(env, "0") == 0);
     env = getenv("DI_CUDA_TC_RT"); /* 1 or 2 (default); tc_kernel's grouped products only */
     be->tune.tc_rt = env && atoi(env) == 1 ? 1 : 2;
     /* A decode batch's grouped products with several K runs per warp (the same sums as one

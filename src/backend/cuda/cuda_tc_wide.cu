@@ -83,9 +83,12 @@ static __device__ __forceinline__ uint64_t tw_desc(const void *tile) {
            (uint64_t)(256 >> 4) << 32;
 }
 
-/* Keeps the compiler from moving a register across the asynchronous wgmma's reads / writes. */
-static __device__ __forceinline__ void tw_fence_operand(float &r) {
-    asm volatile("" : "+f"(r)::"memory");
+/* Keeps the compiler from moving the accumulators across the asynchronous wgmma's reads and
+ * writes. */
+static __device__ __forceinline__ void tw_fence_acc(float (&acc)[2][TW_NG][4]) {
+#pragma unroll
+    for (int e = 0; e < 2 * TW_NG * 4; e++)
+        asm volatile("" : "+f"((&acc[0][0][0])[e])::"memory");
 }
 #endif
 
@@ -140,11 +143,7 @@ static __device__ __forceinline__ void tw_chunk_wgmma(float (&acc)[2][TW_NG][4],
                                                       const uint4 (&a)[2][2], const char *tb,
                                                       int cc, int terms) {
 #if TW_WGMMA
-#pragma unroll
-    for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-        for (int e = 0; e < TW_NG * 4; e++)
-            tw_fence_operand((&acc[mt][0][0])[e]);
+    tw_fence_acc(acc);
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
     for (int s = 0; s < TW_TERMS; s++) {
@@ -159,11 +158,7 @@ static __device__ __forceinline__ void tw_chunk_wgmma(float (&acc)[2][TW_NG][4],
     }
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
     asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-#pragma unroll
-    for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-        for (int e = 0; e < TW_NG * 4; e++)
-            tw_fence_operand((&acc[mt][0][0])[e]);
+    tw_fence_acc(acc);
 #else
     __trap(); /* never called without wgmma (tw_kernel's WG is false there) */
 #endif
@@ -199,6 +194,16 @@ static __device__ __forceinline__ void tw_chunk_mma(float (&acc)[2][TW_NG][4],
                 mma_bf16(acc[mt][j], a[mt][0].z, a[mt][1].z, a[mt][0].w, a[mt][1].w, b[j].z,
                          b[j].w);
     }
+}
+
+/* One chunk's products for the first NGA token groups, on wgmma (WG) or mma.sync. */
+template <int NGA, bool WG>
+static __device__ __forceinline__ void tw_chunk(float (&acc)[2][TW_NG][4], const uint4 (&a)[2][2],
+                                                const uint4 *sb, int cc, int lane, int terms) {
+    if constexpr (WG)
+        tw_chunk_wgmma<NGA>(acc, a, reinterpret_cast<const char *>(sb), cc, terms);
+    else
+        tw_chunk_mma<NGA>(acc, a, sb, cc, lane, terms);
 }
 
 /* Block (token chunk x, K run y = the rank in its cluster of ks, row block z; grouped: z =
@@ -312,31 +317,18 @@ __global__ void __launch_bounds__(TW_THREADS, 2)
             for (int cc = 0; cc < sl; cc++) {
                 uint4 nx[2][2];
                 load_a(nx, s0 + cc + 1); /* the next chunk (maybe the next slab's first) */
-                const char *tb = reinterpret_cast<const char *>(sb);
-                switch ((nt + 7) / 8) { /* the token groups with tokens (uniform) */
+                switch ((nt + 7) / 8) {  /* the token groups with tokens (uniform) */
                 case 1:
-                    if constexpr (WG)
-                        tw_chunk_wgmma<1>(acc, a, tb, cc, terms);
-                    else
-                        tw_chunk_mma<1>(acc, a, sb, cc, lane, terms);
+                    tw_chunk<1, WG>(acc, a, sb, cc, lane, terms);
                     break;
                 case 2:
-                    if constexpr (WG)
-                        tw_chunk_wgmma<2>(acc, a, tb, cc, terms);
-                    else
-                        tw_chunk_mma<2>(acc, a, sb, cc, lane, terms);
+                    tw_chunk<2, WG>(acc, a, sb, cc, lane, terms);
                     break;
                 case 3:
-                    if constexpr (WG)
-                        tw_chunk_wgmma<3>(acc, a, tb, cc, terms);
-                    else
-                        tw_chunk_mma<3>(acc, a, sb, cc, lane, terms);
+                    tw_chunk<3, WG>(acc, a, sb, cc, lane, terms);
                     break;
                 default:
-                    if constexpr (WG)
-                        tw_chunk_wgmma<TW_NG>(acc, a, tb, cc, terms);
-                    else
-                        tw_chunk_mma<TW_NG>(acc, a, sb, cc, lane, terms);
+                    tw_chunk<TW_NG, WG>(acc, a, sb, cc, lane, terms);
                     break;
                 }
 #pragma unroll
