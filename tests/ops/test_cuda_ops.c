@@ -111,13 +111,19 @@ static const di_dtype g_dtypes[] = {DI_DTYPE_F32, DI_DTYPE_F16, DI_DTYPE_BF16, D
 /* ---------------------------------------------------------------------------------------- */
 
 /* GPU y = W x (or W^T x) for n tokens; returns host floats. */
-static float *gpu_mm(const di_weight *dw, bool tr, const float *x, int64_t n) {
+static float *gpu_mm_on(di_backend *b, const di_weight *dw, bool tr, const float *x, int64_t n) {
     const int64_t in = tr ? dw->rows : dw->cols, out = tr ? dw->cols : dw->rows;
     float *dx = dev_floats(x, n * in), *dy = dev_poison(n * out);
-    (tr ? g_be.ops->matmul_t : g_be.ops->matmul)(g_be.ctx, dw, dx, n, dy);
+    CHECK(di_backend_cuda_sync(&g_be) == DI_OK); /* (b's stream reads g_be's uploads) */
+    (tr ? b->ops->matmul_t : b->ops->matmul)(b->ctx, dw, dx, n, dy);
+    CHECK(di_backend_cuda_sync(b) == DI_OK);
     float *y = host_floats(dy, n * out);
     dfree(dx), dfree(dy);
     return y;
+}
+
+static float *gpu_mm(const di_weight *dw, bool tr, const float *x, int64_t n) {
+    return gpu_mm_on(&g_be, dw, tr, x, n);
 }
 
 /* One random product, checked against the reference and for batch invariance. */
@@ -659,14 +665,14 @@ static void check_attn(int64_t n, int64_t nh, int64_t R, int64_t dr, int64_t pos
     CHECK_MSG(memcmp(ys, yq, (size_t)(nh * n * R) * sizeof(float)) == 0,
               "n=%lld nh=%lld R=%lld pos0=%lld: split and sequential differ", (long long)n,
               (long long)nh, (long long)R, (long long)pos0);
-    /* 2 or 8 heads per block, either schedule: the same bits */
-    for (int v = 0; v < 4; v++) {
-        float *yv =
-            gpu_attn_heads(&p, v & 1 ? DI_CUDA_ATTN_SEQUENTIAL : DI_CUDA_ATTN_SPLIT, v & 2 ? 8 : 2);
+    /* 2, 4 or 8 heads per block, either schedule: the same bits */
+    for (int v = 0; v < 6; v++) {
+        const int heads = 2 << (v / 2);
+        float *yv = gpu_attn_heads(&p, v & 1 ? DI_CUDA_ATTN_SEQUENTIAL : DI_CUDA_ATTN_SPLIT, heads);
         CHECK_MSG(memcmp(ys, yv, (size_t)(nh * n * R) * sizeof(float)) == 0,
                   "n=%lld nh=%lld R=%lld pos0=%lld: %s with %d heads per block differs",
                   (long long)n, (long long)nh, (long long)R, (long long)pos0,
-                  v & 1 ? "sequential" : "split", v & 2 ? 8 : 2);
+                  v & 1 ? "sequential" : "split", heads);
         free(yv);
     }
     /* batch invariance: the last query alone */
@@ -773,11 +779,11 @@ static void check_attn_paged(int64_t n, int64_t nh, int64_t R, int64_t dr, int64
         qpos[t] = (int32_t)(pos0 + t), toff[t] = (int32_t)(t % 2 ? nb : 0);
     int32_t *dqpos = dev_from(qpos, (size_t)n * 4), *dtoff = dev_from(toff, (size_t)n * 4);
     int32_t *dtabs = dev_from(tabs, (size_t)(2 * nb) * 4);
-    for (int mode = 0; mode < 9; mode++) { /* schedule mode % 3, heads per block 0, 2, 8 */
+    for (int mode = 0; mode < 12; mode++) { /* schedule mode % 3, heads per block 0, 2, 4, 8 */
         di_backend_cuda_set_attn_mode(&g_be, mode % 3 == 0   ? DI_CUDA_ATTN_AUTO
                                              : mode % 3 == 1 ? DI_CUDA_ATTN_SPLIT
                                                              : DI_CUDA_ATTN_SEQUENTIAL);
-        di_backend_cuda_set_attn_heads(&g_be, mode < 3 ? 0 : mode < 6 ? 2 : 8);
+        di_backend_cuda_set_attn_heads(&g_be, mode < 3 ? 0 : 1 << (mode / 3));
         di_mla_attn_params pq = pp;
         pq.pos0 = 12345, pq.block_table = NULL; /* ignored */
         pq.q_pos = dqpos, pq.q_tables = dtabs, pq.q_table_off = dtoff;
@@ -1017,8 +1023,9 @@ static di_backend tc_kernel_backend_with(const char *var, const char *value) {
     return b;
 }
 
-/* The backend that runs check_experts' grouped products (the rest runs on g_be). */
-static di_backend *g_xbe = &g_be;
+/* The backend that runs check_experts' grouped products, and the one that runs the plain
+ * products they are compared with (the rest runs on g_be). */
+static di_backend *g_xbe = &g_be, *g_pbe = &g_be;
 
 /* matmul_experts: each expert's rows bitwise equal to matmul of the same rows (so to a row
  * alone: batch invariance), and within tolerance of the scalar reference (on the default
@@ -1048,7 +1055,7 @@ static void check_experts(di_dtype dt, int64_t E, int64_t K, int64_t n, int64_t 
         const int64_t g0 = off[e], ne = off[e + 1] - g0;
         if (ne == 0) continue;
         if (g_xbe == &g_be) di_cpu_matmul_ref(&tw[e].w, x + g0 * cols, ne, ref + g0 * rows);
-        float *y1 = gpu_mm(&dw[e], false, x + g0 * cols, ne);
+        float *y1 = gpu_mm_on(g_pbe, &dw[e], false, x + g0 * cols, ne);
         CHECK_MSG(memcmp(y1, y + g0 * rows, (size_t)(ne * rows) * 4) == 0,
                   "%s E=%lld K=%lld n=%lld %lldx%lld: expert %lld differs from matmul",
                   di_dtype_name(dt), (long long)E, (long long)K, (long long)n, (long long)rows,
@@ -1076,8 +1083,8 @@ static void check_experts(di_dtype dt, int64_t E, int64_t K, int64_t n, int64_t 
               di_dtype_name(dt), (long long)E, (long long)K, (long long)n, (long long)rows,
               (long long)cols);
     /* ... and with the grouped rows read from token rows through the routing's src list
-     * (in place on the streaming kernel, else gathered into the scratch): bitwise the product
-     * of the same rows gathered on the host. */
+     * (in place on the streaming and wide kernels, else gathered into the scratch): bitwise the
+     * product of the same rows gathered on the host. */
     int32_t *src = host_ints(db.src, nk);
     float *xt = rnd_vec(n * cols, 1.0f), *xg = malloc((size_t)(nk * cols) * 4);
     for (int64_t g = 0; g < nk; g++)
@@ -1119,6 +1126,27 @@ static void check_decode_experts(di_backend *b) {
     check_experts(DI_DTYPE_BF16, 16, 4, 8, 300, 2056);
     check_experts(DI_DTYPE_BF16, 16, 4, 30, 1376, 2056);
     g_xbe = &g_be;
+}
+
+/* The experts' own K order by default (DI_CUDA_TC_TARGET_EXPERTS unset: 512, so V2-Lite's
+ * down projection takes 4 K runs where a plain product of the same weight, at the default
+ * target, takes 8; the rest of this file sets it to 0, the plain products' order): grouped
+ * products on such a backend, as the engine runs them, against plain products on one whose
+ * target for every weight is 512. Batch 1 and 64 sequences (the streaming kernel), a
+ * prefill's rows per expert (the wide kernel). */
+static void check_experts_target(void) {
+    unsetenv("DI_CUDA_TC_TARGET_EXPERTS");
+    di_backend bx = backend_with("DI_CUDA_TC_TARGET", "1024"); /* the default's */
+    setenv("DI_CUDA_TC_TARGET_EXPERTS", "0", 1);
+    di_backend bp = backend_with("DI_CUDA_TC_TARGET", "512");
+    if (!bx.ctx || !bp.ctx) return;
+    g_xbe = &bx, g_pbe = &bp;
+    check_experts(DI_DTYPE_BF16, 64, 6, 1, 2048, 1408);
+    check_experts(DI_DTYPE_BF16, 64, 6, 64, 2048, 1408);
+    check_experts(DI_DTYPE_BF16, 64, 6, 64, 1408, 2048);
+    check_experts(DI_DTYPE_BF16, 8, 6, 80, 2048, 1408);
+    g_xbe = &g_be, g_pbe = &g_be;
+    di_backend_free(&bx), di_backend_free(&bp);
 }
 
 TEST(matmul_experts) {
@@ -1228,6 +1256,7 @@ TEST(matmul_experts) {
     CHECK_MSG(di_backend_cuda_wide_launches(true) > wide1,
               "DI_CUDA_TC_WIDE_GROUPED=1 ran no grouped wide product");
     check_experts(DI_DTYPE_F8_E4M3, 16, 8, 9, 256, 7168);
+    check_experts_target();
     /* Several K runs per warp at other targets, on the default (streaming) kernel: 8 runs
      * per warp (target 1: one warp per tile, no shared-memory tree) and 4 or 8 (target 128);
      * runs of 8 and 9 chunks with a short last chunk (K = 2056). */
@@ -1749,8 +1778,10 @@ TEST(argmax_rows) {
             di_status st = di_sampler_sample(&sp, &in, scratch, &r);
             want[t] = st == DI_OK ? r.token : -1;
         }
-        /* (first row, rows): all; the first 16 and row 1, twice each */
-        const int64_t calls[][2] = {{0, n}, {0, 16}, {0, 16}, {1, 1}, {1, 1}};
+        /* (first row, rows): all (70 rows of 102400: 7 slices each, 37: 13); at 102400 64
+         * and 34 rows (8 and 15); the first 16 (32) and row 1, twice each */
+        const int64_t calls[][2] = {{0, n}, {0, DI_MIN(n, 64)}, {3, 34}, {0, 16}, {0, 16}, {1, 1},
+                                    {1, 1}};
         for (size_t ci = 0; ci < DI_ARRAY_LEN(calls); ci++) {
             const int64_t t0 = calls[ci][0], m = calls[ci][1];
             int32_t *dout = (int32_t *)dev_poison(m);
@@ -1886,6 +1917,10 @@ int main(void) {
         "DI_CUDA_SAMPLE_PAIRS",      "DI_CUDA_TC_WGMMA"};
     for (size_t i = 0; i < DI_ARRAY_LEN(knobs); i++)
         unsetenv(knobs[i]);
+    /* ... except the experts' target, 512 by default: 0 gives an expert weight's grouped
+     * products the K order of a plain product of the same weight, which check_experts
+     * compares them with (check_experts_target covers the default) */
+    setenv("DI_CUDA_TC_TARGET_EXPERTS", "0", 1);
     di_status st = di_backend_cuda_init(&g_be, 0, 8192);
     g_have_gpu = st == DI_OK;
     if (!g_have_gpu)

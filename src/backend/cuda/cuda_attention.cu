@@ -37,15 +37,17 @@
 #define ATT_BJ      32 /* keys per tile; == warp size (one lane per key in the softmax) */
 #define ATT_COLS    (DI_CUDA_ATTN_MAX_R / ATT_THREADS) /* latent columns per thread */
 
-/* Heads per block, HG (a template parameter): 8 (one warp per head in the softmax), or 2 when
- * the (query, 8-head group) blocks cannot fill the device -- a decode step of a few sequences.
- * A block's time is mostly its instruction chain (each of its threads computes HG heads'
- * scores and weighted sums), so at batch 1 eight blocks of 2 heads finish about four times
- * sooner than two of 8. Every head's arithmetic is the same for any HG (a score's lanes and
+/* Heads per block, HG (a template parameter): 8 (one warp per head in the softmax), or 2 or 4
+ * when the (query, 8-head group) blocks cannot fill the device -- a decode step of a few
+ * sequences. A block's time is mostly its instruction chain (each of its threads computes HG
+ * heads' scores and weighted sums), so at batch 1 eight blocks of 2 heads finish about four
+ * times sooner than two of 8; the smallest HG whose blocks fit one wave of the device
+ * (heads_per_block). Every head's arithmetic is the same for any HG (a score's lanes and
  * butterfly, a head's softmax, a column's key order), so HG never changes the bits (tested).
  * Thread x's accumulator k is head k % HG, latent column x + (k / HG) * ATT_THREADS: one c_kv
  * element read from shared memory serves all the block's heads. */
 #define ATT_HG_WIDE     8
+#define ATT_HG_MID      4
 #define ATT_HG_NARROW   2
 #define ATT_MAXE(HG)    (ATT_COLS * (HG)) /* accumulators per thread */
 #define ATT_HEAD(k, HG) ((k) % (HG))
@@ -295,6 +297,9 @@ static __device__ __forceinline__ void attn_chunk(const di_mla_attn_params &p, c
                 const float4 pb = reinterpret_cast<const float4 *>(s.p + j * HG)[1];
                 pj[0] = pa.x, pj[1] = pa.y, pj[2] = pa.z, pj[3] = pa.w;
                 pj[4] = pb.x, pj[5] = pb.y, pj[6] = pb.z, pj[7] = pb.w;
+            } else if constexpr (HG == 4) {
+                const float4 pa = reinterpret_cast<const float4 *>(s.p + j * HG)[0];
+                pj[0] = pa.x, pj[1] = pa.y, pj[2] = pa.z, pj[3] = pa.w;
             } else {
                 static_assert(HG == 2, "weights read as one float2");
                 const float2 pa = reinterpret_cast<const float2 *>(s.p + j * HG)[0];
@@ -481,27 +486,28 @@ int64_t di_cuda_attn_partial_floats(const di_mla_attn_params *p, int64_t max_key
     return p->n_tokens * p->n_heads * n_chunks_max(p, max_keys) * (p->kv_lora_rank + 2);
 }
 
-cudaError_t di_cuda_attn_setup(void) {
-    const int64_t wide = att_smem_floats<ATT_HG_WIDE>(DI_CUDA_ATTN_MAX_R, DI_CUDA_ATTN_MAX_DR),
-                  narrow = att_smem_floats<ATT_HG_NARROW>(DI_CUDA_ATTN_MAX_R, DI_CUDA_ATTN_MAX_DR);
-    cudaError_t err = cudaFuncSetAttribute(mla_attn_kernel<ATT_HG_WIDE>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           (int)(wide * (int64_t)sizeof(float)));
-    if (err != cudaSuccess) return err;
-    return cudaFuncSetAttribute(mla_attn_kernel<ATT_HG_NARROW>,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)(narrow * (int64_t)sizeof(float)));
+template <int HG> static cudaError_t att_allow(void) {
+    const int64_t floats = att_smem_floats<HG>(DI_CUDA_ATTN_MAX_R, DI_CUDA_ATTN_MAX_DR);
+    return cudaFuncSetAttribute(mla_attn_kernel<HG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)(floats * (int64_t)sizeof(float)));
 }
 
-/* Heads per block: narrow while the narrow blocks fit in about two waves of the device (a
- * decode step of up to ~64 sequences at 16 heads), else 8 (each key tile read from shared
- * memory serves more heads). From the call's shape only (a captured graph replays it). */
+cudaError_t di_cuda_attn_setup(void) {
+    cudaError_t err = att_allow<ATT_HG_WIDE>();
+    if (err == cudaSuccess) err = att_allow<ATT_HG_MID>();
+    return err == cudaSuccess ? att_allow<ATT_HG_NARROW>() : err;
+}
+
+/* Heads per block: the fewest (2, then 4) whose blocks fit in one wave of the device, two
+ * per SM (H200, 16 heads: a decode step of up to 33 sequences takes 2, up to 66 4), else 8
+ * (each key tile read from shared memory serves more heads). From the call's shape only (a
+ * captured graph replays it). */
 static int heads_per_block(const di_cuda_attn_launch *a) {
-    if (a->heads_per_block == ATT_HG_WIDE || a->heads_per_block == ATT_HG_NARROW)
-        return a->heads_per_block;
-    const int64_t narrow_blocks =
-        a->p.n_tokens * ((a->p.n_heads + ATT_HG_NARROW - 1) / ATT_HG_NARROW);
-    return narrow_blocks <= 4 * (int64_t)a->n_sms ? ATT_HG_NARROW : ATT_HG_WIDE;
+    const int forced = a->heads_per_block;
+    if (forced == ATT_HG_WIDE || forced == ATT_HG_MID || forced == ATT_HG_NARROW) return forced;
+    for (int hg = ATT_HG_NARROW; hg < ATT_HG_WIDE; hg *= 2)
+        if (a->p.n_tokens * ((a->p.n_heads + hg - 1) / hg) <= 2 * (int64_t)a->n_sms) return hg;
+    return ATT_HG_WIDE;
 }
 
 cudaError_t di_cuda_launch_mla_attention(const di_cuda_attn_launch *a) {
@@ -512,7 +518,9 @@ cudaError_t di_cuda_launch_mla_attention(const di_cuda_attn_launch *a) {
     const int64_t cmax = n_chunks_max(p, a->max_keys);
     const size_t smem =
         (size_t)(hg == ATT_HG_WIDE ? att_smem_floats<ATT_HG_WIDE>(p->kv_lora_rank, p->rope_dim)
-                                   : att_smem_floats<ATT_HG_NARROW>(p->kv_lora_rank, p->rope_dim)) *
+                 : hg == ATT_HG_MID
+                     ? att_smem_floats<ATT_HG_MID>(p->kv_lora_rank, p->rope_dim)
+                     : att_smem_floats<ATT_HG_NARROW>(p->kv_lora_rank, p->rope_dim)) *
         sizeof(float);
     bool split = a->split && a->partial && a->counters && cmax > 0 &&
                  di_cuda_attn_partial_floats(p, a->max_keys) <= a->partial_floats &&
@@ -529,7 +537,9 @@ cudaError_t di_cuda_launch_mla_attention(const di_cuda_attn_launch *a) {
     if (S == 1) split = false;
     dim3 grid((unsigned)(p->n_tokens * n_groups), (unsigned)S);
     void (*k)(const di_mla_attn_params, float *, int *, int, int64_t) =
-        hg == ATT_HG_WIDE ? mla_attn_kernel<ATT_HG_WIDE> : mla_attn_kernel<ATT_HG_NARROW>;
+        hg == ATT_HG_WIDE  ? mla_attn_kernel<ATT_HG_WIDE>
+        : hg == ATT_HG_MID ? mla_attn_kernel<ATT_HG_MID>
+                           : mla_attn_kernel<ATT_HG_NARROW>;
     return di_cuda_launch(k, grid, ATT_THREADS, smem, a->stream, *p, a->partial, a->counters,
                           split ? 1 : 0, cmax);
 }

@@ -37,13 +37,13 @@ typedef struct cuda_backend {
     bool side_open;             /* forked since the last join */
     float *attn_partial;        /* owned: split-KV chunk states, attn_partial_floats floats */
     int *attn_counters;         /* owned: split arrivals, DI_CUDA_ATTN_COUNTERS ints (zeroed) */
-    di_cuda_am_part *am_part;   /* owned: argmax slices, DI_CUDA_AM_ROWS x DI_CUDA_AM_SLICES */
+    di_cuda_am_part *am_part;   /* owned: argmax slices, DI_CUDA_AM_PARTS */
     int *am_counters;           /* owned: their arrivals, DI_CUDA_AM_ROWS ints (zeroed) */
     bool sample_clusters;       /* the device runs sample_rows' clusters (a few rows each) */
     int64_t sample_pair_rows;   /* ... and draws calls of up to this many rows by pairs */
     int *route_arrivals; /* owned: moe_route's selection blocks' arrivals, one int (zeroed) */
     float *hc_mix;       /* owned: V4 mHC mixing rows, DI_CUDA_HC_MIX_FLOATS floats */
-    int attn_heads;      /* heads per attention block: 0 (by shape), 2 or 8 */
+    int attn_heads;      /* heads per attention block: 0 (by shape), 2, 4 or 8 */
     int64_t attn_partial_floats;
     int n_sms;
     int64_t max_ctx; /* the longest context a call may attend over (init's max_ctx) */
@@ -901,8 +901,14 @@ extern "C" di_status di_backend_cuda_init(di_backend *out, int device, int64_t m
     be->tune.tc_runs_target = env && atoll(env) > 0 ? atoll(env) : 512;
     env = getenv("DI_CUDA_TC_TARGET");
     be->tune.tc_target = env && atoll(env) > 0 ? atoll(env) : DI_CUDA_TC_TARGET;
+    /* Expert weights' own target (0: DI_CUDA_TC_TARGET's): 512 by default, which gives
+     * V2-Lite's gate / up 8 K runs and its down projection 4 (8 at 1024). H200, 27 layers:
+     * 64 concurrent 5215.0 / 5209.5 -> 5301.2 / 5280.8 output tok/s (first tokens 75.3 / 73.8 ->
+     * 70.2 / 71.4 ms, decode steps 11.27 / 11.31 -> 11.15 / 11.17 ms), batch-1 decode steps
+     * 2.78 -> 2.72 ms, 8 concurrent 6.28 -> 6.15 ms, 256 concurrent 9095.3 -> 9472.9 output
+     * tok/s (NOTES.md, twenty-third round). */
     env = getenv("DI_CUDA_TC_TARGET_EXPERTS");
-    be->tune.tc_target_experts = env ? atoll(env) : 0;
+    be->tune.tc_target_experts = env ? atoll(env) : DI_CUDA_TC_TARGET_EXPERTS;
     /* DI_CUDA_TC_XS=<KiB>: the GEMV splits its activations once per block where the parts
      * fit in that much shared memory (cuda_tc_gemv.cu); 32 by default (one or two tokens of
      * a plain product: measured there), 0: never. */
@@ -928,7 +934,7 @@ extern "C" di_status di_backend_cuda_init(di_backend *out, int device, int64_t m
     if (floats * (int64_t)sizeof(float) > DI_CUDA_ATTN_SCRATCH_MAX)
         floats = DI_CUDA_ATTN_SCRATCH_MAX / (int64_t)sizeof(float);
     be->attn_partial_floats = floats;
-    env = getenv("DI_CUDA_ATTN_HEADS"); /* 2 or 8 heads per attention block (0: by shape) */
+    env = getenv("DI_CUDA_ATTN_HEADS"); /* 2, 4 or 8 heads per attention block (0: by shape) */
     be->attn_heads = env ? atoi(env) : 0;
 
     /* DI_CUDA_STREAMS=1: no side stream (side_begin .. side_join run in call order; the
@@ -952,8 +958,8 @@ extern "C" di_status di_backend_cuda_init(di_backend *out, int device, int64_t m
             cudaSuccess ||
         (err = cudaMalloc((void **)&be->hc_mix, DI_CUDA_HC_MIX_FLOATS * sizeof(float))) !=
             cudaSuccess ||
-        (err = cudaMalloc((void **)&be->am_part, DI_CUDA_AM_ROWS * DI_CUDA_AM_SLICES *
-                                                     sizeof(di_cuda_am_part))) != cudaSuccess ||
+        (err = cudaMalloc((void **)&be->am_part, DI_CUDA_AM_PARTS * sizeof(di_cuda_am_part))) !=
+            cudaSuccess ||
         (err = cudaMalloc((void **)&be->am_counters, DI_CUDA_AM_ROWS * sizeof(int))) !=
             cudaSuccess ||
         (err = cudaMemsetAsync(be->am_counters, 0, DI_CUDA_AM_ROWS * sizeof(int), be->main)) !=

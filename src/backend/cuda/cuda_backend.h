@@ -70,7 +70,7 @@ void *di_backend_cuda_stream(const di_backend *be);
  * identical results (the tests check it); this is a tuning knob only. */
 typedef enum { DI_CUDA_ATTN_AUTO, DI_CUDA_ATTN_SPLIT, DI_CUDA_ATTN_SEQUENTIAL } di_cuda_attn_mode;
 void di_backend_cuda_set_attn_mode(const di_backend *be, di_cuda_attn_mode mode);
-/* Heads per attention block: 2 or 8, or 0 to choose from the shape (the default;
+/* Heads per attention block: 2, 4 or 8, or 0 to choose from the shape (the default;
  * DI_CUDA_ATTN_HEADS sets it at creation). Same bits either way (tested): a tuning knob. */
 void di_backend_cuda_set_attn_heads(const di_backend *be, int heads_per_block);
 

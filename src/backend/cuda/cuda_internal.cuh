@@ -114,8 +114,9 @@ static cudaError_t di_cuda_launch(void (*kernel)(KArgs...), dim3 grid, dim3 bloc
 
 /* The backend's tuning knobs for products (cuda_backend.cu reads them from the environment
  * once and hands them to every launch). */
-#define DI_CUDA_TC_TARGET 1024 /* tune.tc_target's default */
-#define DI_CUDA_TC_XS     32   /* tune.tc_xs's default (KiB) */
+#define DI_CUDA_TC_TARGET         1024 /* tune.tc_target's default */
+#define DI_CUDA_TC_TARGET_EXPERTS 512  /* tune.tc_target_experts's default */
+#define DI_CUDA_TC_XS             32   /* tune.tc_xs's default (KiB) */
 
 typedef struct di_cuda_tuning {
     /* FP8 conversion by bit placement (1) or by the conversion instructions (0), same values
@@ -163,8 +164,8 @@ typedef struct di_cuda_tuning {
      * values: the K order stays tc_ks's. */
     int64_t tc_runs_min_n, tc_runs_target;
     /* Warps of 16 rows a tensor-core product should spread over, which chooses its K runs
-     * (cuda_tc.cuh: tc_ks); expert weights tc_target_experts when set (> 0). A different
-     * value changes the summation order: fixed for a run, like ksplit_min. */
+     * (cuda_tc.cuh: tc_ks); expert weights tc_target_experts when set (> 0; 0: tc_target). A
+     * different value changes the summation order: fixed for a run, like ksplit_min. */
     int64_t tc_target, tc_target_experts;
     /* The tensor-core GEMV's one-token-group variants split the token chunk's activations
      * into bf16 parts once per block, in shared memory, where the parts fit in tc_xs KiB
@@ -219,7 +220,7 @@ typedef struct di_cuda_mm_params {
     const struct di_cuda_expert_ptrs *experts;
     const int32_t *g_off, *g_active;
     /* Grouped mode: NULL, or row g's activations are x + x_rows[g] x_tstride (the routed
-     * tokens read in place, with no gather; only the streaming kernel reads it:
+     * tokens read in place, with no gather; the streaming and the wide kernels read it:
      * di_cuda_mm_reads_x_rows). */
     const int32_t *x_rows;
     /* GLU mode (SwiGLU in the epilogue), when glu_data (plain) or glu_experts (grouped) is
@@ -417,11 +418,13 @@ static __device__ __forceinline__ di_cuda_row_max di_cuda_block_row_max(const fl
 }
 
 /* Greedy decoding (backend.h's argmax_rows): out[t] = first index of row t's maximum, or -1
- * for a row with a NaN, +inf or only -inf. Up to DI_CUDA_AM_ROWS rows of at least
- * DI_CUDA_AM_MIN_V ids take DI_CUDA_AM_SLICES blocks each, given `part` (that many slices
- * per row) and `counters` (DI_CUDA_AM_ROWS ints, zero, left zero); else one block per row. */
-#define DI_CUDA_AM_ROWS   16
+ * for a row with a NaN, +inf or only -inf. Calls of rows of at least DI_CUDA_AM_MIN_V ids
+ * take S = min(DI_CUDA_AM_SLICES, DI_CUDA_AM_PARTS / rows) blocks per row where S >= 2, given
+ * `part` (DI_CUDA_AM_PARTS slices) and `counters` (DI_CUDA_AM_ROWS ints, zero, left zero);
+ * else one block per row. */
+#define DI_CUDA_AM_PARTS  512
 #define DI_CUDA_AM_SLICES 32
+#define DI_CUDA_AM_ROWS   (DI_CUDA_AM_PARTS / 2)
 #define DI_CUDA_AM_MIN_V  8192
 struct di_cuda_am_part {
     float max;
@@ -489,7 +492,7 @@ typedef struct di_cuda_attn_launch {
     int64_t partial_floats;
     int *counters;       /* split: arrival counters, [n_counters] ints, zero between launches */
     int64_t n_counters;  /* (a split needs one per (query, head group) block) */
-    int heads_per_block; /* 2 or 8; 0: chosen from the shape (a tuning knob, same bits) */
+    int heads_per_block; /* 2, 4 or 8; 0: chosen from the shape (a tuning knob, same bits) */
     int split; /* 1: chunks spread over blocks where a query gets more than one, folded by the
                 * last; 0: chunks walked in-block */
     int64_t max_keys; /* decode batches (q_pos): an upper bound on every query's key count */

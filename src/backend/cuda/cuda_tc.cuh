@@ -143,12 +143,13 @@ static __device__ __forceinline__ void load_x8(const di_cuda_mm_params &p, const
 
 /* K runs per row: the smallest power of two that spreads the product's 16-row tiles over
  * the target's warps (tune.tc_target, DI_CUDA_TC_TARGET by default; expert weights
- * tune.tc_target_experts where set; FP8 weights twice as many; the tiles of all heads of a
- * product per head), keeping TC_MIN_CHUNKS chunks per run. From the weight's shape, dtype and
- * kind only, so the products of one weight, at any n and in either kernel, share their K
- * order (with the experts' knob set, an expert weight's grouped products -- the only ones the
- * models run on it -- leave the K order of a plain product of the same weight, which the op
- * tests compare bitwise: they assume the knob unset). Run kw takes chunks
+ * tune.tc_target_experts, DI_CUDA_TC_TARGET_EXPERTS by default, 0: tc_target; FP8 weights
+ * twice as many; the tiles of all heads of a product per head), keeping TC_MIN_CHUNKS chunks
+ * per run. From the weight's shape, dtype and kind only, so the products of one weight, at
+ * any n and in any kernel, share their K order. An expert weight's grouped products -- the
+ * only ones the models run on it -- may take another K order than a plain product of the
+ * same weight (V2-Lite's down projection: 4 runs, 8 as a plain product); the op tests that
+ * compare them set the experts' target to the plain one's. Run kw takes chunks
  * [C kw / ks, C (kw + 1) / ks). */
 static inline int tc_ks(const di_cuda_mm_params *p) {
     /* FP8 (half the bytes per chunk): twice the warps, the same bytes per warp as BF16 */

@@ -544,7 +544,9 @@ template <bool F8> static cudaError_t launch_tc_gemv(const di_cuda_mm_params *p)
 bool di_cuda_mm_reads_x_rows(const di_cuda_mm_params *p) {
     if (!p->experts || p->dtype != DI_DTYPE_BF16 || !p->tune.tc) return false;
     const int64_t n = di_cuda_rows_per_weight(p); /* di_cuda_launch_matmul's choices ... */
-    if (n < p->tc_min_n || n > 8 || !di_cuda_tc_fits(p) || di_cuda_tc_wide_fits(p)) return false;
+    if (n < p->tc_min_n || !di_cuda_tc_fits(p)) return false;
+    if (di_cuda_tc_wide_fits(p)) return true; /* the wide kernel stages its rows through them */
+    if (n > 8) return false;
     const bool xvec = tc_xvec(p); /* ... and launch_tc_gemv's */
     return !lean_takes(p, n, xvec) && ts_takes(p, xvec);
 }
