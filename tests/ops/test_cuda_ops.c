@@ -1133,13 +1133,31 @@ static void check_decode_experts(di_backend *b) {
  * target, takes 8; the rest of this file sets it to 0, the plain products' order): grouped
  * products on such a backend, as the engine runs them, against plain products on one whose
  * target for every weight is 512. Batch 1 and 64 sequences (the streaming kernel), a
- * prefill's rows per expert (the wide kernel). */
+ * prefill's rows per expert (the wide kernel). And the target stays the experts': a plain
+ * product of the down projection's shape on the default backend is bitwise g_be's (8 K runs),
+ * not the 512 backend's (4). */
 static void check_experts_target(void) {
     unsetenv("DI_CUDA_TC_TARGET_EXPERTS");
     di_backend bx = backend_with("DI_CUDA_TC_TARGET", "1024"); /* the default's */
     setenv("DI_CUDA_TC_TARGET_EXPERTS", "0", 1);
     di_backend bp = backend_with("DI_CUDA_TC_TARGET", "512");
-    if (!bx.ctx || !bp.ctx) return;
+    if (!bx.ctx || !bp.ctx) {
+        if (bx.ctx) di_backend_free(&bx);
+        if (bp.ctx) di_backend_free(&bp);
+        return;
+    }
+    test_weight t = make_weight(DI_DTYPE_BF16, 2048, 1408, 0, 0, 0);
+    di_weight dw = upload(&t.w);
+    float *x = rnd_vec(3 * 1408, 1.0f);
+    float *yx = gpu_mm_on(&bx, &dw, false, x, 3), *y0 = gpu_mm_on(&g_be, &dw, false, x, 3);
+    float *yp = gpu_mm_on(&bp, &dw, false, x, 3);
+    CHECK_MSG(memcmp(yx, y0, (size_t)(3 * 2048) * 4) == 0,
+              "the experts' target changed a plain product's K order");
+    CHECK_MSG(memcmp(yx, yp, (size_t)(3 * 2048) * 4) != 0,
+              "a plain product at targets 1024 and 512: the same bits (the same K runs?)");
+    free(yx), free(y0), free(yp), free(x);
+    di_cuda_weight_free(&g_be, &dw);
+    free_weight(&t);
     g_xbe = &bx, g_pbe = &bp;
     check_experts(DI_DTYPE_BF16, 64, 6, 1, 2048, 1408);
     check_experts(DI_DTYPE_BF16, 64, 6, 64, 2048, 1408);
@@ -1157,8 +1175,9 @@ TEST(matmul_experts) {
     }
     /* V2-Lite's expert shapes (gate / up 1408 x 2048, down 2048 x 1408), decode batches: one
      * row per expert (one K run per warp) and, at 64 sequences, 6 rows per expert (2 K runs
-     * per warp for the down projection's shape at the default target, tc_runs), on the
-     * streaming kernel (the default for them) */
+     * per warp for the down projection's shape at the runs' default target, tc_runs, with
+     * the 8 K runs this file's experts' target gives it; the engine's default gives it 4, one
+     * per warp), on the streaming kernel (the default for them) */
     const int64_t runs = di_backend_cuda_tc_runs_launches();
     const int64_t streamed0 = di_backend_cuda_tc_stream_launches();
     check_experts(DI_DTYPE_BF16, 64, 6, 1, 1408, 2048);
@@ -1734,10 +1753,11 @@ TEST(matmul_simt_bf16) {
 
 /* argmax_rows: the CPU sampler's greedy token for every valid row (ties between equal
  * maxima at several places, -0 next to +0, -inf entries), -1 for a row holding a NaN or
- * +inf or only -inf (the sampler's errors). Calls of up to DI_CUDA_AM_ROWS (16) rows of
- * 8192+ ids take the sliced kernel: the first 16 rows, then row 1 (its maximum at three
- * places, in different slices), twice each (its arrival counters reset for the next call);
- * vocabularies of 8195 ids put the rows' starts off 16-byte alignment. */
+ * +inf or only -inf (the sampler's errors). Calls of up to DI_CUDA_AM_ROWS (256) rows of
+ * 8192+ ids take the sliced kernel, min(32, 512 / rows) slices a row: calls of 256, 70, 64,
+ * 34 and 16 rows, then row 1 (its maximum at three places, in different slices), the last
+ * two twice each (the arrival counters reset for the next call); 257 rows take one block
+ * each; vocabularies of 8195 ids put the rows' starts off 16-byte alignment. */
 TEST(argmax_rows) {
     if (!g_have_gpu) SKIP("no CUDA device");
     const int64_t vocabs[] = {1, 7, 1000, 4099, 8195, 102400};
@@ -1745,7 +1765,7 @@ TEST(argmax_rows) {
     sp.temperature = 0.0f;
     void *scratch = malloc(di_sampler_scratch_size(102400));
     for (size_t vi = 0; vi < DI_ARRAY_LEN(vocabs); vi++) {
-        const int64_t V = vocabs[vi], n = V == 102400 ? 70 : 37;
+        const int64_t V = vocabs[vi], n = V == 102400 ? 70 : V == 8195 ? 257 : 37;
         float *x = rnd_vec(n * V, 4.0f);
         for (int64_t t = 0; t < n; t++) {
             float *row = x + t * V;
@@ -1778,10 +1798,12 @@ TEST(argmax_rows) {
             di_status st = di_sampler_sample(&sp, &in, scratch, &r);
             want[t] = st == DI_OK ? r.token : -1;
         }
-        /* (first row, rows): all (70 rows of 102400: 7 slices each, 37: 13); at 102400 64
-         * and 34 rows (8 and 15); the first 16 (32) and row 1, twice each */
-        const int64_t calls[][2] = {{0, n}, {0, DI_MIN(n, 64)}, {3, 34}, {0, 16}, {0, 16}, {1, 1},
-                                    {1, 1}};
+        /* (first row, rows): all (70 rows of 102400: 7 slices each; 257 of 8195: one block
+         * per row); 256 rows where there are (2 slices), 64 and 34 (8 and 15); the first 16
+         * (32) and row 1, twice each */
+        const int64_t calls[][2] = {
+            {0, n}, {0, DI_MIN(n, 256)}, {0, DI_MIN(n, 64)}, {3, 34}, {0, 16}, {0, 16}, {1, 1},
+            {1, 1}};
         for (size_t ci = 0; ci < DI_ARRAY_LEN(calls); ci++) {
             const int64_t t0 = calls[ci][0], m = calls[ci][1];
             int32_t *dout = (int32_t *)dev_poison(m);

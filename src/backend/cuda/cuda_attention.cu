@@ -282,8 +282,9 @@ static __device__ __forceinline__ void attn_chunk(const di_mla_attn_params &p, c
         }
         __syncthreads();
 
-        /* acc = acc * alpha + sum_j p_j c_kv[j], keys in order; each key's weights (two
-         * 16-byte broadcasts) serve all of the thread's columns. */
+        /* acc = acc * alpha + sum_j p_j c_kv[j], keys in order; each key's weights (broadcasts
+         * of HG floats: two float4, one float4 or one float2) serve all of the thread's
+         * columns. */
         float v[ATT_COLS][HG];
 #pragma unroll
         for (int c = 0; c < ATT_COLS; c++)
@@ -525,9 +526,10 @@ cudaError_t di_cuda_launch_mla_attention(const di_cuda_attn_launch *a) {
     bool split = a->split && a->partial && a->counters && cmax > 0 &&
                  di_cuda_attn_partial_floats(p, a->max_keys) <= a->partial_floats &&
                  p->n_tokens * n_groups <= a->n_counters;
-    /* Split blocks per query: enough for about two waves of the device, never more than
-     * the chunks. Depends only on the call's shape (a captured graph replays it). One block
-     * per query walks its chunks in place: the same bits without the scratch's traffic. */
+    /* Split blocks per query: enough for one wave of the device at two blocks per SM (2 x
+     * the SMs, as heads_per_block counts), never more than the chunks. Depends only on the
+     * call's shape (a captured graph replays it). One block per query walks its chunks in
+     * place: the same bits without the scratch's traffic. */
     int64_t S = 1;
     if (split) {
         const int64_t want =

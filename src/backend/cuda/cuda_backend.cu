@@ -894,7 +894,9 @@ extern "C" di_status di_backend_cuda_init(di_backend *out, int device, int64_t m
      * per tile, the fewest with W x the weight's 16-row tiles >= DI_CUDA_TC_RUNS_TARGET. H200,
      * 4-layer V2-Lite model, 64 sequences, tc_kernel: 256 2.28 ms per step, 128 2.38, 512
      * 2.27, off 2.30 (NOTES.md, fifteenth round); the streaming kernel: 512 2.01, 256 2.14,
-     * 128 2.34, off 2.05 (sixteenth round). */
+     * 128 2.34, off 2.05 (sixteenth round). Measured with 8 K runs for every V2-Lite expert
+     * weight; with the experts' default target below (4 for the down projection) each warp
+     * takes one run of them at 64 sequences too. */
     env = getenv("DI_CUDA_TC_RUNS_MIN_N");
     be->tune.tc_runs_min_n = env ? atoll(env) : 2;
     env = getenv("DI_CUDA_TC_RUNS_TARGET");

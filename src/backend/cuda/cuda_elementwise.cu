@@ -331,11 +331,11 @@ __global__ void __launch_bounds__(AM_THREADS)
 
 /* A few rows (a decode step of a few sequences): one block per row left most of the device
  * idle while it read the row (102,400 logits in 18 us on the H200: NOTES.md, fifteenth round;
- * at 64 rows, 18.7 us: a block reads about 20 GB/s). Here S blocks per row (gridDim.x:
- * DI_CUDA_AM_SLICES for up to 16 rows, fewer for more, DI_CUDA_AM_PARTS in all) each take a slice,
- * leave their (max, first index, bad) in `part`, and the last to arrive (di_cuda_last_to_arrive)
- * combines them. The maximum with the lowest index and "any NaN or +inf" do not depend on the order
- * in which the slices are combined: the same token as argmax_kernel. */
+ * at 64 rows, 18.7 us: a block reads about 22 GB/s). Here S blocks per row (gridDim.x:
+ * DI_CUDA_AM_SLICES for up to 16 rows, fewer for more, at most DI_CUDA_AM_PARTS in all) each take a
+ * slice, leave their (max, first index, bad) in `part`, and the last to arrive
+ * (di_cuda_last_to_arrive) combines them. The maximum with the lowest index and "any NaN or +inf"
+ * do not depend on the order in which the slices are combined: the same token as argmax_kernel. */
 #define AM_SLICE_THREADS 256
 
 __global__ void __launch_bounds__(AM_SLICE_THREADS)
@@ -368,7 +368,7 @@ cudaError_t di_cuda_launch_argmax(const float *x, int64_t n, int64_t V, int32_t 
                                   di_cuda_am_part *part, int *counters, cudaStream_t stream) {
     if (n <= 0 || V <= 0) return cudaSuccess;
     const int64_t S = DI_MIN(DI_CUDA_AM_SLICES, DI_CUDA_AM_PARTS / n);
-    if (part && counters && S >= 2 && V >= DI_CUDA_AM_MIN_V)
+    if (part && counters && S >= 2 && n <= DI_CUDA_AM_ROWS && V >= DI_CUDA_AM_MIN_V)
         return di_cuda_launch(argmax_slices_kernel, dim3((unsigned)S, (unsigned)n),
                               AM_SLICE_THREADS, 0, stream, x, V, out, part, counters);
     return di_cuda_launch(argmax_kernel, (unsigned)n, AM_THREADS, 0, stream, x, V, out);

@@ -164,8 +164,9 @@ typedef struct di_cuda_tuning {
      * values: the K order stays tc_ks's. */
     int64_t tc_runs_min_n, tc_runs_target;
     /* Warps of 16 rows a tensor-core product should spread over, which chooses its K runs
-     * (cuda_tc.cuh: tc_ks); expert weights tc_target_experts when set (> 0; 0: tc_target). A
-     * different value changes the summation order: fixed for a run, like ksplit_min. */
+     * (cuda_tc.cuh: tc_ks); expert weights tc_target_experts (DI_CUDA_TC_TARGET_EXPERTS by
+     * default; 0: tc_target). A different value changes the summation order: fixed for a
+     * run, like ksplit_min. */
     int64_t tc_target, tc_target_experts;
     /* The tensor-core GEMV's one-token-group variants split the token chunk's activations
      * into bf16 parts once per block, in shared memory, where the parts fit in tc_xs KiB
@@ -276,8 +277,8 @@ static inline bool di_cuda_per_head(const di_cuda_mm_params *p) {
 
 cudaError_t di_cuda_launch_matmul(const di_cuda_mm_params *p);
 /* Will di_cuda_launch_matmul run p on a kernel that reads p->x_rows (a grouped BF16 product
- * of up to 8 rows per slot on the streaming kernel)? Else the caller gathers the rows and
- * clears x_rows (di_cuda_launch_matmul refuses it). */
+ * of up to 8 rows per slot on the streaming kernel, or one the wide kernel takes)? Else the
+ * caller gathers the rows and clears x_rows (di_cuda_launch_matmul refuses it). */
 bool di_cuda_mm_reads_x_rows(const di_cuda_mm_params *p);
 
 /* The batch-invariant tensor-core product (cuda_tc_gemv.cu): does the weight suit it (BF16 with
@@ -424,7 +425,7 @@ static __device__ __forceinline__ di_cuda_row_max di_cuda_block_row_max(const fl
  * else one block per row. */
 #define DI_CUDA_AM_PARTS  512
 #define DI_CUDA_AM_SLICES 32
-#define DI_CUDA_AM_ROWS   (DI_CUDA_AM_PARTS / 2)
+#define DI_CUDA_AM_ROWS   (DI_CUDA_AM_PARTS / 2) /* the most rows with S >= 2 */
 #define DI_CUDA_AM_MIN_V  8192
 struct di_cuda_am_part {
     float max;

@@ -470,7 +470,10 @@ static cudaError_t launch_tc(const di_cuda_mm_params *p, int ks, bool xvec) {
  * sums do not change (run_fold), only how many warps share a tile. At a decode batch of 64
  * sequences (V2-Lite, about 6 rows per expert) fewer, longer warps stream the experts'
  * weights with less of the tree through shared memory; at one token per expert (batch 1)
- * every warp counts, and one run each stays. */
+ * every warp counts, and one run each stays. (With the experts' own target, the default
+ * since the twenty-third round of NOTES.md, V2-Lite's expert weights take 8 K runs for the
+ * gate / up and 4 for the down projection, which the default runs target spreads one per
+ * warp: R = 1 there.) */
 static int tc_runs(const di_cuda_mm_params *p, int ks) {
     if (p->tune.tc_runs_min_n <= 0 || di_cuda_rows_per_weight(p) < p->tune.tc_runs_min_n) return 1;
     const int64_t tiles = (p->rows + 15) / 16; /* tc_ks's tiles */
