@@ -511,18 +511,21 @@ static int heads_per_block(const di_cuda_attn_launch *a) {
     return ATT_HG_WIDE;
 }
 
+/* The kernel of HG heads per block over grid, with its shared memory for the call's shape. */
+template <int HG>
+static cudaError_t att_launch(const di_cuda_attn_launch *a, dim3 grid, bool split, int64_t cmax) {
+    const size_t smem =
+        (size_t)att_smem_floats<HG>(a->p.kv_lora_rank, a->p.rope_dim) * sizeof(float);
+    return di_cuda_launch(mla_attn_kernel<HG>, grid, ATT_THREADS, smem, a->stream, a->p, a->partial,
+                          a->counters, split ? 1 : 0, cmax);
+}
+
 cudaError_t di_cuda_launch_mla_attention(const di_cuda_attn_launch *a) {
     const di_mla_attn_params *p = &a->p;
     if (p->n_tokens <= 0 || p->n_heads <= 0 || p->kv_lora_rank <= 0) return cudaSuccess;
     const int hg = heads_per_block(a);
     const int64_t n_groups = (p->n_heads + hg - 1) / hg;
     const int64_t cmax = n_chunks_max(p, a->max_keys);
-    const size_t smem =
-        (size_t)(hg == ATT_HG_WIDE ? att_smem_floats<ATT_HG_WIDE>(p->kv_lora_rank, p->rope_dim)
-                 : hg == ATT_HG_MID
-                     ? att_smem_floats<ATT_HG_MID>(p->kv_lora_rank, p->rope_dim)
-                     : att_smem_floats<ATT_HG_NARROW>(p->kv_lora_rank, p->rope_dim)) *
-        sizeof(float);
     bool split = a->split && a->partial && a->counters && cmax > 0 &&
                  di_cuda_attn_partial_floats(p, a->max_keys) <= a->partial_floats &&
                  p->n_tokens * n_groups <= a->n_counters;
@@ -537,11 +540,13 @@ cudaError_t di_cuda_launch_mla_attention(const di_cuda_attn_launch *a) {
         S = want < 1 ? 1 : want > cmax ? cmax : want;
     }
     if (S == 1) split = false;
-    dim3 grid((unsigned)(p->n_tokens * n_groups), (unsigned)S);
-    void (*k)(const di_mla_attn_params, float *, int *, int, int64_t) =
-        hg == ATT_HG_WIDE  ? mla_attn_kernel<ATT_HG_WIDE>
-        : hg == ATT_HG_MID ? mla_attn_kernel<ATT_HG_MID>
-                           : mla_attn_kernel<ATT_HG_NARROW>;
-    return di_cuda_launch(k, grid, ATT_THREADS, smem, a->stream, *p, a->partial, a->counters,
-                          split ? 1 : 0, cmax);
+    const dim3 grid((unsigned)(p->n_tokens * n_groups), (unsigned)S);
+    switch (hg) {
+    case ATT_HG_WIDE:
+        return att_launch<ATT_HG_WIDE>(a, grid, split, cmax);
+    case ATT_HG_MID:
+        return att_launch<ATT_HG_MID>(a, grid, split, cmax);
+    default:
+        return att_launch<ATT_HG_NARROW>(a, grid, split, cmax);
+    }
 }

@@ -368,7 +368,7 @@ cudaError_t di_cuda_launch_argmax(const float *x, int64_t n, int64_t V, int32_t 
                                   di_cuda_am_part *part, int *counters, cudaStream_t stream) {
     if (n <= 0 || V <= 0) return cudaSuccess;
     const int64_t S = DI_MIN(DI_CUDA_AM_SLICES, DI_CUDA_AM_PARTS / n);
-    if (part && counters && S >= 2 && n <= DI_CUDA_AM_ROWS && V >= DI_CUDA_AM_MIN_V)
+    if (part && counters && S >= 2 && V >= DI_CUDA_AM_MIN_V) /* (so n <= DI_CUDA_AM_ROWS) */
         return di_cuda_launch(argmax_slices_kernel, dim3((unsigned)S, (unsigned)n),
                               AM_SLICE_THREADS, 0, stream, x, V, out, part, counters);
     return di_cuda_launch(argmax_kernel, (unsigned)n, AM_THREADS, 0, stream, x, V, out);

@@ -425,7 +425,7 @@ static __device__ __forceinline__ di_cuda_row_max di_cuda_block_row_max(const fl
  * else one block per row. */
 #define DI_CUDA_AM_PARTS  512
 #define DI_CUDA_AM_SLICES 32
-#define DI_CUDA_AM_ROWS   (DI_CUDA_AM_PARTS / 2) /* the most rows with S >= 2 */
+#define DI_CUDA_AM_ROWS   (DI_CUDA_AM_PARTS / 2) /* the most rows with S >= 2: its counters */
 #define DI_CUDA_AM_MIN_V  8192
 struct di_cuda_am_part {
     float max;
