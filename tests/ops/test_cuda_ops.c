@@ -1026,6 +1026,9 @@ static di_backend tc_kernel_backend_with(const char *var, const char *value) {
 /* The backend that runs check_experts' grouped products, and the one that runs the plain
  * products they are compared with (the rest runs on g_be). */
 static di_backend *g_xbe = &g_be, *g_pbe = &g_be;
+/* When positive, check_experts routes exactly the first g_hot_rows tokens to expert 0 (an
+ * expert with more rows than the others, as real routing gives some). */
+static int64_t g_hot_rows;
 
 /* matmul_experts: each expert's rows bitwise equal to matmul of the same rows (so to a row
  * alone: batch invariance), and within tolerance of the scalar reference (on the default
@@ -1040,7 +1043,10 @@ static void check_experts(di_dtype dt, int64_t E, int64_t K, int64_t n, int64_t 
     const di_weight *dw = gate.dw;
     const di_expert_weights ew = gate.ew;
     const di_router_params r = test_router_plain(E, K);
-    float *lg = rnd_vec(n * E, 3.0f), *dlg = dev_floats(lg, n * E);
+    float *lg = rnd_vec(n * E, 3.0f);
+    for (int64_t t = 0; g_hot_rows > 0 && t < n; t++)
+        lg[t * E] = t < g_hot_rows ? 100.0f : -100.0f;
+    float *dlg = dev_floats(lg, n * E);
     route_bufs db = route_dev_alloc(E, nk);
     route_run(&g_be, &r, n, dlg, &db);
     float *x = rnd_vec(nk * cols, 1.0f), *dx = dev_floats(x, nk * cols);
@@ -1163,6 +1169,9 @@ static void check_experts_target(void) {
     check_experts(DI_DTYPE_BF16, 64, 6, 64, 2048, 1408);
     check_experts(DI_DTYPE_BF16, 64, 6, 64, 1408, 2048);
     check_experts(DI_DTYPE_BF16, 8, 6, 80, 2048, 1408);
+    g_hot_rows = 13; /* a pass of 16 at one K run per warp for the down projection too */
+    check_experts(DI_DTYPE_BF16, 16, 2, 48, 2048, 1408);
+    g_hot_rows = 0;
     g_xbe = &g_be, g_pbe = &g_be;
     di_backend_free(&bx), di_backend_free(&bp);
 }
@@ -1195,6 +1204,49 @@ TEST(matmul_experts) {
      * (target 1: one warp per tile, no tree). */
     CHECK_MSG(!g_tc || di_backend_cuda_tc_stream_launches() > streamed0,
               "the default ran no grouped product on the streaming kernel");
+    /* An expert with more rows than a pass of 8 (expert 0 given exactly `hot` rows, the others
+     * about 6): one pass of 16 rows for 9-16 of them, passes of 16 and then of 16 or 8 beyond
+     * -- at one K run per warp (the gate / up, 8 warps per tile), at two (the down projection
+     * at this file's experts' target), with one warp per tile (K = 200: one K run), rows past
+     * the last tile and a last chunk short of 32 columns (1376 x 2056) -- each expert's rows
+     * bitwise the plain products. Three backends: the default, whose later grouped products
+     * of one routing (check_experts' up experts and GLU calls) find the routing settled and
+     * request their first weights before the PDL wait (their values are checked here; the race
+     * that must not be lost, under PDL in a graph, in the model tests); one with
+     * DI_CUDA_TC_STREAM16=0 (passes of 8 only: no pass of 16 counted on the device); one with
+     * DI_CUDA_TC_EARLY=0 (passes of 16, none early; it does not route, so nothing is settled
+     * there anyway: the passes of 16 without the early start, GLU at two K runs included). */
+    static const int64_t hot[] = {9, 16, 17, 24, 40}, hot_few[] = {13, 24};
+    static const char *const variant[][2] = {
+        {NULL, NULL}, {"DI_CUDA_TC_STREAM16", "0"}, {"DI_CUDA_TC_EARLY", "0"}};
+    for (int v = 0; g_tc && v < 3; v++) {
+        di_backend bv = v ? backend_with(variant[v][0], variant[v][1]) : g_be;
+        if (!bv.ctx) return;
+        CHECK(di_backend_cuda_sync(&g_be) == DI_OK);
+        const int64_t p16 = di_backend_cuda_tc_stream16_passes();
+        const int64_t early0 = di_backend_cuda_tc_early_launches();
+        g_xbe = v ? &bv : &g_be;
+        for (size_t h = 0; h < DI_ARRAY_LEN(hot); h++) {
+            g_hot_rows = hot[h];
+            check_experts(DI_DTYPE_BF16, 16, 2, 48, 1408, 2048);
+            check_experts(DI_DTYPE_BF16, 16, 2, 48, 2048, 1408);
+        }
+        for (size_t h = 0; h < DI_ARRAY_LEN(hot_few); h++) {
+            g_hot_rows = hot_few[h];
+            check_experts(DI_DTYPE_BF16, 16, 2, 48, 1376, 2056);
+            check_experts(DI_DTYPE_BF16, 16, 2, 48, 300, 200);
+        }
+        g_hot_rows = 0, g_xbe = &g_be;
+        CHECK(di_backend_cuda_sync(&bv) == DI_OK);
+        const int64_t made = di_backend_cuda_tc_stream16_passes() - p16;
+        const int64_t early = di_backend_cuda_tc_early_launches() - early0;
+        CHECK_MSG(v == 1 ? made == 0 : made > 0, "backend %d: %lld passes of 16 rows", v,
+                  (long long)made);
+        CHECK_MSG(v == 0 ? early > 0 : early == 0,
+                  "backend %d: %lld launches requested weights before the PDL wait", v,
+                  (long long)early);
+        if (v) di_backend_free(&bv);
+    }
     for (int ti = 0; g_tc && ti < 2; ti++) {
         di_backend bs = tc_kernel_backend_with("DI_CUDA_TC_RUNS_TARGET", ti == 0 ? "256" : "1");
         if (!bs.ctx) return;
@@ -1936,7 +1988,8 @@ int main(void) {
         "DI_CUDA_TC_LEAN",           "DI_CUDA_TC_XS",          "DI_CUDA_TC_FP8",
         "DI_CUDA_TC_RUNS_MIN_N",     "DI_CUDA_TC_RUNS_TARGET", "DI_CUDA_TC_TARGET",
         "DI_CUDA_TC_TARGET_EXPERTS", "DI_CUDA_TC_TERMS",       "DI_CUDA_TC_STREAM",
-        "DI_CUDA_SAMPLE_PAIRS",      "DI_CUDA_TC_WGMMA"};
+        "DI_CUDA_SAMPLE_PAIRS",      "DI_CUDA_TC_WGMMA",       "DI_CUDA_TC_STREAM16",
+        "DI_CUDA_TC_EARLY"};
     for (size_t i = 0; i < DI_ARRAY_LEN(knobs); i++)
         unsetenv(knobs[i]);
     /* ... except the experts' target, 512 by default: 0 gives an expert weight's grouped

@@ -42,8 +42,13 @@ typedef struct cuda_backend {
     bool sample_clusters;       /* the device runs sample_rows' clusters (a few rows each) */
     int64_t sample_pair_rows;   /* ... and draws calls of up to this many rows by pairs */
     int *route_arrivals; /* owned: moe_route's selection blocks' arrivals, one int (zeroed) */
-    float *hc_mix;       /* owned: V4 mHC mixing rows, DI_CUDA_HC_MIX_FLOATS floats */
-    int attn_heads;      /* heads per attention block: 0 (by shape), 2, 4 or 8 */
+    /* The last moe_route's offsets and stream, and whether a grouped product of that routing
+     * has been launched after it on that stream (then later ones have routing_settled). */
+    const int32_t *route_off;
+    cudaStream_t route_stream;
+    bool route_settled;
+    float *hc_mix;  /* owned: V4 mHC mixing rows, DI_CUDA_HC_MIX_FLOATS floats */
+    int attn_heads; /* heads per attention block: 0 (by shape), 2, 4 or 8 */
     int64_t attn_partial_floats;
     int n_sms;
     int64_t max_ctx; /* the longest context a call may attend over (init's max_ctx) */
@@ -406,12 +411,16 @@ static void *cuda_buf_alloc(void *ctx, size_t bytes) {
     return p;
 }
 
+/* A freed buffer's address may come back filled by other means than moe_route, and an
+ * upload may refill the routing's: either ends route_settled. */
 static void cuda_buf_free(void *ctx, void *p) {
+    ((cuda_backend *)ctx)->route_settled = false;
     di_backend b = wrap(ctx);
     di_cuda_free(&b, p);
 }
 
 static di_status cuda_upload_op(void *ctx, void *dst, const void *src, size_t bytes) {
+    ((cuda_backend *)ctx)->route_settled = false;
     di_backend b = wrap(ctx);
     return di_cuda_upload(&b, dst, src, bytes);
 }
@@ -419,6 +428,19 @@ static di_status cuda_upload_op(void *ctx, void *dst, const void *src, size_t by
 static void cuda_moe_route(void *ctx, const di_moe_route_params *p) {
     cuda_backend *be = (cuda_backend *)ctx;
     note(be, di_cuda_launch_moe_route(p, be->route_arrivals, be->stream));
+    be->route_off = p->offsets;
+    be->route_stream = be->stream;
+    be->route_settled = false;
+}
+
+/* A grouped product of the routing at offsets was launched on the current stream (err: how
+ * the launch went; ran: whether the launcher had a kernel to run -- it returns success
+ * without one for an empty shape): later ones of it there find it settled
+ * (di_cuda_mm_params.routing_settled). */
+static void route_used(cuda_backend *be, const int32_t *offsets, cudaError_t err, bool ran) {
+    note(be, err);
+    if (err == cudaSuccess && ran && offsets == be->route_off && be->stream == be->route_stream)
+        be->route_settled = true;
 }
 
 /* The parameters of the GEMV in grouped mode (cuda_internal.cuh): the common shape from
@@ -440,6 +462,8 @@ static di_cuda_mm_params grouped_params(const di_expert_weights *ew, const cuda_
     p.tc_min_n = be->invariant ? 1 : 2;
     p.g_off = offsets;
     p.g_active = active;
+    p.routing_settled =
+        be->route_settled && offsets == be->route_off && be->stream == be->route_stream;
     return p;
 }
 
@@ -487,11 +511,11 @@ static void cuda_matmul_experts(void *ctx, const di_expert_weights *ew, const in
     if (ew->w[0].dtype == DI_DTYPE_F4_E2M1) {
         di_cuda_fp4_params p =
             grouped_fp4_params(ew, be, offsets, active, max_active, n_rows, x, y);
-        note(be, di_cuda_launch_matmul_fp4(&p));
+        route_used(be, offsets, di_cuda_launch_matmul_fp4(&p), p.rows > 0 && p.cols > 0);
         return;
     }
     di_cuda_mm_params p = grouped_params(ew, be, offsets, active, max_active, n_rows, x, y);
-    note(be, di_cuda_launch_matmul(&p));
+    route_used(be, offsets, di_cuda_launch_matmul(&p), p.rows > 0 && p.cols > 0);
 }
 
 /* FP4 experts have no fused form: the call notes cudaErrorNotSupported (sync reports it) and
@@ -521,7 +545,7 @@ static void cuda_matmul_experts_glu(void *ctx, const di_expert_weights *gate,
         p.x = x_scratch;
         p.x_rows = NULL;
     }
-    note(be, di_cuda_launch_matmul(&p));
+    route_used(be, offsets, di_cuda_launch_matmul(&p), p.rows > 0 && p.cols > 0);
 }
 
 /* The device table of n experts' data / scale pointers (FP4: data / E8M0 bytes); every field
@@ -674,6 +698,7 @@ static di_status async_error(const char *what, cudaError_t err) {
 /* Transfers the staging cannot take are copied synchronously (correct, not overlapped). */
 static di_status cuda_upload_async(void *ctx, void *dst, const void *src, size_t bytes) {
     cuda_backend *be = (cuda_backend *)ctx;
+    be->route_settled = false; /* (as cuda_upload_op) */
     bool staged = false;
     const cudaError_t err = di_cuda_async_upload(be->async, be->main, dst, src, bytes, &staged);
     note(be, err); /* also reported by the step's fence: a caller may not look */
@@ -926,6 +951,14 @@ extern "C" di_status di_backend_cuda_init(di_backend *out, int device, int64_t m
      * target of 512; batch 1 unchanged (0.57 ms; NOTES.md, sixteenth round). */
     env = getenv("DI_CUDA_TC_STREAM");
     be->tune.tc_stream = !(env && strcmp(env, "0") == 0);
+    /* DI_CUDA_TC_STREAM16=0: an expert of 9-16 rows in two passes of 8 through that kernel,
+     * not one of 16 (NOTES.md, twenty-fourth round) */
+    env = getenv("DI_CUDA_TC_STREAM16");
+    be->tune.tc_stream16 = !(env && strcmp(env, "0") == 0);
+    /* DI_CUDA_TC_EARLY=0: that kernel requests no weights before its PDL wait, even where the
+     * routing is settled (NOTES.md, twenty-fourth round) */
+    env = getenv("DI_CUDA_TC_EARLY");
+    be->tune.tc_early = !(env && strcmp(env, "0") == 0);
     /* DI_CUDA_SAMPLE_PAIRS=<rows>: the most rows of a sample_rows call drawn by two-block
      * clusters (64 by default; 0: none; calls of up to 16 rows take 8-block clusters) */
     env = getenv("DI_CUDA_SAMPLE_PAIRS");
@@ -1048,6 +1081,14 @@ extern "C" int64_t di_backend_cuda_tc_runs_launches(void) {
 
 extern "C" int64_t di_backend_cuda_tc_stream_launches(void) {
     return di_cuda_tc_stream_launches;
+}
+
+extern "C" int64_t di_backend_cuda_tc_stream16_passes(void) {
+    return di_cuda_tc_stream16_passes();
+}
+
+extern "C" int64_t di_backend_cuda_tc_early_launches(void) {
+    return di_cuda_tc_early_launches;
 }
 
 extern "C" int64_t di_backend_cuda_xs_launches(void) {

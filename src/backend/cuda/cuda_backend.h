@@ -110,6 +110,12 @@ int64_t di_backend_cuda_tc_head_launches(void);
 int64_t di_backend_cuda_tc_runs_launches(void);
 /* ... and grouped products on the streaming kernel (the default; DI_CUDA_TC_STREAM=0 off). */
 int64_t di_backend_cuda_tc_stream_launches(void);
+/* The passes of 16 rows that the streaming kernel's blocks have made (counted on the
+ * device; DI_CUDA_TC_STREAM16=0 off), as far as the device has run: a test syncs first. */
+int64_t di_backend_cuda_tc_stream16_passes(void);
+/* ... and launches of that kernel that requested weights before their PDL wait (a grouped
+ * product after another one of the same routing; DI_CUDA_TC_EARLY=0 off). */
+int64_t di_backend_cuda_tc_early_launches(void);
 
 /* How many wide tensor-core products of many tokens this process has launched, grouped
  * (expert) ones or plain ones (0 without CUDA): lets a test see that they ran. */

@@ -36,7 +36,11 @@ extern "C" {
  * are visible), then pdl_trigger() to let the next kernel start. Only reads of weights
  * (never written during a step) may come before the wait: the GEMV requests its first
  * weight vectors there. Without the launch attribute both are no-ops, so a kernel behaves
- * the same either way. */
+ * the same either way. No block triggers before its wait (a block may exit without either),
+ * so once a kernel's blocks run, every block of the kernel before it has triggered or exited,
+ * and if one of them waited, every kernel before that one has finished: a grouped product
+ * after another one of the same routing reads the routing before its wait
+ * (di_cuda_mm_params.routing_settled). */
 extern int di_cuda_pdl;
 
 static __device__ __forceinline__ void pdl_wait(void) {
@@ -180,6 +184,13 @@ typedef struct di_cuda_tuning {
      * through shared memory (cuda_tc_stream.cu; the default, DI_CUDA_TC_STREAM=0: tc_kernel).
      * Same values. */
     int tc_stream;
+    /* ... an expert with more than 8 rows in one pass of 16 (R <= 2 K runs per warp) instead
+     * of passes of 8: DI_CUDA_TC_STREAM16=0 turns it off. Same values. */
+    int tc_stream16;
+    /* ... its first weights requested before the PDL wait where the routing is settled
+     * (di_cuda_mm_params.routing_settled: a MoE layer's down projection): DI_CUDA_TC_EARLY=0
+     * turns it off. Same values. */
+    int tc_early;
     /* Block-scaled FP8 weights on the tensor-core GEMV too (cuda_tc_gemv.cu: exact bf16
      * values, each 32-column chunk's sum times its block scale), where the scale blocks
      * hold whole chunks: DI_CUDA_TC_FP8=1. Changes the summation order (fixed for a run). */
@@ -224,6 +235,14 @@ typedef struct di_cuda_mm_params {
      * tokens read in place, with no gather; the streaming and the wide kernels read it:
      * di_cuda_mm_reads_x_rows). */
     const int32_t *x_rows;
+    /* Grouped mode: the routing (g_off, g_active, x_rows) is complete whenever a block of this
+     * launch runs, not only after its PDL wait. The backend sets it for a grouped product
+     * launched after another grouped product of the same routing on the same stream: the
+     * first grouped product after the routing waits in every block (tc_expert, not settled)
+     * before it lets a later kernel start, and that wait returned only once the routing had
+     * finished. The streaming kernel then requests its first weights before its own wait
+     * (tune.tc_early). */
+    bool routing_settled;
     /* GLU mode (SwiGLU in the epilogue), when glu_data (plain) or glu_experts (grouped) is
      * set: a second weight of the same shape, dtype and scale layout (the up projection; the
      * fields above describe the gate), and y = silu(W x) * (W2 x), rows x n_tokens. */
@@ -310,6 +329,8 @@ cudaError_t di_cuda_launch_matmul_tc_lean(const di_cuda_mm_params *p, int ks);
 cudaError_t di_cuda_launch_matmul_tc_stream(const di_cuda_mm_params *p, int ks, int r);
 cudaError_t di_cuda_tc_stream_setup(void);
 extern int64_t di_cuda_tc_stream_launches; /* di_backend_cuda_tc_stream_launches */
+int64_t di_cuda_tc_stream16_passes(void);  /* di_backend_cuda_tc_stream16_passes */
+extern int64_t di_cuda_tc_early_launches;  /* di_backend_cuda_tc_early_launches */
 extern int64_t di_cuda_wide_launches[2];   /* di_backend_cuda_wide_launches: plain, grouped */
 extern int64_t di_cuda_wgmma_launches;     /* di_backend_cuda_wgmma_launches */
 extern int64_t di_cuda_lean_launches;      /* di_backend_cuda_lean_launches */

@@ -93,6 +93,14 @@ int64_t di_backend_cuda_tc_stream_launches(void) {
     return 0;
 }
 
+int64_t di_backend_cuda_tc_stream16_passes(void) {
+    return 0;
+}
+
+int64_t di_backend_cuda_tc_early_launches(void) {
+    return 0;
+}
+
 int64_t di_backend_cuda_xs_launches(void) {
     return 0;
 }

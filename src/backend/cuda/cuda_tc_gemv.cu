@@ -491,9 +491,11 @@ static int tc_runs(const di_cuda_mm_params *p, int ks) {
  * average more than 4 rows (an expert of 9..16 rows, one in six at 64 sequences, read once
  * instead of twice) made no difference there (17180 vs 17126 output tok/s, three runs each)
  * and were dropped. */
-/* Does a BF16 grouped product of at most 8 rows per slot take the streaming kernel
- * (cuda_tc_stream.cu)? x in 16-byte aligned rows, for its cp.async; an expert's bytes in 32
- * bits. */
+/* Does a BF16 grouped product of a few rows per slot (a decode batch: fewer than
+ * tc_wide_grouped on average) take the streaming kernel (cuda_tc_stream.cu, passes of 8 or 16
+ * rows)? x in 16-byte aligned rows, for its cp.async; an expert's bytes in 32 bits. (Two
+ * token groups per pass on tc_kernel, above, made no difference; on the streaming kernel
+ * passes of 16 took a 64-sequence step 10.96 -> 10.62 ms, NOTES.md, twenty-fourth round.) */
 static bool ts_takes(const di_cuda_mm_params *p, bool xvec) {
     return p->tune.tc_stream && xvec && (uint64_t)p->rows * p->row_stride * 2 <= UINT32_MAX;
 }
