@@ -21,7 +21,7 @@ usage: gpu_vs_transformers.py --deepinfer BUILD/deepinfer --bench-engine BUILD/b
                               [--prompt-len 16] [--concurrency 1,8,64] [--out results.json]
                               [--md table.md] [--plot plot.png] [--skip-hf]
                               [--no-invariant [--ni-concurrency 1,64]]
-                              [--sampled-concurrency 64]
+                              [--sampled-concurrency 64] [--repeat 2]
        gpu_vs_transformers.py --make-only [--layers N] [--model-dir DIR]  (only the folder)
        gpu_vs_transformers.py --from-json results.json [--concurrency ...] [--md] [--plot]
 deepinfer runs first, transformers last, so a run cut short keeps deepinfer's rows.
@@ -29,6 +29,8 @@ Batch-1 decode speed: transformers = (time of N new tokens - time of 1 new token
 (prefill not counted); deepinfer = the decode tok/s that `deepinfer generate --format json`
 reports (tokens after the first / their time: model loading and prefill not counted). The
 concurrent rows are output tokens / wall time of the whole batch (prefill included) for both.
+Each time of transformers is the better of two `generate` calls; each deepinfer row likewise the
+better of --repeat runs (default 2; every run's figure kept in the JSON under "runs").
 The JSON is rewritten after every phase, so a run cut short keeps what it measured. Prints a
 Markdown table (also to --md) and draws --plot (matplotlib) when given.
 """
@@ -114,24 +116,34 @@ def make_model(args):
     return model, cfg
 
 
-@torch.no_grad()
 def hf_generate_time(model, batch, prompt_len, new_tokens, sampled=None):
     """Seconds of one generate of `new_tokens` per row (the better of two); sampled: None
-    (greedy) or (temperature, top_p)."""
+    (greedy) or (temperature, top_p). (torch.no_grad inside, not as a decorator: --from-json
+    runs without torch.)"""
     g = torch.Generator(device="cpu").manual_seed(7)
     ids = torch.randint(10, 100000, (batch, prompt_len), generator=g).cuda()
     kw = dict(do_sample=False, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
               pad_token_id=0, eos_token_id=None)
     if sampled:
         kw.update(do_sample=True, temperature=sampled[0], top_p=sampled[1], top_k=0)
-    model.generate(ids, **dict(kw, max_new_tokens=2, min_new_tokens=2))  # warm-up
-    return timed(lambda: model.generate(ids, **kw), reps=2)
+    with torch.no_grad():
+        model.generate(ids, **dict(kw, max_new_tokens=2, min_new_tokens=2))  # warm-up
+        return timed(lambda: model.generate(ids, **kw), reps=2)
 
 
 def hf_decode(model, batch, args, sampled=None):
     t1 = hf_generate_time(model, batch, args.prompt_len, 1, sampled)
     tn = hf_generate_time(model, batch, args.prompt_len, args.gen, sampled)
     return batch * (args.gen - 1) / (tn - t1), batch * args.gen / tn
+
+
+def best_of(n, run, key):
+    """The best of n calls of run() (the highest key(result)), as transformers' times are the
+    better of two, with every call's key(result) under "runs"."""
+    results = [run() for _ in range(max(n, 1))]
+    best = max(results, key=key)
+    best["runs"] = [key(r) for r in results]
+    return best
 
 
 def di_generate(args, new_tokens, env=None, extra=()):
@@ -185,6 +197,9 @@ def main():
     ap.add_argument("--sampled-concurrency", default="64",
                     help="also these concurrencies with sampling (temperature 0.7, top_p 0.9) on "
                          "both sides; empty: none")
+    ap.add_argument("--repeat", type=int, default=2,
+                    help="runs per deepinfer row, the best kept (transformers: the better of two "
+                         "generate calls per time)")
     ap.add_argument("--no-graphs", action="store_true",
                     help="also batch-1 decode with DI_CUDA_GRAPHS=0 (every op launched)")
     args = ap.parse_args()
@@ -222,20 +237,27 @@ def main():
     concs = [int(x) for x in args.concurrency.split(",")]
     res["hf"] = {}
 
-    try:
+    def b1_run():
         wall, js = di_generate(args, args.gen)
         tm = js.get("timing", {})
-        res["deepinfer_b1"] = {"decode_tok_s": tm.get("decode_tok_s"), "wall_s": wall,
-                               "timing": tm}
+        return {"decode_tok_s": tm.get("decode_tok_s"), "wall_s": wall, "timing": tm}
+
+    try:
+        res["deepinfer_b1"] = best_of(args.repeat, b1_run, lambda r: r["decode_tok_s"] or 0.0)
+        tm = res["deepinfer_b1"]["timing"]
+        wall = res["deepinfer_b1"]["wall_s"]
         log("deepinfer batch 1: decode %.1f tok/s (process wall %.1f s incl. loading)"
             % (tm.get("decode_tok_s", 0.0), wall))
     except subprocess.CalledProcessError as e:
         log("deepinfer generate failed: %s" % e.stderr[-2000:])
     save()
     res["deepinfer_engine"] = {}
+    def tok_s(r):
+        return r["output_tok_s"]
+
     for conc in concs:
         try:
-            r = di_engine(args, conc)
+            r = best_of(args.repeat, lambda: di_engine(args, conc), tok_s)
         except subprocess.CalledProcessError as e:
             log("bench_engine concurrency %d failed: %s" % (conc, e.stderr[-2000:]))
             continue
@@ -247,7 +269,8 @@ def main():
     res["deepinfer_engine_sampled"] = {}
     for conc in sconcs:  # the draw on the device (temperature and top_p: sample_mass.h)
         try:
-            r = di_engine(args, conc, extra=["--temperature", "0.7", "--top-p", "0.9"])
+            sampling = ["--temperature", "0.7", "--top-p", "0.9"]
+            r = best_of(args.repeat, lambda: di_engine(args, conc, extra=sampling), tok_s)
         except subprocess.CalledProcessError as e:
             log("bench_engine sampled concurrency %d failed: %s" % (conc, e.stderr[-2000:]))
             continue
