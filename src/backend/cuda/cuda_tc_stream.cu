@@ -84,8 +84,8 @@ template <int N> static __device__ __forceinline__ void cp_async_wait(void) {
 
 /* Block: max(4, ks) warps, W = ks / R per row tile (warp = tile x W + kw), a tile being two
  * m-tiles of 16 rows (GLU: 16 gate and 16 up rows); blockIdx.z: the active-expert slot, whose
- * rows the block walks 8 at a time (one token group per pass). Each warp owns
- * TS_WARP_BYTES of the ring. */
+ * rows the block walks 8 at a time (one token group per pass), or 16 while more than 8 are
+ * left (pass16: two groups). Each warp owns TS_WARP_BYTES of the ring. */
 template <bool GLU, int R>
 __global__ void __launch_bounds__(32 * TC_MAX_KS, 2)
     ts_kernel(const di_cuda_mm_params p, int ks, int terms) {
