@@ -1373,7 +1373,9 @@ static void glu_case_free(glu_case *c) {
     dfree(c->dx), free(c->x), free(c->y0), free_weight(&c->tg), free_weight(&c->tu);
 }
 
-static void check_same_bits(const di_backend *b, const char *what) {
+/* Returns the number of products run on b. */
+static int64_t check_same_bits(const di_backend *b, const char *what) {
+    int64_t products = 0;
     static const int64_t shapes[][2] = {{1408, 2048}, {2048, 1408}, {37, 2056}, {40, 2064},
                                         {24, 2072},   {100, 296},   {300, 520}, {16, 8}};
     static const int64_t ns[] = {1, 2, 5, 8};
@@ -1389,6 +1391,7 @@ static void check_same_bits(const di_backend *b, const char *what) {
                     dy[v] = dev_poison((n + 8) * rows);
                     if (k == 2)
                         CHECK(di_cuda_upload(e, dy[v], c.y0, (size_t)(n * rows) * 4) == DI_OK);
+                    products += v;
                     if (k == 0) e->ops->matmul(e->ctx, &c.dg, c.dx, n, dy[v]);
                     if (k == 1) e->ops->matmul_glu(e->ctx, &c.dg, &c.du, c.dx, n, dy[v]);
                     if (k == 2) e->ops->matmul_add(e->ctx, &c.dg, c.dx, n, dy[v]);
@@ -1410,6 +1413,7 @@ static void check_same_bits(const di_backend *b, const char *what) {
             }
             glu_case_free(&c);
         }
+    return products;
 }
 
 /* One BF16 product of n tokens (1408 x 2048) on backend be, waited for. */
@@ -1553,19 +1557,27 @@ TEST(matmul_tc) {
      * the split activations of up to 32 KiB: DI_CUDA_TC_XS=32) for plain, GLU and accumulate,
      * grouped (matmul_experts on g_xbe against the default's plain products), and a token
      * alone against a batch on the wide kernel (check_tc), with 2 and 3 parts: every shape
-     * staged (100), none (0), and the lean kernel. */
-    static const char *opt_in[][2] = {
-        {"DI_CUDA_TC_XS", "100"}, {"DI_CUDA_TC_XS", "0"}, {"DI_CUDA_TC_LEAN", "1"}};
+     * staged (100), none (0), the lean kernel, and plain products on the streaming kernel. */
+    static const char *opt_in[][2] = {{"DI_CUDA_TC_XS", "100"},
+                                      {"DI_CUDA_TC_XS", "0"},
+                                      {"DI_CUDA_TC_LEAN", "1"},
+                                      {"DI_CUDA_TC_STREAM_PLAIN", "1"}};
     for (size_t oi = 0; oi < DI_ARRAY_LEN(opt_in); oi++) {
         di_backend bo = backend_with(opt_in[oi][0], opt_in[oi][1]);
         if (!bo.ctx) return;
-        const bool lean = oi == 2, staged = oi == 0;
+        const bool lean = oi == 2, streamed = oi == 3, staged = oi == 0;
         const int64_t ran = di_backend_cuda_lean_launches();
-        check_same_bits(&bo, opt_in[oi][0]);
+        const int64_t ran_ts = di_backend_cuda_tc_stream_plain_launches();
+        const int64_t products = check_same_bits(&bo, opt_in[oi][0]);
         if (lean) CHECK_MSG(di_backend_cuda_lean_launches() > ran, "the lean variant never ran");
-        if (!lean) { /* the staging of bo alone: 8 tokens of K = 2048 take 99.8 KB (staged
-                      * with 100 KiB, not by the default's 32); one token, 12.5 KB, not
-                      * staged with 0 */
+        /* the streaming variant: every one of them there (none fell back), else none */
+        const int64_t on_ts = di_backend_cuda_tc_stream_plain_launches() - ran_ts;
+        CHECK_MSG(on_ts == (streamed ? products : 0),
+                  "%s=%s: %lld of %lld plain products on the streaming kernel", opt_in[oi][0],
+                  opt_in[oi][1], (long long)on_ts, (long long)products);
+        if (!lean && !streamed) { /* the staging of bo alone: 8 tokens of K = 2048 take 99.8 KB
+                                   * (staged with 100 KiB, not by the default's 32); one token, 12.5
+                                   * KB, not staged with 0 */
             const int64_t before = di_backend_cuda_xs_launches();
             one_product(&bo, staged ? 8 : 1);
             const int64_t d = di_backend_cuda_xs_launches() - before;
@@ -1989,7 +2001,7 @@ int main(void) {
         "DI_CUDA_TC_RUNS_MIN_N",     "DI_CUDA_TC_RUNS_TARGET", "DI_CUDA_TC_TARGET",
         "DI_CUDA_TC_TARGET_EXPERTS", "DI_CUDA_TC_TERMS",       "DI_CUDA_TC_STREAM",
         "DI_CUDA_SAMPLE_PAIRS",      "DI_CUDA_TC_WGMMA",       "DI_CUDA_TC_STREAM16",
-        "DI_CUDA_TC_EARLY"};
+        "DI_CUDA_TC_EARLY",          "DI_CUDA_TC_STREAM_PLAIN"};
     for (size_t i = 0; i < DI_ARRAY_LEN(knobs); i++)
         unsetenv(knobs[i]);
     /* ... except the experts' target, 512 by default: 0 gives an expert weight's grouped

@@ -959,6 +959,10 @@ extern "C" di_status di_backend_cuda_init(di_backend *out, int device, int64_t m
      * routing is settled (NOTES.md, twenty-fourth round) */
     env = getenv("DI_CUDA_TC_EARLY");
     be->tune.tc_early = !(env && strcmp(env, "0") == 0);
+    /* DI_CUDA_TC_STREAM_PLAIN=1: plain BF16 products of up to 8 tokens on that kernel too
+     * (opt-in, not yet measured: NOTES.md, twenty-fourth round) */
+    env = getenv("DI_CUDA_TC_STREAM_PLAIN");
+    be->tune.tc_stream_plain = env && strcmp(env, "1") == 0;
     /* DI_CUDA_SAMPLE_PAIRS=<rows>: the most rows of a sample_rows call drawn by two-block
      * clusters (64 by default; 0: none; calls of up to 16 rows take 8-block clusters) */
     env = getenv("DI_CUDA_SAMPLE_PAIRS");
@@ -1089,6 +1093,10 @@ extern "C" int64_t di_backend_cuda_tc_stream16_passes(void) {
 
 extern "C" int64_t di_backend_cuda_tc_early_launches(void) {
     return di_cuda_tc_early_launches;
+}
+
+extern "C" int64_t di_backend_cuda_tc_stream_plain_launches(void) {
+    return di_cuda_tc_stream_plain_launches;
 }
 
 extern "C" int64_t di_backend_cuda_xs_launches(void) {

@@ -191,6 +191,11 @@ typedef struct di_cuda_tuning {
      * (di_cuda_mm_params.routing_settled: a MoE layer's down projection): DI_CUDA_TC_EARLY=0
      * turns it off. Same values. */
     int tc_early;
+    /* ... and plain BF16 products of one token group on it too: DI_CUDA_TC_STREAM_PLAIN=1,
+     * opt-in (written after the twenty-fourth round's last GPU run: not yet measured; nothing
+     * with DI_CUDA_TC_STREAM=0). Their first weights go before the PDL wait unless
+     * DI_CUDA_TC_EARLY=0. Same values. */
+    int tc_stream_plain;
     /* Block-scaled FP8 weights on the tensor-core GEMV too (cuda_tc_gemv.cu: exact bf16
      * values, each 32-column chunk's sum times its block scale), where the scale blocks
      * hold whole chunks: DI_CUDA_TC_FP8=1. Changes the summation order (fixed for a run). */
@@ -328,16 +333,17 @@ cudaError_t di_cuda_launch_matmul_tc_lean(const di_cuda_mm_params *p, int ks);
  * setup raises the kernels' shared-memory limit, once per backend. */
 cudaError_t di_cuda_launch_matmul_tc_stream(const di_cuda_mm_params *p, int ks, int r);
 cudaError_t di_cuda_tc_stream_setup(void);
-extern int64_t di_cuda_tc_stream_launches; /* di_backend_cuda_tc_stream_launches */
-int64_t di_cuda_tc_stream16_passes(void);  /* di_backend_cuda_tc_stream16_passes */
-extern int64_t di_cuda_tc_early_launches;  /* di_backend_cuda_tc_early_launches */
-extern int64_t di_cuda_wide_launches[2];   /* di_backend_cuda_wide_launches: plain, grouped */
-extern int64_t di_cuda_wgmma_launches;     /* di_backend_cuda_wgmma_launches */
-extern int64_t di_cuda_lean_launches;      /* di_backend_cuda_lean_launches */
-extern int64_t di_cuda_xs_launches;        /* di_backend_cuda_xs_launches */
-extern int64_t di_cuda_tc_fp8_launches;    /* di_backend_cuda_tc_fp8_launches */
-extern int64_t di_cuda_tc_head_launches;   /* di_backend_cuda_tc_head_launches */
-extern int64_t di_cuda_tc_runs_launches;   /* di_backend_cuda_tc_runs_launches */
+extern int64_t di_cuda_tc_stream_launches;       /* di_backend_cuda_tc_stream_launches */
+int64_t di_cuda_tc_stream16_passes(void);        /* di_backend_cuda_tc_stream16_passes */
+extern int64_t di_cuda_tc_early_launches;        /* di_backend_cuda_tc_early_launches */
+extern int64_t di_cuda_tc_stream_plain_launches; /* di_backend_cuda_tc_stream_plain_launches */
+extern int64_t di_cuda_wide_launches[2];         /* di_backend_cuda_wide_launches: plain, grouped */
+extern int64_t di_cuda_wgmma_launches;           /* di_backend_cuda_wgmma_launches */
+extern int64_t di_cuda_lean_launches;            /* di_backend_cuda_lean_launches */
+extern int64_t di_cuda_xs_launches;              /* di_backend_cuda_xs_launches */
+extern int64_t di_cuda_tc_fp8_launches;          /* di_backend_cuda_tc_fp8_launches */
+extern int64_t di_cuda_tc_head_launches;         /* di_backend_cuda_tc_head_launches */
+extern int64_t di_cuda_tc_runs_launches;         /* di_backend_cuda_tc_runs_launches */
 cudaError_t di_cuda_launch_matmul_tc_wide(const di_cuda_mm_params *p);
 
 /* For the bandwidth measurements: run(ctx, s, i) enqueues run i on stream s; three warm-up

@@ -55,8 +55,9 @@
 static_assert(TS16_STAGES * TS16_U4 * (int)sizeof(uint4) <= TS_WARP_BYTES,
               "a 16-token pass's stages fit the warp's ring");
 
-int64_t di_cuda_tc_stream_launches; /* cuda_backend.h: launches of this kernel (for tests) */
-int64_t di_cuda_tc_early_launches;  /* ... of them with weights requested before the wait */
+int64_t di_cuda_tc_stream_launches;       /* cuda_backend.h: launches of this kernel (for tests) */
+int64_t di_cuda_tc_early_launches;        /* ... of them with weights requested before the wait */
+int64_t di_cuda_tc_stream_plain_launches; /* ... of plain products (DI_CUDA_TC_STREAM_PLAIN=1) */
 /* Passes of 16 rows made (for tests: one atomic per such pass of a block) */
 static __device__ unsigned long long ts16_passes;
 
@@ -101,9 +102,13 @@ __global__ void __launch_bounds__(32 * TC_MAX_KS, 2)
     int64_t t0 = 0, t_end = p.n_tokens;
     /* With the routing settled (a MoE layer's down projection, after its gate / up), the first
      * pass requests its first weights before the PDL wait, during the previous kernel's tail;
-     * its activations (that kernel's output) after it. */
-    const bool early = p.routing_settled && p.tune.tc_early;
-    if (!tc_expert<GLU, true>(p, (int)blockIdx.z, wdata, udata, t0, t_end, nullptr, nullptr, early))
+     * its activations (that kernel's output) after it. A plain product (no experts: one token
+     * group, opt-in, DI_CUDA_TC_STREAM_PLAIN=1) has its weight and rows from the start: early
+     * too (DI_CUDA_TC_EARLY=0 turns both off). */
+    const bool plain = p.experts == nullptr;
+    const bool early = (plain || p.routing_settled) && p.tune.tc_early;
+    if (!plain &&
+        !tc_expert<GLU, true>(p, (int)blockIdx.z, wdata, udata, t0, t_end, nullptr, nullptr, early))
         return;
     bool waiting = early; /* the PDL wait is still ahead (block-uniform) */
     /* Row g of the product's activations: token x_rows[g]'s row where given (the routing's,
@@ -434,15 +439,19 @@ template <bool GLU, int R> static cudaError_t launch_ts(const di_cuda_mm_params 
     const int warps = ks > 4 ? ks : 4, per_block = warps / (ks / R); /* row tiles */
     const int64_t ro = GLU ? 16 : 32, tiles = (p->rows + ro - 1) / ro;
     dim3 grid((unsigned)((tiles + per_block - 1) / per_block), 1u, (unsigned)p->n_heads);
-    di_cuda_tc_stream_launches++;
-    if (p->routing_settled && p->tune.tc_early) di_cuda_tc_early_launches++;
-    if (R > 1) di_cuda_tc_runs_launches++;
+    if (p->experts) { /* the counters of grouped products; plain ones have their own */
+        di_cuda_tc_stream_launches++;
+        if (p->routing_settled && p->tune.tc_early) di_cuda_tc_early_launches++;
+        if (R > 1) di_cuda_tc_runs_launches++;
+    } else {
+        di_cuda_tc_stream_plain_launches++;
+    }
     return di_cuda_launch(ts_kernel<GLU, R>, grid, dim3(32 * warps), (size_t)warps * TS_WARP_BYTES,
                           p->stream, *p, ks, p->tune.tc_terms);
 }
 
 cudaError_t di_cuda_launch_matmul_tc_stream(const di_cuda_mm_params *p, int ks, int r) {
-    const bool glu = p->glu_experts != nullptr;
+    const bool glu = p->glu_experts != nullptr || p->glu_data != nullptr; /* grouped or plain */
     switch (r) {
     case 8:
         return glu ? launch_ts<true, 8>(p, ks) : launch_ts<false, 8>(p, ks);
