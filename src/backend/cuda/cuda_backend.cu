@@ -433,14 +433,18 @@ static void cuda_moe_route(void *ctx, const di_moe_route_params *p) {
     be->route_settled = false;
 }
 
+/* Is offsets the last moe_route's, on the stream ops go to now? */
+static bool route_current(const cuda_backend *be, const int32_t *offsets) {
+    return offsets == be->route_off && be->stream == be->route_stream;
+}
+
 /* A grouped product of the routing at offsets was launched on the current stream (err: how
  * the launch went; ran: whether the launcher had a kernel to run -- it returns success
  * without one for an empty shape): later ones of it there find it settled
  * (di_cuda_mm_params.routing_settled). */
 static void route_used(cuda_backend *be, const int32_t *offsets, cudaError_t err, bool ran) {
     note(be, err);
-    if (err == cudaSuccess && ran && offsets == be->route_off && be->stream == be->route_stream)
-        be->route_settled = true;
+    if (err == cudaSuccess && ran && route_current(be, offsets)) be->route_settled = true;
 }
 
 /* The parameters of the GEMV in grouped mode (cuda_internal.cuh): the common shape from
@@ -462,8 +466,7 @@ static di_cuda_mm_params grouped_params(const di_expert_weights *ew, const cuda_
     p.tc_min_n = be->invariant ? 1 : 2;
     p.g_off = offsets;
     p.g_active = active;
-    p.routing_settled =
-        be->route_settled && offsets == be->route_off && be->stream == be->route_stream;
+    p.routing_settled = be->route_settled && route_current(be, offsets);
     return p;
 }
 

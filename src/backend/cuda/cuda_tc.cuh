@@ -78,13 +78,20 @@ static __device__ __forceinline__ uint4 split_quad(float (&xv)[8]) {
     return b;
 }
 
+/* One int the routing wrote (g_active, g_off, x_rows): from L2 where it is read before the
+ * PDL wait (settled: the finished routing kernel's writes have reached L2, but an L1 line of
+ * an earlier launch could be stale), else a plain load. */
+static __device__ __forceinline__ int32_t tc_routing_ld(const int32_t *a, bool settled) {
+    return settled ? __ldcg(a) : *a;
+}
+
 /* A grouped launch's active-expert slot, once the routing's kernels are done (PDL): its
  * expert's weights (and GLU's up weights) and its rows, t0 moved by the expert's offset and
  * t_end its end. False, and the caller's block exits, for a slot past the active experts, and
  * with ROWS for an expert with no rows left at t0 (a cluster, whose blocks must stay
  * together, passes ROWS = false). With settled (p.routing_settled, the caller's choice) the
- * routing is read without the PDL wait -- from L2, which the finished routing kernel's
- * writes have reached -- and the caller waits later, before it reads x. */
+ * routing is read without the PDL wait (tc_routing_ld), and the caller waits later, before
+ * it reads x. */
 template <bool GLU, bool ROWS, typename T>
 static __device__ __forceinline__ bool
 tc_expert(const di_cuda_mm_params &p, int slot, const void *&wdata, const void *&udata, T &t0,
@@ -94,15 +101,15 @@ tc_expert(const di_cuda_mm_params &p, int slot, const void *&wdata, const void *
         pdl_wait();
         pdl_trigger();
     }
-    if (slot >= (settled ? __ldcg(p.g_active) : p.g_active[0])) return false;
-    const int e = settled ? __ldcg(p.g_active + 1 + slot) : p.g_active[1 + slot];
+    if (slot >= tc_routing_ld(p.g_active, settled)) return false;
+    const int e = tc_routing_ld(p.g_active + 1 + slot, settled);
     wdata = p.experts[e].data;
     if constexpr (GLU) udata = p.glu_experts[e].data;
     if (wscale) *wscale = p.experts[e].scale; /* FP8 weights' block scales */
     if constexpr (GLU)
         if (uscale) *uscale = p.glu_experts[e].scale;
-    t0 += settled ? __ldcg(p.g_off + e) : p.g_off[e];
-    t_end = settled ? __ldcg(p.g_off + e + 1) : p.g_off[e + 1];
+    t0 += tc_routing_ld(p.g_off + e, settled);
+    t_end = tc_routing_ld(p.g_off + e + 1, settled);
     return !ROWS || t0 < t_end;
 }
 

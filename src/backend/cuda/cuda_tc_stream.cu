@@ -111,10 +111,9 @@ __global__ void __launch_bounds__(32 * TC_MAX_KS, 2)
         !tc_expert<GLU, true>(p, (int)blockIdx.z, wdata, udata, t0, t_end, nullptr, nullptr, early))
         return;
     bool waiting = early; /* the PDL wait is still ahead (block-uniform) */
-    /* Row g of the product's activations: token x_rows[g]'s row where given (the routing's,
-     * read from L2 before the wait). */
+    /* Row g of the product's activations: token x_rows[g]'s row where given (the routing's). */
     auto x_row = [&](int64_t gr) -> int64_t {
-        return p.x_rows ? (int64_t)(early ? __ldcg(p.x_rows + gr) : p.x_rows[gr]) : gr;
+        return p.x_rows ? (int64_t)tc_routing_ld(p.x_rows + gr, early) : gr;
     };
     /* A pass's first two stages (issue(w, x): the next stage's weights and / or activations;
      * restart: back to the pass's first stage). In the first pass of a block with the routing
@@ -173,6 +172,12 @@ __global__ void __launch_bounds__(32 * TC_MAX_KS, 2)
     auto pslot = [](int k) { return (2 * (k >> 2) + ((k & 3) >> 1)) * 32 + 16 * (k & 1); };
     uint4 *wring = ring + (size_t)warp * (TS_WARP_BYTES / sizeof(uint4)); /* the warp's ring */
 
+    /* A token group's sums v added over the tile's W warps by the GEMV's tree, through the
+     * ring (every warp calls it, once all are done with the ring: it holds barriers). */
+    auto ring_tree = [&](float(&v)[8]) {
+        tc_tree_reduce<8>(v, *reinterpret_cast<float(*)[TC_MAX_KS][32][8]>(ring), warp, lane, kw,
+                          W);
+    };
     /* Stores a token group's sums (v: tc_kernel's epilogue layout -- c0, c1 = row g, tokens
      * 2 tig, 2 tig + 1; c2, c3 = row g + 8 -- for m-tiles 0 and 1) from token tb on. */
     auto store8 = [&](const float(&v)[8], int64_t tb) {
@@ -304,12 +309,11 @@ __global__ void __launch_bounds__(32 * TC_MAX_KS, 2)
 #pragma unroll
                 for (int i = 0; i < 4; i++)
                     v[j][4 * mt + i] = acc[mt][j][i];
-        if (W > 1) { /* the tree over the tile's warps for each group, through the ring */
+        if (W > 1) { /* the tree over the tile's warps for each group */
             __syncthreads();
 #pragma unroll
             for (int j = 0; j < 2; j++)
-                tc_tree_reduce<8>(v[j], *reinterpret_cast<float(*)[TC_MAX_KS][32][8]>(ring), warp,
-                                  lane, kw, W);
+                ring_tree(v[j]);
             if (kw != 0) return;
         }
         if (!live) return;
@@ -426,8 +430,7 @@ __global__ void __launch_bounds__(32 * TC_MAX_KS, 2)
                 v[4 * mt + i] = acc[mt][0][i];
         if (W > 1) { /* the tree's sums in the ring, once every warp is done with it */
             __syncthreads();
-            tc_tree_reduce<8>(v, *reinterpret_cast<float(*)[TC_MAX_KS][32][8]>(ring), warp, lane,
-                              kw, W);
+            ring_tree(v);
             if (kw != 0) continue;
         }
         if (!live) continue;
