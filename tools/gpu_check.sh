@@ -18,7 +18,9 @@
 #                 DI_CUDA_TC_WGMMA=0, with an expert's rows in passes of 8 only and no
 #                 weights before the PDL wait: DI_CUDA_TC_STREAM16=0 DI_CUDA_TC_EARLY=0, and
 #                 with the plain one-token products on the streaming kernel:
-#                 DI_CUDA_TC_STREAM_PLAIN=1), tests/e2e/test_bundled_model (the
+#                 DI_CUDA_TC_STREAM_PLAIN=1, with the queries rotated by the rope op:
+#                 DI_CUDA_ATTN_ROPE=0, and with the MoE combine and the next norm in one
+#                 kernel: DI_CUDA_COMBINE_NORM_MAX_N=8), tests/e2e/test_bundled_model (the
 #                 bundled V4 model on CPU and CUDA) and short CLI generations (V3 and V4) on
 #                 --device cuda and cpu
 #   ctest.log     all tests through ctest (not with QUICK=1 or CTEST=0)
@@ -145,11 +147,14 @@ say "test_cuda_model with DI_CUDA_GRAPHS=0: rc=$? $(tail -1 "$out/cuda_model.log
 # with one K run per warp, with all of a tile's runs on one warp and on tc_kernel (not the
 # streaming kernel), with FP8 weights on the tensor cores (every weight, however few its
 # rows: the test models are small), with the wide products on mma.sync (not wgmma), with the
-# streaming kernel's passes of 8 only and no early weights, and with the plain one-token
-# products on the streaming kernel (opt-in: its weights before the PDL wait, under graphs).
+# streaming kernel's passes of 8 only and no early weights, with the plain one-token
+# products on the streaming kernel (its weights before the PDL wait, under graphs), with the
+# queries' rope in a launch of its own, and with a MoE layer's combine and the next norm in
+# one (opt-in).
 for v in DI_CUDA_TC_LEAN=1 DI_CUDA_TC_XS=0 DI_CUDA_TC_WIDE_GROUPED=0 DI_CUDA_TC_RUNS_MIN_N=0 \
     DI_CUDA_TC_RUNS_TARGET=1 DI_CUDA_TC_STREAM=0 "DI_CUDA_TC_FP8=1 DI_CUDA_TC_MIN_ROWS=1" \
-    DI_CUDA_TC_WGMMA=0 "DI_CUDA_TC_STREAM16=0 DI_CUDA_TC_EARLY=0" DI_CUDA_TC_STREAM_PLAIN=1; do
+    DI_CUDA_TC_WGMMA=0 "DI_CUDA_TC_STREAM16=0 DI_CUDA_TC_EARLY=0" DI_CUDA_TC_STREAM_PLAIN=1 \
+    DI_CUDA_ATTN_ROPE=0 DI_CUDA_COMBINE_NORM_MAX_N=8; do
     echo "==== $v test_cuda_model" >>"$out/cuda_model.log"
     (cd "$repo" && env $v "$build/test_cuda_model") >>"$out/cuda_model.log" 2>&1
     say "test_cuda_model with $v: rc=$? $(tail -1 "$out/cuda_model.log")"

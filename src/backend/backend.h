@@ -70,6 +70,13 @@ typedef struct di_mla_attn_params {
     const int32_t *q_pos;
     const int32_t *q_tables;
     const int32_t *q_table_off;
+    /* Queries' rope parts not yet rotated (optional, only on a backend whose
+     * mla_attention_rotates is set; NULL: q_rope is rotated): query t's pairs are rotated by
+     * row t of q_cos / q_sin ([n_tokens][rope_dim / 2], backend memory) as the rope op
+     * rotates them (interleaved pairs (2i, 2i + 1) where q_rope_interleaved, else (i, i +
+     * rope_dim / 2)), the same bits, without a launch of their own. */
+    const float *q_cos, *q_sin;
+    bool q_rope_interleaved;
 } di_mla_attn_params;
 
 /* q_lat / out rows of (head h, query t). */
@@ -460,10 +467,21 @@ typedef struct di_backend_ops {
     void (*moe_combine_add)(void *ctx, const float *rows, const int32_t *rows_of, const float *w,
                             int64_t n, int64_t K, int64_t dim, const float *add, float *resid);
 
+    /* (Appended; optional, NULL: moe_combine_add, then rmsnorm.) moe_combine_add, then
+     * y[t] = the RMSNorm of resid[t] with weight norm_w and eps, rounded exactly as rmsnorm
+     * (rows of dim floats, y's stride dim): a MoE layer's end and the next layer's first
+     * norm, which a backend may run as one kernel where that is faster. */
+    void (*moe_combine_add_norm)(void *ctx, const float *rows, const int32_t *rows_of,
+                                 const float *w, int64_t n, int64_t K, int64_t dim,
+                                 const float *add, float *resid, const float *norm_w, float eps,
+                                 float *y);
+
     /* (Appended.) head_matmul runs W x faster than W^T x here (CUDA: only W x takes the
      * tensor cores), so a runner may keep a transposed backend copy of a weight it would
      * multiply transposed (the V2/V3 runner's W_UK). A hint; false on the CPU. */
     bool prefers_untransposed_heads;
+    /* (Appended.) mla_attention takes unrotated queries (di_mla_attn_params.q_cos). */
+    bool mla_attention_rotates;
 
     /* ---- A step queued behind the running one (appended; optional, NULL: none) ----
      * For the engine's overlap loop on a device, which enqueues step N + 1 before waiting

@@ -460,7 +460,7 @@ static void attention(const ds_model *m, const ds_layer *L, int64_t il, ds_state
     }
     if (beside) be->ops->side_end(c);
 
-    /* Queries: [n][nh][dn + dr], their rope parts rotated. */
+    /* Queries: [n][nh][dn + dr]. */
     if (hp->q_lora_rank > 0) {
         be->ops->matmul(c, &L->q_a_proj, s->xn, n, s->qa);
         be->ops->rmsnorm(c, s->qa, hp->q_lora_rank, L->q_a_norm, n, hp->q_lora_rank,
@@ -469,16 +469,21 @@ static void attention(const ds_model *m, const ds_layer *L, int64_t il, ds_state
     } else {
         be->ops->matmul(c, &L->q_proj, s->xn, n, s->q);
     }
-    di_rope_op_params rq = {.x = s->q + dn,
-                            .n_tokens = n,
-                            .n_heads = nh,
-                            .rope_dim = dr,
-                            .tstride = nh * qk,
-                            .hstride = qk,
-                            .cos = s->cos,
-                            .sin = s->sin,
-                            .interleaved = m->rope_interleaved};
-    be->ops->rope(c, &rq);
+    /* Their rope parts rotated here, or by the attention as it reads them (one launch fewer
+     * on the queries' critical path; the same bits). */
+    const bool rotates = be->ops->mla_attention_rotates;
+    if (!rotates) {
+        di_rope_op_params rq = {.x = s->q + dn,
+                                .n_tokens = n,
+                                .n_heads = nh,
+                                .rope_dim = dr,
+                                .tstride = nh * qk,
+                                .hstride = qk,
+                                .cos = s->cos,
+                                .sin = s->sin,
+                                .interleaved = m->rope_interleaved};
+        be->ops->rope(c, &rq);
+    }
 
     /* Absorb W_UK over all rows: q_lat(h, t) = W_UK_h^T q_nope(h, t)  ([dn] -> [R]); from the
      * transposed copy where the backend has one (a plain product per head). */
@@ -521,7 +526,10 @@ static void attention(const ds_model *m, const ds_layer *L, int64_t il, ds_state
                                  .out_hstride = n * R,
                                  .q_pos = s->pos,
                                  .q_tables = s->tables,
-                                 .q_table_off = s->toff};
+                                 .q_table_off = s->toff,
+                                 .q_cos = rotates ? s->cos : NULL,
+                                 .q_sin = rotates ? s->sin : NULL,
+                                 .q_rope_interleaved = m->rope_interleaved};
         be->ops->mla_attention(c, &ap);
     }
     for (int64_t g = 0; !one_call && g < nseg; g++) {
@@ -542,7 +550,10 @@ static void attention(const ds_model *m, const ds_layer *L, int64_t il, ds_state
                                  .block_table = sg->table,
                                  .block_size = bs,
                                  .q_lat_hstride = n * R,
-                                 .out_hstride = n * R};
+                                 .out_hstride = n * R,
+                                 .q_cos = rotates ? s->cos + sg->row0 * (dr / 2) : NULL,
+                                 .q_sin = rotates ? s->sin + sg->row0 * (dr / 2) : NULL,
+                                 .q_rope_interleaved = m->rope_interleaved};
         be->ops->mla_attention(c, &ap);
     }
 
@@ -592,8 +603,8 @@ static void mlp(const ds_mlp *w, ds_state *s, const di_backend *be, const float 
  * matmul_add into the combined rows). On a backend with a second stream (side_begin) they
  * run there, beside the routing and the routed experts: at one token the routing is a chain
  * of small kernels that leaves the device's bandwidth mostly idle. */
-static void moe(const ds_model *m, const ds_layer *L, ds_state *s, const di_backend *be,
-                int64_t n) {
+static bool moe(const ds_model *m, const ds_layer *L, ds_state *s, const di_backend *be, int64_t n,
+                const float *next_norm) {
     const di_hparams *hp = m->hp;
     const int64_t H = hp->hidden_size, K = hp->num_experts_per_tok;
     const int64_t nk = n * K, I = hp->moe_intermediate_size;
@@ -634,13 +645,19 @@ static void moe(const ds_model *m, const ds_layer *L, ds_state *s, const di_back
     }
     be->ops->matmul_experts(c, &L->x_down, s->r_off, s->r_active, na, nk, s->xg, s->eo);
     if (beside) be->ops->side_join(c);
+    if (next_norm && be->ops->moe_combine_add_norm) { /* and the next norm: the same bits */
+        be->ops->moe_combine_add_norm(c, s->eo, s->r_rows, s->r_w, n, K, H, shared, s->x, next_norm,
+                                      (float)hp->rms_norm_eps, s->xn);
+        return true;
+    }
     if (be->ops->moe_combine_add) { /* one op, the same bits */
         be->ops->moe_combine_add(c, s->eo, s->r_rows, s->r_w, n, K, H, shared, s->x);
-        return;
+        return false;
     }
     be->ops->moe_combine(c, s->eo, s->r_rows, s->r_w, n, K, H, s->moe_out);
     if (shared) be->ops->axpy(c, 1.0f, shared, n * H, s->moe_out);
     be->ops->axpy(c, 1.0f, s->moe_out, n * H, s->x);
+    return false;
 }
 
 /* Builds the chunk's small inputs on the host and uploads them in one transfer (without
@@ -724,20 +741,27 @@ static int64_t forward_layers(const ds_model *m, ds_state *s, const di_backend *
     void *c = be->ctx;
 
     be->ops->embed(c, &m->embed, s->ids, n, s->x);
-    for (int64_t il = 0; il < hp->num_hidden_layers; il++) {
+    const int64_t nl = hp->num_hidden_layers;
+    bool normed = false; /* s->xn holds the norm the next step needs (a MoE layer's end) */
+    for (int64_t il = 0; il < nl; il++) {
         const ds_layer *L = &m->layers[il];
-        be->ops->rmsnorm(c, s->x, H, L->attn_norm, n, H, eps, s->xn, H);
+        if (!normed) be->ops->rmsnorm(c, s->x, H, L->attn_norm, n, H, eps, s->xn, H);
         attention(m, L, il, s, be, n, nseg); /* adds its output to s->x */
 
         be->ops->rmsnorm(c, s->x, H, L->ffn_norm, n, H, eps, s->xn, H);
+        normed = false;
         if (L->is_moe) {
-            moe(m, L, s, be, n);
+            /* the next layer's attention norm, or a decode step's final norm (every row) */
+            const float *next = il + 1 < nl ? m->layers[il + 1].attn_norm
+                                : s->decode ? m->norm
+                                            : NULL;
+            normed = moe(m, L, s, be, n, next);
         } else {
             mlp(&L->dense, s, be, s->xn, n, s->x);
         }
     }
     if (s->decode) { /* every row, in order */
-        be->ops->rmsnorm(c, s->x, H, m->norm, n, H, eps, s->xn, H);
+        if (!normed) be->ops->rmsnorm(c, s->x, H, m->norm, n, H, eps, s->xn, H);
         return n;
     }
     /* Gather the rows that need logits (final norm per row). */

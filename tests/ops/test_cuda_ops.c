@@ -639,6 +639,54 @@ static float *gpu_attn(const di_mla_attn_params *hp, di_cuda_attn_mode mode) {
     return gpu_attn_heads(hp, mode, 0);
 }
 
+/* The queries' rope parts rotated by the attention as it reads them (q_cos / q_sin, both
+ * pair layouts, 2 and 8 heads per block): bitwise the rope op's rotation, then the attention;
+ * the queries themselves are left as they were. hp: a problem in host memory. */
+static void check_attn_rotation(const di_mla_attn_params *hp) {
+    const int64_t R = hp->kv_lora_rank, dr = hp->rope_dim, n = hp->n_tokens, nh = hp->n_heads;
+    const int64_t L = hp->pos0 + n, half = dr / 2, no = nh * n * R;
+    const int64_t nqr = (n - 1) * hp->q_rope_tstride + (nh - 1) * hp->q_rope_hstride + dr;
+    float *cs = rnd_vec(n * half, 1.0f), *sn = rnd_vec(n * half, 1.0f);
+    float *dcs = dev_floats(cs, n * half), *dsn = dev_floats(sn, n * half);
+    float *dql = dev_floats(hp->q_lat, no), *dqr = dev_floats(hp->q_rope, nqr);
+    float *dckv = dev_floats(hp->c_kv, L * R), *dkr = dev_floats(hp->k_rope, L * dr);
+    float *dout1 = dev_poison(no), *dout2 = dev_poison(no);
+    for (int v = 0; v < 4; v++) {
+        const bool il = v & 1;
+        di_backend_cuda_set_attn_heads(&g_be, v < 2 ? 2 : 8);
+        float *drot = dev_floats(hp->q_rope, nqr);
+        di_rope_op_params rp = {.x = drot,
+                                .n_tokens = n,
+                                .n_heads = nh,
+                                .rope_dim = dr,
+                                .tstride = hp->q_rope_tstride,
+                                .hstride = hp->q_rope_hstride,
+                                .cos = dcs,
+                                .sin = dsn,
+                                .interleaved = il};
+        g_be.ops->rope(g_be.ctx, &rp);
+        di_mla_attn_params p = *hp;
+        p.q_lat = dql, p.q_rope = drot, p.c_kv = dckv, p.k_rope = dkr, p.out = dout1;
+        g_be.ops->mla_attention(g_be.ctx, &p);
+        p.q_rope = dqr, p.out = dout2, p.q_cos = dcs, p.q_sin = dsn, p.q_rope_interleaved = il;
+        g_be.ops->mla_attention(g_be.ctx, &p);
+        float *y1 = host_floats(dout1, no), *y2 = host_floats(dout2, no);
+        float *q = host_floats(dqr, nqr);
+        CHECK_MSG(memcmp(y1, y2, (size_t)no * sizeof(float)) == 0,
+                  "n=%lld nh=%lld dr=%lld interleaved=%d heads %d: rotated in the attention "
+                  "differs from the rope op's",
+                  (long long)n, (long long)nh, (long long)dr, (int)il, v < 2 ? 2 : 8);
+        CHECK_MSG(memcmp(q, hp->q_rope, (size_t)nqr * sizeof(float)) == 0,
+                  "n=%lld: the attention wrote its queries", (long long)n);
+        free(y1), free(y2), free(q);
+        dfree(drot);
+    }
+    di_backend_cuda_set_attn_heads(&g_be, 0);
+    dfree(dcs), dfree(dsn), dfree(dql), dfree(dqr), dfree(dckv), dfree(dkr), dfree(dout1);
+    dfree(dout2);
+    free(cs), free(sn);
+}
+
 static void check_attn(int64_t n, int64_t nh, int64_t R, int64_t dr, int64_t pos0) {
     const int64_t L = pos0 + n, hs = dr + 3, ts = nh * hs;
     float *ql = rnd_vec(nh * n * R, 1.0f), *qr = rnd_vec(n * ts, 1.0f);
@@ -665,6 +713,7 @@ static void check_attn(int64_t n, int64_t nh, int64_t R, int64_t dr, int64_t pos
     CHECK_MSG(memcmp(ys, yq, (size_t)(nh * n * R) * sizeof(float)) == 0,
               "n=%lld nh=%lld R=%lld pos0=%lld: split and sequential differ", (long long)n,
               (long long)nh, (long long)R, (long long)pos0);
+    check_attn_rotation(&p);
     /* 2, 4 or 8 heads per block, either schedule: the same bits */
     for (int v = 0; v < 6; v++) {
         const int heads = 2 << (v / 2);
@@ -1012,6 +1061,69 @@ static di_backend backend_with(const char *var, const char *value) {
     unsetenv(var);
     CHECK_MSG(st == DI_OK, "%s", di_last_error());
     return b;
+}
+
+/* moe_combine_add_norm (an op of its own since the twenty-fifth round) */
+TEST(moe_combine_add_norm) {
+    if (!g_have_gpu) SKIP("no CUDA device");
+    /* Bitwise moe_combine_add then rmsnorm (the GPU's two ops, each compared with the CPU in
+     * TEST(copy_rows_moe_combine) and TEST(rmsnorm)), as one kernel for up to 8 tokens
+     * (DI_CUDA_COMBINE_NORM_MAX_N=8; opt-in) of at most 4096 values (4, 8 or 16 a thread) and 8
+     * slots, and as the two otherwise; {T, D, K} */
+    static const int64_t cases[][3] = {{1, 2048, 6},  {5, 1000, 8}, {8, 4096, 1},
+                                       {9, 2048, 6},  {3, 7168, 6}, {2, 1, 3},
+                                       {64, 2048, 6}, {4, 2048, 9}, {6, 3000, 2}};
+    di_backend bf = backend_with("DI_CUDA_COMBINE_NORM_MAX_N", "8");
+    if (!bf.ctx) return;
+    int64_t fused = 0;
+    const int64_t launches = di_backend_cuda_moe_combine_norm_launches();
+    for (size_t ci = 0; ci < DI_ARRAY_LEN(cases); ci++) {
+        const int64_t T = cases[ci][0], D = cases[ci][1], K = cases[ci][2], NR = T * K;
+        fused += T <= 8 && D <= 4096 && K <= 8;
+        float *rows = rnd_vec(NR * D, 2.0f), *w = rnd_vec(NR, 1.0f), *add = rnd_vec(T * D, 1.0f);
+        float *res = rnd_vec(T * D, 3.0f), *nw = rnd_vec(D, 1.0f);
+        int32_t *ro = malloc((size_t)NR * 4);
+        for (int64_t i = 0; i < NR; i++)
+            ro[i] = (int32_t)((i * 7 + 3) % NR); /* a permutation: 7 divides no NR here */
+        float *drows = dev_floats(rows, NR * D), *dw = dev_floats(w, NR);
+        float *dadd = dev_floats(add, T * D), *dnw = dev_floats(nw, D);
+        float *dres1 = dev_floats(res, T * D), *dres2 = dev_floats(res, T * D);
+        float *dy1 = dev_poison(T * D), *dy2 = dev_poison(T * D);
+        int32_t *dro = dev_from(ro, (size_t)NR * 4);
+        const float *a = ci % 2 ? NULL : dadd; /* with and without the shared experts' rows */
+        g_be.ops->moe_combine_add(g_be.ctx, drows, dro, dw, T, K, D, a, dres1);
+        g_be.ops->rmsnorm(g_be.ctx, dres1, D, dnw, T, D, 1e-6f, dy1, D);
+        bf.ops->moe_combine_add_norm(bf.ctx, drows, dro, dw, T, K, D, a, dres2, dnw, 1e-6f, dy2);
+        CHECK(di_backend_cuda_sync(&bf) == DI_OK); /* host_floats syncs g_be only */
+        float *r1 = host_floats(dres1, T * D), *r2 = host_floats(dres2, T * D);
+        float *y1 = host_floats(dy1, T * D), *y2 = host_floats(dy2, T * D);
+        CHECK_MSG(memcmp(r1, r2, (size_t)(T * D) * 4) == 0 &&
+                      memcmp(y1, y2, (size_t)(T * D) * 4) == 0,
+                  "moe_combine_add_norm T=%lld D=%lld K=%lld add=%d: not the two ops' bits",
+                  (long long)T, (long long)D, (long long)K, (int)(a != NULL));
+        dfree(drows), dfree(dw), dfree(dadd), dfree(dnw), dfree(dres1), dfree(dres2), dfree(dy1);
+        dfree(dy2), dfree(dro);
+        free(rows), free(w), free(add), free(res), free(nw), free(ro), free(r1), free(r2), free(y1);
+        free(y2);
+    }
+    CHECK_MSG(di_backend_cuda_moe_combine_norm_launches() - launches == fused,
+              "%lld of %lld moe_combine_add_norm calls fused",
+              (long long)(di_backend_cuda_moe_combine_norm_launches() - launches),
+              (long long)fused);
+    di_backend_free(&bf);
+    /* the default (0) never fuses */
+    const int64_t before = di_backend_cuda_moe_combine_norm_launches();
+    float *x = rnd_vec(2 * 64, 1.0f), *nw = rnd_vec(64, 1.0f), *wr = rnd_vec(2, 1.0f);
+    int32_t ro[2] = {1, 0};
+    float *dx = dev_floats(x, 2 * 64), *dnw = dev_floats(nw, 64), *dwr = dev_floats(wr, 2);
+    float *dres = dev_floats(x, 64), *dy = dev_poison(64);
+    int32_t *dro = dev_from(ro, sizeof ro);
+    g_be.ops->moe_combine_add_norm(g_be.ctx, dx, dro, dwr, 1, 2, 64, NULL, dres, dnw, 1e-6f, dy);
+    CHECK(di_backend_cuda_sync(&g_be) == DI_OK);
+    CHECK_MSG(di_backend_cuda_moe_combine_norm_launches() == before,
+              "the default backend fused moe_combine_add_norm");
+    dfree(dx), dfree(dnw), dfree(dwr), dfree(dres), dfree(dy), dfree(dro);
+    free(x), free(nw), free(wr);
 }
 
 /* The same, with a decode batch's grouped products on tc_kernel (DI_CUDA_TC_STREAM=0) instead
@@ -1603,6 +1715,21 @@ TEST(matmul_tc) {
         if (bo.ctx) check_tc(&bo, DI_DTYPE_BF16, 0, 1408, 2048, 1e-5);
         di_backend_free(&bo);
     }
+    /* By default a plain product goes to the streaming kernel from 256 MiB of weights (the
+     * lm_head), DI_CUDA_TC_STREAM_PLAIN_MIB moving that bound: one_product's 5.77 MB weight
+     * takes it from 5 MiB (5.24 MB) on, not from 6 (6.29 MB) -- the same bits either way
+     * (check_same_bits above) */
+    static const char *mib[] = {"5", "6"};
+    for (int mi = 0; mi < 2; mi++) {
+        di_backend bm = backend_with("DI_CUDA_TC_STREAM_PLAIN_MIB", mib[mi]);
+        if (!bm.ctx) return;
+        const int64_t before = di_backend_cuda_tc_stream_plain_launches();
+        one_product(&bm, 1);
+        const int64_t d = di_backend_cuda_tc_stream_plain_launches() - before;
+        CHECK_MSG(d == (mi == 0 ? 1 : 0), "DI_CUDA_TC_STREAM_PLAIN_MIB=%s: %lld streamed launches",
+                  mib[mi], (long long)d);
+        di_backend_free(&bm);
+    }
     di_backend b3 = backend_with("DI_CUDA_TC_TERMS", "3");
     if (!b3.ctx) return;
     check_tc(&b3, DI_DTYPE_BF16, 0, 1408, 2048, 1e-5);
@@ -2000,12 +2127,23 @@ int main(void) {
      * the K order must be the default's (grouped products are compared with plain ones). The
      * knobs that tools/gpu_check.sh's VARIANTS runs set (DI_CUDA_TC_RT, the wide kernel's)
      * stay as given. */
-    static const char *knobs[] = {
-        "DI_CUDA_TC_LEAN",           "DI_CUDA_TC_XS",          "DI_CUDA_TC_FP8",
-        "DI_CUDA_TC_RUNS_MIN_N",     "DI_CUDA_TC_RUNS_TARGET", "DI_CUDA_TC_TARGET",
-        "DI_CUDA_TC_TARGET_EXPERTS", "DI_CUDA_TC_TERMS",       "DI_CUDA_TC_STREAM",
-        "DI_CUDA_SAMPLE_PAIRS",      "DI_CUDA_TC_WGMMA",       "DI_CUDA_TC_STREAM16",
-        "DI_CUDA_TC_EARLY",          "DI_CUDA_TC_STREAM_PLAIN"};
+    static const char *knobs[] = {"DI_CUDA_TC_LEAN",
+                                  "DI_CUDA_TC_XS",
+                                  "DI_CUDA_TC_FP8",
+                                  "DI_CUDA_TC_RUNS_MIN_N",
+                                  "DI_CUDA_TC_RUNS_TARGET",
+                                  "DI_CUDA_TC_TARGET",
+                                  "DI_CUDA_TC_TARGET_EXPERTS",
+                                  "DI_CUDA_TC_TERMS",
+                                  "DI_CUDA_TC_STREAM",
+                                  "DI_CUDA_SAMPLE_PAIRS",
+                                  "DI_CUDA_TC_WGMMA",
+                                  "DI_CUDA_TC_STREAM16",
+                                  "DI_CUDA_TC_EARLY",
+                                  "DI_CUDA_TC_STREAM_PLAIN",
+                                  "DI_CUDA_COMBINE_NORM_MAX_N",
+                                  "DI_CUDA_TC_STREAM_PLAIN_MIB",
+                                  "DI_CUDA_ATTN_ROPE"};
     for (size_t i = 0; i < DI_ARRAY_LEN(knobs); i++)
         unsetenv(knobs[i]);
     /* ... except the experts' target, 512 by default: 0 gives an expert weight's grouped
@@ -2033,6 +2171,7 @@ int main(void) {
     RUN(mla_attention);
     RUN(mla_attention_paged);
     RUN(copy_rows_moe_combine);
+    RUN(moe_combine_add_norm);
     RUN(moe_route);
     RUN(matmul_experts);
     RUN(matmul_tc);

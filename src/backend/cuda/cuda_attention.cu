@@ -404,13 +404,30 @@ __global__ void __launch_bounds__(ATT_THREADS, 2) /* 2 blocks of <= 93 KiB per S
         else
             s.q[i] = 0.0f;
     }
-    for (int i = tid; i < HG * dr; i += ATT_THREADS) {
-        const int64_t h = h0 + i / dr;
-        if (h < p.n_heads)
-            __pipeline_memcpy_async(
-                s.qr + i, p.q_rope + t * p.q_rope_tstride + h * p.q_rope_hstride + i % dr, 4);
-        else
-            s.qr[i] = 0.0f;
+    if (p.q_cos) { /* unrotated: each pair read, rotated (the rope op's arithmetic), stored */
+        const int half = dr / 2;
+        for (int i = tid; i < HG * half; i += ATT_THREADS) {
+            const int hh = i / half, k = i % half;
+            const int ia = p.q_rope_interleaved ? 2 * k : k;
+            const int ib = p.q_rope_interleaved ? 2 * k + 1 : k + half;
+            float *qa = s.qr + hh * dr + ia, *qb = s.qr + hh * dr + ib;
+            if (h0 + hh < p.n_heads) {
+                const float *q = p.q_rope + t * p.q_rope_tstride + (h0 + hh) * p.q_rope_hstride;
+                di_cuda_rope_pair(q[ia], q[ib], p.q_cos[t * half + k], p.q_sin[t * half + k], qa,
+                                  qb);
+            } else {
+                *qa = *qb = 0.0f;
+            }
+        }
+    } else {
+        for (int i = tid; i < HG * dr; i += ATT_THREADS) {
+            const int64_t h = h0 + i / dr;
+            if (h < p.n_heads)
+                __pipeline_memcpy_async(
+                    s.qr + i, p.q_rope + t * p.q_rope_tstride + h * p.q_rope_hstride + i % dr, 4);
+            else
+                s.qr[i] = 0.0f;
+        }
     }
     __pipeline_commit();
     if (tid < HG) {

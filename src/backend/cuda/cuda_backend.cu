@@ -310,6 +310,15 @@ static void cuda_moe_combine_add(void *ctx, const float *rows, const int32_t *ro
     note(be, di_cuda_launch_moe_combine(rows, rows_of, w, n, K, dim, NULL, add, resid, be->stream));
 }
 
+static void cuda_moe_combine_add_norm(void *ctx, const float *rows, const int32_t *rows_of,
+                                      const float *w, int64_t n, int64_t K, int64_t dim,
+                                      const float *add, float *resid, const float *norm_w,
+                                      float eps, float *y) {
+    cuda_backend *be = (cuda_backend *)ctx;
+    note(be, di_cuda_launch_moe_combine_norm(rows, rows_of, w, n, K, dim, add, resid, norm_w, eps,
+                                             y, be->tune.combine_norm_max_n, be->stream));
+}
+
 /* CUDA graphs: stream capture of the ops enqueued between graph_begin and graph_end.
  * Relaxed capture mode, so another thread's allocations (another context loading) do not
  * break it. A launch that fails while capturing ends in graph_end's error; the errors noted
@@ -759,6 +768,7 @@ static di_backend_ops make_ops(void) {
     o.free = cuda_free_ctx;
     o.host_memory = false;
     o.prefers_untransposed_heads = true; /* the tensor cores take W x only */
+    o.mla_attention_rotates = true;      /* the queries' rope in the attention's loads */
     o.buf_alloc = cuda_buf_alloc;
     o.buf_free = cuda_buf_free;
     o.upload = cuda_upload_op;
@@ -775,6 +785,7 @@ static di_backend_ops make_ops(void) {
     o.copy_rows = cuda_copy_rows;
     o.moe_combine = cuda_moe_combine;
     o.moe_combine_add = cuda_moe_combine_add;
+    o.moe_combine_add_norm = cuda_moe_combine_add_norm;
     o.moe_route = cuda_moe_route;
     o.matmul_experts = cuda_matmul_experts;
     /* Fused SwiGLU products, bitwise the separate products and silu_mul. */
@@ -783,7 +794,7 @@ static di_backend_ops make_ops(void) {
     o.matmul_add = cuda_matmul_add;
     o.mla_store = cuda_mla_store;
     o.argmax_rows = cuda_argmax_rows;
-    o.sample_rows = NULL; /* g_cuda_ops_sample below */
+    o.sample_rows = NULL; /* g_cuda_ops_variants below */
     o.expert_table = cuda_expert_table;
     /* DI_CUDA_GRAPHS=0: no graphs (the model then enqueues every op of every step). */
     const char *graphs = getenv("DI_CUDA_GRAPHS");
@@ -810,16 +821,24 @@ static const di_backend_ops g_cuda_ops = make_ops();
 
 /* The same with sample_rows (the device draw: cuda_sample.cu): the default; a backend
  * created with DI_CUDA_SAMPLE=0 leaves it out, and such rows come down to the host sampler
- * (the same tokens: test_cuda_model compares the two). */
-static di_backend_ops make_ops_sample(void) {
+ * (the same tokens: test_cuda_model compares the two). DI_CUDA_ATTN_ROPE=0: the runner
+ * rotates the queries with the rope op, not the attention as it reads them (the same bits;
+ * NOTES.md, twenty-fifth round). Index: sample + 2 * (not rotating). */
+static di_backend_ops make_ops_variant(bool sample, bool rotates) {
     di_backend_ops o = make_ops();
-    o.sample_rows = cuda_sample_rows;
+    o.sample_rows = sample ? cuda_sample_rows : NULL;
+    o.mla_attention_rotates = rotates;
     return o;
 }
-static const di_backend_ops g_cuda_ops_sample = make_ops_sample();
+static const di_backend_ops g_cuda_ops_variants[4] = {
+    make_ops_variant(false, true), make_ops_variant(true, true), make_ops_variant(false, false),
+    make_ops_variant(true, false)};
 
 static bool is_cuda_ops(const di_backend_ops *ops) {
-    return ops == &g_cuda_ops || ops == &g_cuda_ops_sample;
+    bool found = ops == &g_cuda_ops;
+    for (int i = 0; i < 4; i++)
+        found = found || ops == &g_cuda_ops_variants[i];
+    return found;
 }
 
 static di_backend wrap(void *ctx) {
@@ -962,10 +981,19 @@ extern "C" di_status di_backend_cuda_init(di_backend *out, int device, int64_t m
      * routing is settled (NOTES.md, twenty-fourth round) */
     env = getenv("DI_CUDA_TC_EARLY");
     be->tune.tc_early = !(env && strcmp(env, "0") == 0);
-    /* DI_CUDA_TC_STREAM_PLAIN=1: plain BF16 products of up to 8 tokens on that kernel too
-     * (opt-in, not yet measured: NOTES.md, twenty-fourth round) */
+    /* Plain BF16 products of up to 8 tokens on that kernel too, from 256 MiB of weights (the
+     * lm_head); DI_CUDA_TC_STREAM_PLAIN=1: all, =0: none; DI_CUDA_TC_STREAM_PLAIN_MIB=<n>:
+     * from n MiB (di_cuda_tuning.tc_stream_plain_bytes) */
+    env = getenv("DI_CUDA_TC_STREAM_PLAIN_MIB");
+    be->tune.tc_stream_plain_bytes = (env ? atoll(env) : 256) << 20;
     env = getenv("DI_CUDA_TC_STREAM_PLAIN");
-    be->tune.tc_stream_plain = env && strcmp(env, "1") == 0;
+    if (env && strcmp(env, "1") == 0) be->tune.tc_stream_plain_bytes = 0;
+    if (env && strcmp(env, "0") == 0) be->tune.tc_stream_plain_bytes = INT64_MAX;
+    /* DI_CUDA_COMBINE_NORM_MAX_N=<n>: moe_combine_add_norm as one kernel (a block per token)
+     * for calls of up to n tokens; opt-in (default 0: two launches, as the benchmark of record
+     * ran; 8 saved 0.5 % of a batch-1 step in one run: NOTES.md, twenty-fifth round) */
+    env = getenv("DI_CUDA_COMBINE_NORM_MAX_N");
+    be->tune.combine_norm_max_n = env ? atoll(env) : 0;
     /* DI_CUDA_SAMPLE_PAIRS=<rows>: the most rows of a sample_rows call drawn by two-block
      * clusters (64 by default; 0: none; calls of up to 16 rows take 8-block clusters) */
     env = getenv("DI_CUDA_SAMPLE_PAIRS");
@@ -1025,8 +1053,10 @@ extern "C" di_status di_backend_cuda_init(di_backend *out, int device, int64_t m
         be->tune.tc_wide_min_n = be->tune.tc_wide_grouped = 0;
     if (!wgmma_ok) /* the kernel the device loaded has no wgmma (not sm_90a code) */
         be->tune.tc_wgmma = 0;
-    const char *sample = getenv("DI_CUDA_SAMPLE");
-    out->ops = sample && strcmp(sample, "0") == 0 ? &g_cuda_ops : &g_cuda_ops_sample;
+    const char *sample = getenv("DI_CUDA_SAMPLE"), *rope = getenv("DI_CUDA_ATTN_ROPE");
+    const bool draws = !(sample && strcmp(sample, "0") == 0);
+    const bool rotates = !(rope && strcmp(rope, "0") == 0);
+    out->ops = &g_cuda_ops_variants[(draws ? 1 : 0) + (rotates ? 0 : 2)];
     out->ctx = be;
     return DI_OK;
 }
@@ -1096,6 +1126,10 @@ extern "C" int64_t di_backend_cuda_tc_stream16_passes(void) {
 
 extern "C" int64_t di_backend_cuda_tc_early_launches(void) {
     return di_cuda_tc_early_launches;
+}
+
+extern "C" int64_t di_backend_cuda_moe_combine_norm_launches(void) {
+    return di_cuda_moe_combine_norm_launches;
 }
 
 extern "C" int64_t di_backend_cuda_tc_stream_plain_launches(void) {

@@ -116,8 +116,11 @@ int64_t di_backend_cuda_tc_stream16_passes(void);
 /* ... and launches of that kernel that requested weights before their PDL wait (a grouped
  * product after another one of the same routing; DI_CUDA_TC_EARLY=0 off). */
 int64_t di_backend_cuda_tc_early_launches(void);
-/* ... and plain products on that kernel (opt-in: DI_CUDA_TC_STREAM_PLAIN=1). */
+/* ... and plain products on that kernel (the lm_head; DI_CUDA_TC_STREAM_PLAIN=1: all). */
 int64_t di_backend_cuda_tc_stream_plain_launches(void);
+
+/* How many moe_combine_add_norm calls ran as one kernel (DI_CUDA_COMBINE_NORM_MAX_N). */
+int64_t di_backend_cuda_moe_combine_norm_launches(void);
 
 /* How many wide tensor-core products of many tokens this process has launched, grouped
  * (expert) ones or plain ones (0 without CUDA): lets a test see that they ran. */

@@ -21,6 +21,8 @@
 
 #define EW_THREADS 256
 
+int64_t di_cuda_moe_combine_norm_launches; /* cuda_backend.h: fused launches (for tests) */
+
 static unsigned blocks_for(int64_t n) {
     int64_t b = (n + EW_THREADS - 1) / EW_THREADS;
     return (unsigned)(b < 1 ? 1 : b);
@@ -156,13 +158,6 @@ cudaError_t di_cuda_launch_rmsnorm(const float *x, int64_t x_stride, const float
 /* RoPE                                                                                       */
 /* ---------------------------------------------------------------------------------------- */
 
-/* Rotates pair (ia, ib) of x by (c, s), rounded as the reference. */
-static __device__ __forceinline__ void rope_pair(float a, float b, float c, float s, float *oa,
-                                                 float *ob) {
-    *oa = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
-    *ob = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
-}
-
 /* Thread: pair i of head h of token t (blockIdx.x = t). */
 __global__ void rope_kernel(const di_rope_op_params p) {
     pdl_wait(); /* programmatic dependent launch: cuda_internal.cuh */
@@ -174,7 +169,7 @@ __global__ void rope_kernel(const di_rope_op_params p) {
     float *x = p.x + t * p.tstride + h * p.hstride;
     const int64_t ia = p.interleaved ? 2 * i : i, ib = p.interleaved ? 2 * i + 1 : i + half;
     const float a = x[ia], b = x[ib], c = p.cos[t * half + i], s = p.sin[t * half + i];
-    rope_pair(a, b, c, s, &x[ia], &x[ib]);
+    di_cuda_rope_pair(a, b, c, s, &x[ia], &x[ib]);
 }
 
 cudaError_t di_cuda_launch_rope(const di_rope_op_params *p, cudaStream_t stream) {
@@ -217,8 +212,8 @@ __global__ void __launch_bounds__(EW_THREADS) mla_store_kernel(const di_mla_stor
     const int64_t half = p.dr / 2;
     for (int64_t i = threadIdx.x; i < half; i += EW_THREADS) {
         const int64_t ia = p.interleaved ? 2 * i : i, ib = p.interleaved ? 2 * i + 1 : i + half;
-        rope_pair(xr[p.R + ia], xr[p.R + ib], p.cos[t * half + i], p.sin[t * half + i],
-                  &p.krope[d * p.dr + ia], &p.krope[d * p.dr + ib]);
+        di_cuda_rope_pair(xr[p.R + ia], xr[p.R + ib], p.cos[t * half + i], p.sin[t * half + i],
+                          &p.krope[d * p.dr + ia], &p.krope[d * p.dr + ib]);
     }
 }
 
@@ -289,6 +284,22 @@ cudaError_t di_cuda_launch_copy_rows(float *dst, int64_t dst_stride, const int32
  * resid (moe_combine_add): the sum, then + add (the shared experts, when given), then added
  * to resid instead of stored -- axpy_kernel's steps with a = 1, so the bits of moe_combine
  * and two axpy. */
+static __device__ __forceinline__ float combine_sum(const float *rows, const int32_t *rows_of,
+                                                    const float *w, int64_t K, int64_t dim,
+                                                    int64_t t, int64_t c) {
+    float acc = 0.0f;
+    for (int64_t k = 0; k < K; k++)
+        acc = __fadd_rn(acc, __fmul_rn(w[t * K + k], rows[(int64_t)rows_of[t * K + k] * dim + c]));
+    return acc;
+}
+
+/* resid[t][c] + the sum (+ add[t][c]): moe_combine_add's value (axpy_kernel's steps). */
+static __device__ __forceinline__ float combine_add(float acc, const float *add, float *resid,
+                                                    int64_t dim, int64_t t, int64_t c) {
+    if (add) acc = __fadd_rn(acc, __fmul_rn(1.0f, add[t * dim + c]));
+    return __fadd_rn(resid[t * dim + c], __fmul_rn(1.0f, acc));
+}
+
 __global__ void moe_combine_kernel(const float *rows, const int32_t *rows_of, const float *w,
                                    int64_t K, int64_t dim, float *out, const float *add,
                                    float *resid) {
@@ -296,15 +307,11 @@ __global__ void moe_combine_kernel(const float *rows, const int32_t *rows_of, co
     pdl_trigger();
     const int64_t t = blockIdx.x, c = (int64_t)blockIdx.y * EW_THREADS + threadIdx.x;
     if (c >= dim) return;
-    float acc = 0.0f;
-    for (int64_t k = 0; k < K; k++)
-        acc = __fadd_rn(acc, __fmul_rn(w[t * K + k], rows[(int64_t)rows_of[t * K + k] * dim + c]));
-    if (!resid) {
+    const float acc = combine_sum(rows, rows_of, w, K, dim, t, c);
+    if (!resid)
         out[t * dim + c] = acc;
-        return;
-    }
-    if (add) acc = __fadd_rn(acc, __fmul_rn(1.0f, add[t * dim + c]));
-    resid[t * dim + c] = __fadd_rn(resid[t * dim + c], __fmul_rn(1.0f, acc));
+    else
+        resid[t * dim + c] = combine_add(acc, add, resid, dim, t, c);
 }
 
 cudaError_t di_cuda_launch_moe_combine(const float *rows, const int32_t *rows_of, const float *w,
@@ -314,6 +321,100 @@ cudaError_t di_cuda_launch_moe_combine(const float *rows, const int32_t *rows_of
     dim3 grid((unsigned)n, blocks_for(dim));
     return di_cuda_launch(moe_combine_kernel, grid, EW_THREADS, 0, stream, rows, rows_of, w, K, dim,
                           out, add, resid);
+}
+
+/* Block t: moe_combine_kernel's sums of token t's row (each thread the columns rmsnorm_kernel's
+ * cached path gives it: EPT of them) added to resid, then rmsnorm_kernel's arithmetic over
+ * that row into y: the end of a MoE layer and the next norm in one launch, with the bits of
+ * the two. The slots' rows (at most COMBINE_NORM_MAX_K) are read all at once -- every load
+ * before the first add and store (restrict: nothing read here is written here but resid) --
+ * then added in slot order. Opt-in (DI_CUDA_COMBINE_NORM_MAX_N): on the H200 at one token
+ * this takes about 9 us a call against 3.7 and 3.1 for the combine and the norm (one SM
+ * pulls the token's 64 KB of slot rows from L2), and saved 13 us a 27-layer decode step (one
+ * launch fewer on each MoE layer's critical path); a version that read and added slot by
+ * slot took 15 us a call, one in which the combine's blocks stayed and the last of a row's
+ * blocks normed it lost 64 us a step (NOTES.md, twenty-fifth round). */
+#define COMBINE_NORM_MAX_K 8
+template <int EPT>
+__global__ void __launch_bounds__(EW_THREADS)
+    moe_combine_norm_kernel(const float *__restrict__ rows, const int32_t *__restrict__ rows_of,
+                            const float *__restrict__ w, int K, int dim,
+                            const float *__restrict__ add, float *__restrict__ resid,
+                            const float *__restrict__ norm_w, float eps, float *__restrict__ y) {
+    float wv[EPT], xv[EPT];
+#pragma unroll
+    for (int k = 0; k < EPT; k++) { /* the norm's weights before the wait */
+        const int i = (int)threadIdx.x + k * EW_THREADS;
+        wv[k] = i < dim ? norm_w[i] : 0.0f;
+    }
+    pdl_wait(); /* programmatic dependent launch: cuda_internal.cuh */
+    pdl_trigger();
+    const int64_t t = blockIdx.x;
+    const float *src[COMBINE_NORM_MAX_K];
+    float ws[COMBINE_NORM_MAX_K];
+#pragma unroll
+    for (int j = 0; j < COMBINE_NORM_MAX_K; j++) {
+        const bool on = j < K;
+        src[j] = rows + (on ? (int64_t)rows_of[t * K + j] * dim : 0);
+        ws[j] = on ? w[t * K + j] : 0.0f;
+    }
+    float v[COMBINE_NORM_MAX_K][EPT], r0[EPT], a0[EPT];
+#pragma unroll
+    for (int k = 0; k < EPT; k++) {
+        const int c = (int)threadIdx.x + k * EW_THREADS;
+        const bool in = c < dim;
+#pragma unroll
+        for (int j = 0; j < COMBINE_NORM_MAX_K; j++)
+            v[j][k] = in && j < K ? src[j][c] : 0.0f;
+        r0[k] = in ? resid[t * dim + c] : 0.0f;
+        a0[k] = in && add ? add[t * dim + c] : 0.0f;
+    }
+    double ss = 0.0;
+#pragma unroll
+    for (int k = 0; k < EPT; k++) {
+        const int c = (int)threadIdx.x + k * EW_THREADS;
+        float acc = 0.0f; /* combine_sum's and combine_add's steps */
+#pragma unroll
+        for (int j = 0; j < COMBINE_NORM_MAX_K; j++)
+            if (j < K) acc = __fadd_rn(acc, __fmul_rn(ws[j], v[j][k]));
+        if (add) acc = __fadd_rn(acc, __fmul_rn(1.0f, a0[k]));
+        xv[k] = __fadd_rn(r0[k], __fmul_rn(1.0f, acc));
+        if (c < dim) {
+            resid[t * dim + c] = xv[k];
+            ss = fma((double)xv[k], (double)xv[k], ss); /* rmsnorm_kernel's order */
+        }
+    }
+    const float r = rms_scale(ss, dim, eps);
+#pragma unroll
+    for (int k = 0; k < EPT; k++) {
+        const int i = (int)threadIdx.x + k * EW_THREADS;
+        if (i < dim) y[t * dim + i] = __fmul_rn(wv[k], __fmul_rn(xv[k], r));
+    }
+}
+
+cudaError_t di_cuda_launch_moe_combine_norm(const float *rows, const int32_t *rows_of,
+                                            const float *w, int64_t n, int64_t K, int64_t dim,
+                                            const float *add, float *resid, const float *norm_w,
+                                            float eps, float *y, int64_t max_fused_n,
+                                            cudaStream_t stream) {
+    if (n <= 0 || dim <= 0) return cudaSuccess;
+    if (n > max_fused_n || K > COMBINE_NORM_MAX_K || dim > (int64_t)EW_THREADS * RMS_CACHE) {
+        cudaError_t err = /* two launches */
+            di_cuda_launch_moe_combine(rows, rows_of, w, n, K, dim, NULL, add, resid, stream);
+        if (err != cudaSuccess) return err;
+        return di_cuda_launch_rmsnorm(resid, dim, norm_w, n, dim, eps, y, dim, stream);
+    }
+    di_cuda_moe_combine_norm_launches++;
+    const int ept = (int)((dim + EW_THREADS - 1) / EW_THREADS);
+    const int k = (int)K, d = (int)dim;
+    if (ept <= 4)
+        return di_cuda_launch(moe_combine_norm_kernel<4>, (unsigned)n, EW_THREADS, 0, stream, rows,
+                              rows_of, w, k, d, add, resid, norm_w, eps, y);
+    if (ept <= 8)
+        return di_cuda_launch(moe_combine_norm_kernel<8>, (unsigned)n, EW_THREADS, 0, stream, rows,
+                              rows_of, w, k, d, add, resid, norm_w, eps, y);
+    return di_cuda_launch(moe_combine_norm_kernel<RMS_CACHE>, (unsigned)n, EW_THREADS, 0, stream,
+                          rows, rows_of, w, k, d, add, resid, norm_w, eps, y);
 }
 
 /* Greedy decoding on the device (backend.h's argmax_rows): one block per row, the first index

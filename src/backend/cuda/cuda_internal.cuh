@@ -55,6 +55,14 @@ static __device__ __forceinline__ void pdl_trigger(void) {
 #endif
 }
 
+/* Rotates a rope pair (a, b) by (c, s) into (*oa, *ob), rounded as the reference: the rope
+ * op's, the latent store's and the attention's query rotation's arithmetic. */
+static __device__ __forceinline__ void di_cuda_rope_pair(float a, float b, float c, float s,
+                                                         float *oa, float *ob) {
+    *oa = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+    *ob = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+}
+
 /* The last block to arrive (the threadFenceReduction pattern): every thread of the block
  * calls it after the writes the last block will read; true, in every thread, in the block
  * that arrives `expected`-th at *counter, which it resets to 0 for the next launch (the
@@ -191,11 +199,16 @@ typedef struct di_cuda_tuning {
      * (di_cuda_mm_params.routing_settled: a MoE layer's down projection): DI_CUDA_TC_EARLY=0
      * turns it off. Same values. */
     int tc_early;
-    /* ... and plain BF16 products of one token group on it too: DI_CUDA_TC_STREAM_PLAIN=1,
-     * opt-in (written after the twenty-fourth round's last GPU run: not yet measured; nothing
-     * with DI_CUDA_TC_STREAM=0). Their first weights go before the PDL wait unless
-     * DI_CUDA_TC_EARLY=0. Same values. */
-    int tc_stream_plain;
+    /* ... and plain BF16 products of one token group whose weights take at least this many
+     * bytes on it too (nothing with DI_CUDA_TC_STREAM=0): by default 256 MiB, the lm_head
+     * (faster there; every plain product there made the batch-1 and 8-sequence decode steps
+     * about 1 % slower: NOTES.md, twenty-fifth round); DI_CUDA_TC_STREAM_PLAIN=1: every one,
+     * =0: none; DI_CUDA_TC_STREAM_PLAIN_MIB=<n>: from n MiB. Their first weights go before
+     * the PDL wait unless DI_CUDA_TC_EARLY=0. Same values. */
+    int64_t tc_stream_plain_bytes;
+    /* moe_combine_add_norm as one launch for calls of up to this many tokens (more: the two
+     * launches). DI_CUDA_COMBINE_NORM_MAX_N, default 0 (opt-in). Same values. */
+    int64_t combine_norm_max_n;
     /* Block-scaled FP8 weights on the tensor-core GEMV too (cuda_tc_gemv.cu: exact bf16
      * values, each 32-column chunk's sum times its block scale), where the scale blocks
      * hold whole chunks: DI_CUDA_TC_FP8=1. Changes the summation order (fixed for a run). */
@@ -384,6 +397,15 @@ cudaError_t di_cuda_launch_mla_store(const di_mla_store_params *p, cudaStream_t 
 cudaError_t di_cuda_launch_moe_combine(const float *rows, const int32_t *rows_of, const float *w,
                                        int64_t n, int64_t K, int64_t dim, float *out,
                                        const float *add, float *resid, cudaStream_t stream);
+/* moe_combine_add, then the RMSNorm of each resid row (weight norm_w) into y (rows of dim
+ * floats): one block per token where n <= max_fused_n, K <= 8 and dim <= 4096, else the two
+ * launches; the same bits either way. */
+cudaError_t di_cuda_launch_moe_combine_norm(const float *rows, const int32_t *rows_of,
+                                            const float *w, int64_t n, int64_t K, int64_t dim,
+                                            const float *add, float *resid, const float *norm_w,
+                                            float eps, float *y, int64_t max_fused_n,
+                                            cudaStream_t stream);
+extern int64_t di_cuda_moe_combine_norm_launches; /* fused launches (for tests) */
 /* A row's maximum and its first index, as the host sampler's scan finds them, by a block of
  * THREADS threads (every thread gets the result): thread i scans columns i, i + THREADS, ...
  * (16 bytes at a time where the row allows), keeping the largest value and its lowest index;

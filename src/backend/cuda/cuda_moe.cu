@@ -138,7 +138,8 @@ static __device__ void select_token(const route_args &a, int64_t t, const select
             s.ex[i] = exp((double)lg[i] - mx);
         __syncwarp();
         double sum = 0.0;
-        if (lane == 0) /* the host's sum, in expert order */
+        if (lane == 0) /* the host's sum, in expert order (unrolled: the loads run ahead) */
+#pragma unroll 16
             for (int i = 0; i < E; i++)
                 sum += s.ex[i];
         sum = __shfl_sync(0xffffffffu, sum, 0);
@@ -228,27 +229,30 @@ static __device__ void select_token(const route_args &a, int64_t t, const select
     select_weights(a, t, s, ids);
 }
 
-/* Inclusive block scan of v over the block's threads (Hillis-Steele in shared memory). */
-static __device__ int block_scan(int v, int *buf) {
-    const int tid = threadIdx.x;
-    buf[tid] = v;
-    __syncthreads();
-    for (int d = 1; d < (int)blockDim.x; d <<= 1) {
-        const int add = tid >= d ? buf[tid - d] : 0;
-        __syncthreads();
-        buf[tid] += add;
-        __syncthreads();
+/* Inclusive block scans of two counts a and b over the block's threads (at most RG_THREADS, a
+ * multiple of 32): each warp's by shuffles, then the warps' totals added in from shared
+ * memory -- two barriers, where a Hillis-Steele scan took two per doubling (at one token the
+ * routing is a chain of such latencies on the MoE layer's critical path). Integers: the
+ * same results in any order. */
+static __device__ void block_scan2(int &a, int &b) {
+    __shared__ int totals[2][RG_THREADS / 32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+        const int pa = __shfl_up_sync(0xffffffffu, a, d), pb = __shfl_up_sync(0xffffffffu, b, d);
+        if (lane >= d) a += pa, b += pb;
     }
-    const int r = buf[tid];
+    if (lane == 31) totals[0][warp] = a, totals[1][warp] = b;
     __syncthreads();
-    return r;
+    for (int w = 0; w < warp; w++)
+        a += totals[0][w], b += totals[1][w];
+    __syncthreads(); /* totals is free for the next call */
 }
 
 /* Groups the nk entries (ids: [nk] expert ids in shared memory) by expert with the whole
  * block (blockDim.x >= E, at most RG_THREADS): offsets, the active list, src and rows_of. */
 static __device__ void group_entries(int E, int K, int nk, const int32_t *ids, int32_t *rows_of,
                                      int32_t *offsets, int32_t *active, int32_t *src) {
-    __shared__ int buf[RG_THREADS];
     __shared__ int next[RG_THREADS]; /* per expert: its count, then its next free row */
     const int e = threadIdx.x;
     if (e < E) next[e] = 0;
@@ -257,8 +261,8 @@ static __device__ void group_entries(int E, int K, int nk, const int32_t *ids, i
         atomicAdd(&next[ids[i]], 1);
     __syncthreads();
     const int cnt = e < E ? next[e] : 0;
-    const int end = block_scan(cnt, buf);
-    const int act = block_scan(e < E && cnt > 0 ? 1 : 0, buf);
+    int end = cnt, act = e < E && cnt > 0 ? 1 : 0;
+    block_scan2(end, act);
     if (e < E) {
         offsets[e] = end - cnt;
         next[e] = end - cnt;

@@ -101,6 +101,10 @@ int64_t di_backend_cuda_tc_early_launches(void) {
     return 0;
 }
 
+int64_t di_backend_cuda_moe_combine_norm_launches(void) {
+    return 0;
+}
+
 int64_t di_backend_cuda_tc_stream_plain_launches(void) {
     return 0;
 }

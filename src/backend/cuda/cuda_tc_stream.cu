@@ -10,7 +10,9 @@
  * than 8 rows in passes of 16 rows (pass16, below) instead of 8: 27 layers at 64 concurrent,
  * decode steps 10.96 -> 10.62 ms; a MoE layer's down projection (routing settled) requesting
  * its first weights before its PDL wait: batch-1 decode steps 2.74 -> 2.66 ms (twenty-fourth
- * round).
+ * round). Also the plain one-token-group products of 256 MiB of weights or more (the lm_head:
+ * 127.6 -> 110.8 us alone at batch 1); every plain product here made a batch-1 step 1 %
+ * slower, although each was faster alone (twenty-fifth round).
  *
  * Why: tc_kernel holds the weights it requested in registers (U = 2 chunks ahead of the two
  * it multiplies), so a warp has at most a few KB in flight, and at 128 registers an SM runs
@@ -57,7 +59,7 @@ static_assert(TS16_STAGES * TS16_U4 * (int)sizeof(uint4) <= TS_WARP_BYTES,
 
 int64_t di_cuda_tc_stream_launches;       /* cuda_backend.h: launches of this kernel (for tests) */
 int64_t di_cuda_tc_early_launches;        /* ... of them with weights requested before the wait */
-int64_t di_cuda_tc_stream_plain_launches; /* ... of plain products (DI_CUDA_TC_STREAM_PLAIN=1) */
+int64_t di_cuda_tc_stream_plain_launches; /* ... of plain products (tc_stream_plain_bytes) */
 /* Passes of 16 rows made (for tests: one atomic per such pass of a block) */
 static __device__ unsigned long long ts16_passes;
 
@@ -103,8 +105,8 @@ __global__ void __launch_bounds__(32 * TC_MAX_KS, 2)
     /* With the routing settled (a MoE layer's down projection, after its gate / up), the first
      * pass requests its first weights before the PDL wait, during the previous kernel's tail;
      * its activations (that kernel's output) after it. A plain product (no experts: one token
-     * group, opt-in, DI_CUDA_TC_STREAM_PLAIN=1) has its weight and rows from the start: early
-     * too (DI_CUDA_TC_EARLY=0 turns both off). */
+     * group: the lm_head, or any with DI_CUDA_TC_STREAM_PLAIN=1) has its weight and rows from the
+     * start: early too (DI_CUDA_TC_EARLY=0 turns both off). */
     const bool plain = p.experts == nullptr;
     const bool early = (plain || p.routing_settled) && p.tune.tc_early;
     if (!plain &&
