@@ -469,8 +469,8 @@ typedef struct di_backend_ops {
 
     /* (Appended; optional, NULL: moe_combine_add, then rmsnorm.) moe_combine_add, then
      * y[t] = the RMSNorm of resid[t] with weight norm_w and eps, rounded exactly as rmsnorm
-     * (rows of dim floats, y's stride dim): a MoE layer's end and the next layer's first
-     * norm, which a backend may run as one kernel where that is faster. */
+     * (rows of dim floats, y's stride dim; y overlaps none of rows, add and resid): a MoE
+     * layer's end and the next layer's first norm, which a backend may run as one kernel. */
     void (*moe_combine_add_norm)(void *ctx, const float *rows, const int32_t *rows_of,
                                  const float *w, int64_t n, int64_t K, int64_t dim,
                                  const float *add, float *resid, const float *norm_w, float eps,

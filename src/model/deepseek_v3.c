@@ -592,12 +592,15 @@ static void mlp(const ds_mlp *w, ds_state *s, const di_backend *be, const float 
 }
 
 /* DeepSeekMoE over s->xn: routed experts grouped by expert, plus shared experts, added to
- * the residual stream s->x ([n][H]). Everything stays on the backend: moe_route selects and groups
- * (the offsets and the active-expert list live in backend memory), the routed rows are
- * read in expert order through moe_route's src list (the fused gate / up product reads them
- * in place where it can; else one gather op), matmul_experts runs each active expert once
- * over its rows (gate, up, then down), and the combine sums each token's outputs in its slot
- * order, so the result does not depend on the grouping (batch invariance).
+ * the residual stream s->x ([n][H]). With next_norm (the next layer's first RMSNorm weight, or
+ * NULL) a backend that has moe_combine_add_norm also writes that norm of the new s->x into
+ * s->xn: then it returns true, and the caller skips that rmsnorm. Everything stays on the
+ * backend: moe_route selects and groups (the offsets and the active-expert list live in
+ * backend memory), the routed rows are read in expert order through moe_route's src list (the
+ * fused gate / up product reads them in place where it can; else one gather op),
+ * matmul_experts runs each active expert once over its rows (gate, up, then down), and the
+ * combine sums each token's outputs in its slot order, so the result does not depend on the
+ * grouping (batch invariance).
  *
  * The shared experts come first, into s->hbuf, added after the combine (the arithmetic of
  * matmul_add into the combined rows). On a backend with a second stream (side_begin) they

@@ -650,9 +650,9 @@ static void check_attn_rotation(const di_mla_attn_params *hp) {
     float *dcs = dev_floats(cs, n * half), *dsn = dev_floats(sn, n * half);
     float *dql = dev_floats(hp->q_lat, no), *dqr = dev_floats(hp->q_rope, nqr);
     float *dckv = dev_floats(hp->c_kv, L * R), *dkr = dev_floats(hp->k_rope, L * dr);
-    float *dout1 = dev_poison(no), *dout2 = dev_poison(no);
     for (int v = 0; v < 4; v++) {
         const bool il = v & 1;
+        float *dout1 = dev_poison(no), *dout2 = dev_poison(no);
         di_backend_cuda_set_attn_heads(&g_be, v < 2 ? 2 : 8);
         float *drot = dev_floats(hp->q_rope, nqr);
         di_rope_op_params rp = {.x = drot,
@@ -679,11 +679,10 @@ static void check_attn_rotation(const di_mla_attn_params *hp) {
         CHECK_MSG(memcmp(q, hp->q_rope, (size_t)nqr * sizeof(float)) == 0,
                   "n=%lld: the attention wrote its queries", (long long)n);
         free(y1), free(y2), free(q);
-        dfree(drot);
+        dfree(drot), dfree(dout1), dfree(dout2);
     }
     di_backend_cuda_set_attn_heads(&g_be, 0);
-    dfree(dcs), dfree(dsn), dfree(dql), dfree(dqr), dfree(dckv), dfree(dkr), dfree(dout1);
-    dfree(dout2);
+    dfree(dcs), dfree(dsn), dfree(dql), dfree(dqr), dfree(dckv), dfree(dkr);
     free(cs), free(sn);
 }
 
@@ -843,6 +842,35 @@ static void check_attn_paged(int64_t n, int64_t nh, int64_t R, int64_t dr, int64
                   (long long)n, (long long)bs, (long long)pos0, mode);
         free(yq);
     }
+    /* ... and with the queries rotated by the attention (q_cos: the V2/V3 runner's decode
+     * step), bitwise the rope op's rotation then the attention */
+    const int64_t half = dr / 2;
+    float *cs = rnd_vec(n * half, 1.0f), *sn = rnd_vec(n * half, 1.0f);
+    float *dcs = dev_floats(cs, n * half), *dsn = dev_floats(sn, n * half);
+    float *drot = dev_floats(qr, n * ts);
+    di_rope_op_params rp = {.x = drot,
+                            .n_tokens = n,
+                            .n_heads = nh,
+                            .rope_dim = dr,
+                            .tstride = ts,
+                            .hstride = dr,
+                            .cos = dcs,
+                            .sin = dsn,
+                            .interleaved = true};
+    g_be.ops->rope(g_be.ctx, &rp);
+    di_mla_attn_params pr = pp;
+    pr.pos0 = 12345, pr.block_table = NULL;
+    pr.q_pos = dqpos, pr.q_tables = dtabs, pr.q_table_off = dtoff, pr.q_rope = drot;
+    g_be.ops->mla_attention(g_be.ctx, &pr);
+    float *ya = host_floats(dout, no);
+    pr.q_rope = dqr, pr.q_cos = dcs, pr.q_sin = dsn, pr.q_rope_interleaved = true;
+    g_be.ops->mla_attention(g_be.ctx, &pr);
+    float *yb = host_floats(dout, no);
+    CHECK_MSG(memcmp(ya, yb, (size_t)no * sizeof(float)) == 0,
+              "per-query n=%lld bs=%lld: rotated in the attention differs from the rope op's",
+              (long long)n, (long long)bs);
+    free(ya), free(yb), free(cs), free(sn);
+    dfree(dcs), dfree(dsn), dfree(drot);
     dfree(dqpos), dfree(dtoff), dfree(dtabs);
     free(qpos), free(toff), free(tabs);
     di_backend_cuda_set_attn_mode(&g_be, DI_CUDA_ATTN_AUTO);
@@ -1715,11 +1743,15 @@ TEST(matmul_tc) {
         if (bo.ctx) check_tc(&bo, DI_DTYPE_BF16, 0, 1408, 2048, 1e-5);
         di_backend_free(&bo);
     }
-    /* By default a plain product goes to the streaming kernel from 256 MiB of weights (the
-     * lm_head), DI_CUDA_TC_STREAM_PLAIN_MIB moving that bound: one_product's 5.77 MB weight
-     * takes it from 5 MiB (5.24 MB) on, not from 6 (6.29 MB) -- the same bits either way
-     * (check_same_bits above) */
+    /* By default a plain product, not GLU, goes to the streaming kernel from 256 MiB of weights
+     * (the lm_head), DI_CUDA_TC_STREAM_PLAIN_MIB moving that bound: one_product's 5.77 MB
+     * weight takes it from 5 MiB (5.24 MB) on, not from 6 (6.29 MB), and a GLU product of two
+     * such weights from neither -- the same bits either way (check_same_bits above) */
     static const char *mib[] = {"5", "6"};
+    test_weight tg = make_weight(DI_DTYPE_BF16, 1408, 2048, 0, 0, 0);
+    test_weight tu = make_weight(DI_DTYPE_BF16, 1408, 2048, 0, 0, 0);
+    di_weight dg = upload(&tg.w), du = upload(&tu.w);
+    float *xg = rnd_vec(2048, 1.0f), *dxg = dev_floats(xg, 2048), *dyg = dev_poison(1408);
     for (int mi = 0; mi < 2; mi++) {
         di_backend bm = backend_with("DI_CUDA_TC_STREAM_PLAIN_MIB", mib[mi]);
         if (!bm.ctx) return;
@@ -1728,8 +1760,14 @@ TEST(matmul_tc) {
         const int64_t d = di_backend_cuda_tc_stream_plain_launches() - before;
         CHECK_MSG(d == (mi == 0 ? 1 : 0), "DI_CUDA_TC_STREAM_PLAIN_MIB=%s: %lld streamed launches",
                   mib[mi], (long long)d);
+        bm.ops->matmul_glu(bm.ctx, &dg, &du, dxg, 1, dyg);
+        CHECK(di_backend_cuda_sync(&bm) == DI_OK);
+        CHECK_MSG(di_backend_cuda_tc_stream_plain_launches() - before == d,
+                  "DI_CUDA_TC_STREAM_PLAIN_MIB=%s: a GLU product streamed", mib[mi]);
         di_backend_free(&bm);
     }
+    di_cuda_weight_free(&g_be, &dg), di_cuda_weight_free(&g_be, &du);
+    dfree(dxg), dfree(dyg), free(xg), free_weight(&tg), free_weight(&tu);
     di_backend b3 = backend_with("DI_CUDA_TC_TERMS", "3");
     if (!b3.ctx) return;
     check_tc(&b3, DI_DTYPE_BF16, 0, 1408, 2048, 1e-5);

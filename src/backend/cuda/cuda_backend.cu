@@ -985,7 +985,8 @@ extern "C" di_status di_backend_cuda_init(di_backend *out, int device, int64_t m
      * lm_head); DI_CUDA_TC_STREAM_PLAIN=1: all, =0: none; DI_CUDA_TC_STREAM_PLAIN_MIB=<n>:
      * from n MiB (di_cuda_tuning.tc_stream_plain_bytes) */
     env = getenv("DI_CUDA_TC_STREAM_PLAIN_MIB");
-    be->tune.tc_stream_plain_bytes = (env ? atoll(env) : 256) << 20;
+    const long long mib = env ? atoll(env) : 256;
+    be->tune.tc_stream_plain_bytes = (int64_t)(mib < 0 ? 0 : mib) << 20;
     env = getenv("DI_CUDA_TC_STREAM_PLAIN");
     if (env && strcmp(env, "1") == 0) be->tune.tc_stream_plain_bytes = 0;
     if (env && strcmp(env, "0") == 0) be->tune.tc_stream_plain_bytes = INT64_MAX;

@@ -199,8 +199,9 @@ typedef struct di_cuda_tuning {
      * (di_cuda_mm_params.routing_settled: a MoE layer's down projection): DI_CUDA_TC_EARLY=0
      * turns it off. Same values. */
     int tc_early;
-    /* ... and plain BF16 products of one token group whose weights take at least this many
-     * bytes on it too (nothing with DI_CUDA_TC_STREAM=0): by default 256 MiB, the lm_head
+    /* ... and plain BF16 products of one token group, not GLU, whose weights take at least this
+     * many bytes on it too (0: every plain product, GLU too; nothing with DI_CUDA_TC_STREAM=0):
+     * by default 256 MiB, the lm_head
      * (faster there; every plain product there made the batch-1 and 8-sequence decode steps
      * about 1 % slower: NOTES.md, twenty-fifth round); DI_CUDA_TC_STREAM_PLAIN=1: every one,
      * =0: none; DI_CUDA_TC_STREAM_PLAIN_MIB=<n>: from n MiB. Their first weights go before
