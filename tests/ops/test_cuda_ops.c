@@ -639,51 +639,41 @@ static float *gpu_attn(const di_mla_attn_params *hp, di_cuda_attn_mode mode) {
     return gpu_attn_heads(hp, mode, 0);
 }
 
-/* The queries' rope parts rotated by the attention as it reads them (q_cos / q_sin, both
- * pair layouts, 2 and 8 heads per block): bitwise the rope op's rotation, then the attention;
- * the queries themselves are left as they were. hp: a problem in host memory. */
-static void check_attn_rotation(const di_mla_attn_params *hp) {
-    const int64_t R = hp->kv_lora_rank, dr = hp->rope_dim, n = hp->n_tokens, nh = hp->n_heads;
-    const int64_t L = hp->pos0 + n, half = dr / 2, no = nh * n * R;
-    const int64_t nqr = (n - 1) * hp->q_rope_tstride + (nh - 1) * hp->q_rope_hstride + dr;
-    float *cs = rnd_vec(n * half, 1.0f), *sn = rnd_vec(n * half, 1.0f);
-    float *dcs = dev_floats(cs, n * half), *dsn = dev_floats(sn, n * half);
-    float *dql = dev_floats(hp->q_lat, no), *dqr = dev_floats(hp->q_rope, nqr);
-    float *dckv = dev_floats(hp->c_kv, L * R), *dkr = dev_floats(hp->k_rope, L * dr);
-    for (int v = 0; v < 4; v++) {
-        const bool il = v & 1;
-        float *dout1 = dev_poison(no), *dout2 = dev_poison(no);
-        di_backend_cuda_set_attn_heads(&g_be, v < 2 ? 2 : 8);
-        float *drot = dev_floats(hp->q_rope, nqr);
-        di_rope_op_params rp = {.x = drot,
-                                .n_tokens = n,
-                                .n_heads = nh,
-                                .rope_dim = dr,
-                                .tstride = hp->q_rope_tstride,
-                                .hstride = hp->q_rope_hstride,
-                                .cos = dcs,
-                                .sin = dsn,
-                                .interleaved = il};
-        g_be.ops->rope(g_be.ctx, &rp);
-        di_mla_attn_params p = *hp;
-        p.q_lat = dql, p.q_rope = drot, p.c_kv = dckv, p.k_rope = dkr, p.out = dout1;
-        g_be.ops->mla_attention(g_be.ctx, &p);
-        p.q_rope = dqr, p.out = dout2, p.q_cos = dcs, p.q_sin = dsn, p.q_rope_interleaved = il;
-        g_be.ops->mla_attention(g_be.ctx, &p);
-        float *y1 = host_floats(dout1, no), *y2 = host_floats(dout2, no);
-        float *q = host_floats(dqr, nqr);
-        CHECK_MSG(memcmp(y1, y2, (size_t)no * sizeof(float)) == 0,
-                  "n=%lld nh=%lld dr=%lld interleaved=%d heads %d: rotated in the attention "
-                  "differs from the rope op's",
-                  (long long)n, (long long)nh, (long long)dr, (int)il, v < 2 ? 2 : 8);
-        CHECK_MSG(memcmp(q, hp->q_rope, (size_t)nqr * sizeof(float)) == 0,
-                  "n=%lld: the attention wrote its queries", (long long)n);
-        free(y1), free(y2), free(q);
-        dfree(drot), dfree(dout1), dfree(dout2);
-    }
-    di_backend_cuda_set_attn_heads(&g_be, 0);
-    dfree(dcs), dfree(dsn), dfree(dql), dfree(dqr), dfree(dckv), dfree(dkr);
-    free(cs), free(sn);
+/* Device problem p (its q_rope unrotated, nqr floats from q_rope; p->out unused) run twice into
+ * fresh buffers: with a copy of the queries rotated by the rope op by the rows of dcs / dsn
+ * ([n_tokens][rope_dim / 2], device memory; pairs interleaved where il), and with the attention
+ * rotating them as it reads them (q_cos / q_sin). Checks the two outputs bitwise equal and the
+ * queries left as they were. */
+static void check_rotation_same(const di_mla_attn_params *p, int64_t nqr, const float *dcs,
+                                const float *dsn, bool il, const char *what) {
+    const int64_t no = p->n_heads * p->n_tokens * p->kv_lora_rank;
+    float *q0 = host_floats(p->q_rope, nqr);
+    float *drot = dev_floats(q0, nqr), *dout1 = dev_poison(no), *dout2 = dev_poison(no);
+    di_rope_op_params rp = {.x = drot,
+                            .n_tokens = p->n_tokens,
+                            .n_heads = p->n_heads,
+                            .rope_dim = p->rope_dim,
+                            .tstride = p->q_rope_tstride,
+                            .hstride = p->q_rope_hstride,
+                            .cos = dcs,
+                            .sin = dsn,
+                            .interleaved = il};
+    g_be.ops->rope(g_be.ctx, &rp);
+    di_mla_attn_params pa = *p, pb = *p;
+    pa.q_rope = drot, pa.out = dout1;
+    g_be.ops->mla_attention(g_be.ctx, &pa);
+    pb.out = dout2, pb.q_cos = dcs, pb.q_sin = dsn, pb.q_rope_interleaved = il;
+    g_be.ops->mla_attention(g_be.ctx, &pb);
+    float *y1 = host_floats(dout1, no), *y2 = host_floats(dout2, no);
+    float *q1 = host_floats(p->q_rope, nqr);
+    CHECK_MSG(memcmp(y1, y2, (size_t)no * sizeof(float)) == 0,
+              "%s (n=%lld nh=%lld dr=%lld interleaved=%d): rotated in the attention differs "
+              "from the rope op's",
+              what, (long long)p->n_tokens, (long long)p->n_heads, (long long)p->rope_dim, (int)il);
+    CHECK_MSG(memcmp(q0, q1, (size_t)nqr * sizeof(float)) == 0,
+              "%s: the attention wrote its queries", what);
+    free(y1), free(y2), free(q0), free(q1);
+    dfree(drot), dfree(dout1), dfree(dout2);
 }
 
 static void check_attn(int64_t n, int64_t nh, int64_t R, int64_t dr, int64_t pos0) {
@@ -712,7 +702,22 @@ static void check_attn(int64_t n, int64_t nh, int64_t R, int64_t dr, int64_t pos
     CHECK_MSG(memcmp(ys, yq, (size_t)(nh * n * R) * sizeof(float)) == 0,
               "n=%lld nh=%lld R=%lld pos0=%lld: split and sequential differ", (long long)n,
               (long long)nh, (long long)R, (long long)pos0);
-    check_attn_rotation(&p);
+    /* the queries rotated by the attention (both pair layouts, 2 and 8 heads a block) */
+    const int64_t nqr = (n - 1) * ts + (nh - 1) * hs + dr, half = dr / 2;
+    float *cs = rnd_vec(n * half, 1.0f), *sn = rnd_vec(n * half, 1.0f);
+    float *dcs = dev_floats(cs, n * half), *dsn = dev_floats(sn, n * half);
+    float *dql = dev_floats(ql, nh * n * R), *dqr = dev_floats(qr, nqr);
+    float *dckv = dev_floats(ckv, L * R), *dkr = dev_floats(kr, L * dr);
+    di_mla_attn_params pd = p;
+    pd.q_lat = dql, pd.q_rope = dqr, pd.c_kv = dckv, pd.k_rope = dkr;
+    for (int v = 0; v < 4; v++) {
+        di_backend_cuda_set_attn_heads(&g_be, v < 2 ? 2 : 8);
+        check_rotation_same(&pd, nqr, dcs, dsn, v & 1,
+                            v < 2 ? "2 heads a block" : "8 heads a block");
+    }
+    di_backend_cuda_set_attn_heads(&g_be, 0);
+    dfree(dcs), dfree(dsn), dfree(dql), dfree(dqr), dfree(dckv), dfree(dkr);
+    free(cs), free(sn);
     /* 2, 4 or 8 heads per block, either schedule: the same bits */
     for (int v = 0; v < 6; v++) {
         const int heads = 2 << (v / 2);
@@ -843,34 +848,16 @@ static void check_attn_paged(int64_t n, int64_t nh, int64_t R, int64_t dr, int64
         free(yq);
     }
     /* ... and with the queries rotated by the attention (q_cos: the V2/V3 runner's decode
-     * step), bitwise the rope op's rotation then the attention */
+     * step) */
     const int64_t half = dr / 2;
     float *cs = rnd_vec(n * half, 1.0f), *sn = rnd_vec(n * half, 1.0f);
     float *dcs = dev_floats(cs, n * half), *dsn = dev_floats(sn, n * half);
-    float *drot = dev_floats(qr, n * ts);
-    di_rope_op_params rp = {.x = drot,
-                            .n_tokens = n,
-                            .n_heads = nh,
-                            .rope_dim = dr,
-                            .tstride = ts,
-                            .hstride = dr,
-                            .cos = dcs,
-                            .sin = dsn,
-                            .interleaved = true};
-    g_be.ops->rope(g_be.ctx, &rp);
     di_mla_attn_params pr = pp;
     pr.pos0 = 12345, pr.block_table = NULL;
-    pr.q_pos = dqpos, pr.q_tables = dtabs, pr.q_table_off = dtoff, pr.q_rope = drot;
-    g_be.ops->mla_attention(g_be.ctx, &pr);
-    float *ya = host_floats(dout, no);
-    pr.q_rope = dqr, pr.q_cos = dcs, pr.q_sin = dsn, pr.q_rope_interleaved = true;
-    g_be.ops->mla_attention(g_be.ctx, &pr);
-    float *yb = host_floats(dout, no);
-    CHECK_MSG(memcmp(ya, yb, (size_t)no * sizeof(float)) == 0,
-              "per-query n=%lld bs=%lld: rotated in the attention differs from the rope op's",
-              (long long)n, (long long)bs);
-    free(ya), free(yb), free(cs), free(sn);
-    dfree(dcs), dfree(dsn), dfree(drot);
+    pr.q_pos = dqpos, pr.q_tables = dtabs, pr.q_table_off = dtoff;
+    check_rotation_same(&pr, n * ts, dcs, dsn, true, "per-query positions and tables");
+    free(cs), free(sn);
+    dfree(dcs), dfree(dsn);
     dfree(dqpos), dfree(dtoff), dfree(dtabs);
     free(qpos), free(toff), free(tabs);
     di_backend_cuda_set_attn_mode(&g_be, DI_CUDA_ATTN_AUTO);

@@ -817,8 +817,6 @@ static di_backend_ops make_ops(void) {
     return o;
 }
 
-static const di_backend_ops g_cuda_ops = make_ops();
-
 /* The same with sample_rows (the device draw: cuda_sample.cu): the default; a backend
  * created with DI_CUDA_SAMPLE=0 leaves it out, and such rows come down to the host sampler
  * (the same tokens: test_cuda_model compares the two). DI_CUDA_ATTN_ROPE=0: the runner
@@ -835,7 +833,7 @@ static const di_backend_ops g_cuda_ops_variants[4] = {
     make_ops_variant(true, false)};
 
 static bool is_cuda_ops(const di_backend_ops *ops) {
-    bool found = ops == &g_cuda_ops;
+    bool found = false;
     for (int i = 0; i < 4; i++)
         found = found || ops == &g_cuda_ops_variants[i];
     return found;
@@ -843,7 +841,7 @@ static bool is_cuda_ops(const di_backend_ops *ops) {
 
 static di_backend wrap(void *ctx) {
     di_backend b;
-    b.ops = &g_cuda_ops;
+    b.ops = &g_cuda_ops_variants[0]; /* for helpers that take a di_backend */
     b.ctx = ctx;
     return b;
 }
@@ -988,7 +986,7 @@ extern "C" di_status di_backend_cuda_init(di_backend *out, int device, int64_t m
     const long long mib = env ? atoll(env) : 256;
     be->tune.tc_stream_plain_bytes = (int64_t)(mib < 0 ? 0 : mib) << 20;
     env = getenv("DI_CUDA_TC_STREAM_PLAIN");
-    if (env && strcmp(env, "1") == 0) be->tune.tc_stream_plain_bytes = 0;
+    be->tune.tc_stream_plain_all = env && strcmp(env, "1") == 0;
     if (env && strcmp(env, "0") == 0) be->tune.tc_stream_plain_bytes = INT64_MAX;
     /* DI_CUDA_COMBINE_NORM_MAX_N=<n>: moe_combine_add_norm as one kernel (a block per token)
      * for calls of up to n tokens; opt-in (default 0: two launches, as the benchmark of record

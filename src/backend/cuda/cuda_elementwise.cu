@@ -284,22 +284,6 @@ cudaError_t di_cuda_launch_copy_rows(float *dst, int64_t dst_stride, const int32
  * resid (moe_combine_add): the sum, then + add (the shared experts, when given), then added
  * to resid instead of stored -- axpy_kernel's steps with a = 1, so the bits of moe_combine
  * and two axpy. */
-static __device__ __forceinline__ float combine_sum(const float *rows, const int32_t *rows_of,
-                                                    const float *w, int64_t K, int64_t dim,
-                                                    int64_t t, int64_t c) {
-    float acc = 0.0f;
-    for (int64_t k = 0; k < K; k++)
-        acc = __fadd_rn(acc, __fmul_rn(w[t * K + k], rows[(int64_t)rows_of[t * K + k] * dim + c]));
-    return acc;
-}
-
-/* resid[t][c] + the sum (+ add[t][c]): moe_combine_add's value (axpy_kernel's steps). */
-static __device__ __forceinline__ float combine_add(float acc, const float *add, float *resid,
-                                                    int64_t dim, int64_t t, int64_t c) {
-    if (add) acc = __fadd_rn(acc, __fmul_rn(1.0f, add[t * dim + c]));
-    return __fadd_rn(resid[t * dim + c], __fmul_rn(1.0f, acc));
-}
-
 __global__ void moe_combine_kernel(const float *rows, const int32_t *rows_of, const float *w,
                                    int64_t K, int64_t dim, float *out, const float *add,
                                    float *resid) {
@@ -307,11 +291,15 @@ __global__ void moe_combine_kernel(const float *rows, const int32_t *rows_of, co
     pdl_trigger();
     const int64_t t = blockIdx.x, c = (int64_t)blockIdx.y * EW_THREADS + threadIdx.x;
     if (c >= dim) return;
-    const float acc = combine_sum(rows, rows_of, w, K, dim, t, c);
-    if (!resid)
+    float acc = 0.0f;
+    for (int64_t k = 0; k < K; k++)
+        acc = __fadd_rn(acc, __fmul_rn(w[t * K + k], rows[(int64_t)rows_of[t * K + k] * dim + c]));
+    if (!resid) {
         out[t * dim + c] = acc;
-    else
-        resid[t * dim + c] = combine_add(acc, add, resid, dim, t, c);
+        return;
+    }
+    if (add) acc = __fadd_rn(acc, __fmul_rn(1.0f, add[t * dim + c]));
+    resid[t * dim + c] = __fadd_rn(resid[t * dim + c], __fmul_rn(1.0f, acc));
 }
 
 cudaError_t di_cuda_launch_moe_combine(const float *rows, const int32_t *rows_of, const float *w,
@@ -373,7 +361,7 @@ __global__ void __launch_bounds__(EW_THREADS)
 #pragma unroll
     for (int k = 0; k < EPT; k++) {
         const int c = (int)threadIdx.x + k * EW_THREADS;
-        float acc = 0.0f; /* combine_sum's and combine_add's steps */
+        float acc = 0.0f; /* moe_combine_kernel's steps */
 #pragma unroll
         for (int j = 0; j < COMBINE_NORM_MAX_K; j++)
             if (j < K) acc = __fadd_rn(acc, __fmul_rn(ws[j], v[j][k]));

@@ -200,13 +200,14 @@ typedef struct di_cuda_tuning {
      * turns it off. Same values. */
     int tc_early;
     /* ... and plain BF16 products of one token group, not GLU, whose weights take at least this
-     * many bytes on it too (0: every plain product, GLU too; nothing with DI_CUDA_TC_STREAM=0):
-     * by default 256 MiB, the lm_head
+     * many bytes on it too (nothing with DI_CUDA_TC_STREAM=0): by default 256 MiB, the lm_head
      * (faster there; every plain product there made the batch-1 and 8-sequence decode steps
-     * about 1 % slower: NOTES.md, twenty-fifth round); DI_CUDA_TC_STREAM_PLAIN=1: every one,
-     * =0: none; DI_CUDA_TC_STREAM_PLAIN_MIB=<n>: from n MiB. Their first weights go before
-     * the PDL wait unless DI_CUDA_TC_EARLY=0. Same values. */
+     * about 1 % slower: NOTES.md, twenty-fifth round); DI_CUDA_TC_STREAM_PLAIN_MIB=<n>: from n
+     * MiB, DI_CUDA_TC_STREAM_PLAIN=0: none. Their first weights go before the PDL wait unless
+     * DI_CUDA_TC_EARLY=0. Same values. */
     int64_t tc_stream_plain_bytes;
+    /* ... every plain product of one token group, GLU too: DI_CUDA_TC_STREAM_PLAIN=1. */
+    int tc_stream_plain_all;
     /* moe_combine_add_norm as one launch for calls of up to this many tokens (more: the two
      * launches). DI_CUDA_COMBINE_NORM_MAX_N, default 0 (opt-in). Same values. */
     int64_t combine_norm_max_n;

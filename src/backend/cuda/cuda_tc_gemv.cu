@@ -530,13 +530,12 @@ template <bool F8> static cudaError_t launch_tc_gemv(const di_cuda_mm_params *p)
     /* Opt-in (DI_CUDA_TC_LEAN=1, BF16): one token group on the swapped-operand kernel. */
     if (!F8 && lean_takes(p, n, xvec)) return di_cuda_launch_matmul_tc_lean(p, ks);
     /* A large plain BF16 product of one token group, not GLU (the lm_head: tc_stream_plain_bytes;
-     * 0: every plain product, GLU too) on
-     * the streaming kernel -- whole-line weight reads through shared memory where tc_kernel
-     * reads 8 rows x 64 bytes per instruction (3.16 TB/s at most in the seventeenth round's
-     * probe), and its first two stages of weights requested before the PDL wait. The same
-     * sums. */
+     * every one with tc_stream_plain_all) on the streaming kernel -- whole-line weight reads
+     * through shared memory where tc_kernel reads 8 rows x 64 bytes per instruction (3.16 TB/s
+     * at most in the seventeenth round's probe), and its first two stages of weights requested
+     * before the PDL wait. The same sums. */
     const bool big = !glu && p->rows * p->cols * 2 >= p->tune.tc_stream_plain_bytes;
-    if (!F8 && n <= 8 && !p->experts && !heads && (big || p->tune.tc_stream_plain_bytes == 0) &&
+    if (!F8 && n <= 8 && !p->experts && !heads && (big || p->tune.tc_stream_plain_all) &&
         ts_takes(p, xvec))
         return di_cuda_launch_matmul_tc_stream(p, ks, tc_runs(p, ks));
     /* Token groups of 8 per block as n needs, at most 4 (32 tokens: the registers of two
