@@ -233,3 +233,37 @@ const char *cli_model_dir(const char *cmd, const char *given) {
               CLI_DEFAULT_MODEL);
     return NULL;
 }
+
+/* The whole file, NUL-terminated, into *out (malloc: the caller frees); false when it cannot
+ * be read. */
+bool cli_read_file(const char *path, char **out, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return false;
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        if (n + 1 == cap) {
+            char *b = realloc(buf, cap *= 2);
+            if (!b) {
+                free(buf);
+                buf = NULL;
+                break;
+            }
+            buf = b;
+        }
+        size_t got = fread(buf + n, 1, cap - 1 - n, f);
+        n += got;
+        if (got == 0) break;
+    }
+    bool ok = buf && !ferror(f);
+    fclose(f);
+    if (!ok) {
+        free(buf);
+        if (!errno) errno = EIO;
+        return false;
+    }
+    buf[n] = '\0';
+    *out = buf;
+    *len = n;
+    return true;
+}

@@ -227,38 +227,6 @@ static int parse_options(const char *cmd, int argc, char **argv, batch_options *
 /* Input                                                                                      */
 /* ---------------------------------------------------------------------------------------- */
 
-static bool read_file(const char *path, char **out, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return false;
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        if (n + 1 == cap) {
-            char *b = realloc(buf, cap *= 2);
-            if (!b) {
-                free(buf);
-                buf = NULL;
-                break;
-            }
-            buf = b;
-        }
-        size_t got = fread(buf + n, 1, cap - 1 - n, f);
-        n += got;
-        if (got == 0) break;
-    }
-    bool ok = buf && !ferror(f);
-    fclose(f);
-    if (!ok) {
-        free(buf);
-        if (!errno) errno = EIO;
-        return false;
-    }
-    buf[n] = '\0';
-    *out = buf;
-    *len = n;
-    return true;
-}
-
 static bool is_blank(const char *s, size_t n) {
     for (size_t i = 0; i < n; i++)
         if (s[i] != ' ' && s[i] != '\t' && s[i] != '\r') return false;
@@ -268,7 +236,7 @@ static bool is_blank(const char *s, size_t n) {
 /* Splits the input into lines and notes custom_ids and their repeats. */
 static int load_input(const char *cmd, const char *path, batch_input *in) {
     size_t len;
-    if (!read_file(path, &in->text, &len))
+    if (!cli_read_file(path, &in->text, &len))
         return cli_error(CLI_EXIT_FAILURE, cmd, "--input %s: cannot read: %s", path,
                          strerror(errno));
     int64_t cap = 0;

@@ -63,6 +63,11 @@ static const char *const k_usage =
     "                    \"prompt_logprobs\": [null, {\"<id>\": {\"logprob\", \"rank\"?}}, ...];\n"
     "                    rank, 1-based, on the top N entries)\n"
     "  --stop STR        stop at this text (repeatable; removed from the text)\n"
+    "  --grammar GBNF, --grammar-file FILE, --json-schema FILE, --regex RE\n"
+    "                    constrained generation: the output follows this GBNF grammar\n"
+    "                    (llama.cpp's format, start rule \"root\"), is a JSON document\n"
+    "                    valid under this JSON Schema, or fully matches this regex; it\n"
+    "                    finishes (\"stop\") once nothing more can follow (one of them)\n"
     "  --n N             completions of the prompt (default 1; JSON adds \"choices\")\n"
     "  --ignore-eos      do not stop at the end-of-sequence token\n"
     "  --format FMT      text (default): the generated ids on one line (the text instead\n"
@@ -82,6 +87,9 @@ static const char *const k_usage =
 
 typedef struct gen_options {
     const char *model_dir, *ids_text, *ids_file, *format, *prompt, *tokenizer, *device;
+    const char *grammar, *grammar_file; /* GBNF text, or a file of it */
+    const char *json_schema_file, *regex;
+    char *grammar_buf, *schema_buf; /* the files' contents, owned */
     int64_t max_tokens, threads, top_k, seed, logprobs, prompt_logprobs, n;
     double temperature, top_p, min_p, rep_pen, pres_pen, freq_pen;
     const char *stop[GEN_MAX_STOP];
@@ -175,6 +183,10 @@ static int parse_options(const char *cmd, int argc, char **argv, gen_options *o)
         {"prompt-logprobs", CLI_OPT_INT, &o->prompt_logprobs, 0, DI_SAMPLING_MAX_LOGPROBS},
         {"n", CLI_OPT_INT, &o->n, 1, 1024},
         {"ignore-eos", CLI_OPT_FLAG, &o->ignore_eos, 0, 0},
+        {"grammar", CLI_OPT_STRING, &o->grammar, 0, 0},
+        {"grammar-file", CLI_OPT_STRING, &o->grammar_file, 0, 0},
+        {"json-schema", CLI_OPT_STRING, &o->json_schema_file, 0, 0},
+        {"regex", CLI_OPT_STRING, &o->regex, 0, 0},
         {"format", CLI_OPT_STRING, &o->format, 0, 0},
         {"threads", CLI_OPT_INT, &o->threads, 0, 4096},
         {"device", CLI_OPT_STRING, &o->device, 0, 0},
@@ -191,8 +203,25 @@ static int parse_options(const char *cmd, int argc, char **argv, gen_options *o)
     if (o->prompt && (o->ids_text || o->ids_file))
         return cli_error(CLI_EXIT_USAGE, cmd, "--prompt cannot be combined with --ids/--ids-file");
     if (o->chat && !o->prompt) return cli_error(CLI_EXIT_USAGE, cmd, "--chat needs --prompt");
-    if (o->tokenizer && !o->prompt && o->n_stop == 0)
-        return cli_error(CLI_EXIT_USAGE, cmd, "--tokenizer needs --prompt or --stop");
+    const int n_constraints = !!o->grammar + !!o->grammar_file + !!o->json_schema_file + !!o->regex;
+    if (o->tokenizer && !o->prompt && o->n_stop == 0 && n_constraints == 0)
+        return cli_error(CLI_EXIT_USAGE, cmd, "--tokenizer needs --prompt, --stop or a constraint");
+    if (n_constraints > 1)
+        return cli_error(CLI_EXIT_USAGE, cmd,
+                         "--grammar, --grammar-file, --json-schema and --regex exclude each other");
+    if (o->json_schema_file) {
+        size_t len;
+        if (!cli_read_file(o->json_schema_file, &o->schema_buf, &len))
+            return cli_error(CLI_EXIT_USAGE, cmd, "--json-schema %s: cannot read it",
+                             o->json_schema_file);
+    }
+    if (o->grammar_file) {
+        size_t len;
+        if (!cli_read_file(o->grammar_file, &o->grammar_buf, &len))
+            return cli_error(CLI_EXIT_USAGE, cmd, "--grammar-file %s: cannot read it",
+                             o->grammar_file);
+        o->grammar = o->grammar_buf;
+    }
     if (o->temperature < 0)
         return cli_error(CLI_EXIT_USAGE, cmd, "--temperature %g: must be >= 0", o->temperature);
     return cli_parse_format(cmd, o->format, &o->json);
@@ -216,6 +245,9 @@ static di_sampling_params sampling_of(const gen_options *o) {
     sp.ignore_eos = o->ignore_eos;
     sp.stop = o->stop;
     sp.n_stop = o->n_stop;
+    sp.grammar = o->grammar;
+    sp.json_schema = o->schema_buf;
+    sp.regex = o->regex;
     return sp;
 }
 
@@ -546,8 +578,8 @@ static int run(const char *cmd, const gen_options *o, const cli_ids *prompt,
     rc = check_request(cmd, prompt, o, &info);
     if (rc == CLI_CONTINUE) rc = generate(cmd, model, prompt, o, tok, &r);
     if (rc == CLI_CONTINUE)
-        rc = o->json ? print_json(cmd, &r, prompt->n)
-                     : print_text(&r, prompt->n, tok && r.has_text);
+        rc =
+            o->json ? print_json(cmd, &r, prompt->n) : print_text(&r, prompt->n, tok && r.has_text);
     result_free(&r);
     di_model_free(model);
     return rc;
@@ -567,5 +599,7 @@ int cmd_generate(int argc, char **argv) {
     if (rc == CLI_CONTINUE) rc = run(cmd, &o, &prompt, tok);
     cli_ids_free(&prompt);
     di_tokenizer_free(tok);
+    free(o.grammar_buf);
+    free(o.schema_buf);
     return rc;
 }

@@ -699,6 +699,7 @@ void di_engine_free(di_engine *e) {
     di_free(e->fin_ids);
     di_free(e->aborts);
     if (e->tok && !e->tok_borrowed) di_tokenizer_free(e->tok);
+    di_vocab_trie_free(e->vtrie);
     di_free(e->tokenizer_path);
     pthread_cond_destroy(&e->cv);
     pthread_mutex_destroy(&e->tlock);

@@ -15,6 +15,9 @@
 #define DI_ENGINE_INTERNAL_H
 
 #include "api_internal.h"
+#include "constrain/gbnf_text.h"
+#include "constrain/grammar.h"
+#include "constrain/matcher.h"
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "core/core.h"
@@ -62,6 +65,12 @@ typedef struct eng_sample {
     bool dirty;      /* on the engine's output list */
     bool sched_done; /* its scheduler request finished and was handled */
     bool cut;        /* the text was cut at a stop string */
+
+    /* Constrained generation (the request has a grammar): where the output is in it, and
+     * the mask of allowed tokens for the next row (written by the sampling thread) */
+    di_matcher *matcher;
+    uint32_t *allowed;     /* [(vocab + 31) / 32] */
+    const char *row_error; /* why the last row gave no token (static text), or NULL */
 } eng_sample;
 
 struct eng_req {
@@ -71,6 +80,9 @@ struct eng_req {
     char **stop;           /* [sp.n_stop] owned strings */
     int32_t *stop_ids;
     di_logit_bias *bias;
+    char *grammar_text;  /* the constraint as GBNF (sp.grammar's copy, or converted from a
+                            JSON schema or regex); sp.grammar points at it */
+    di_grammar *grammar; /* compiled; the samples' matchers borrow it */
     int64_t max_stop_len;
     int32_t *prompt; /* [n_prompt] owned */
     int64_t n_prompt;
@@ -143,6 +155,8 @@ struct di_engine {
     di_tokenizer *tok;    /* lazily loaded and owned, or the caller's (tok_borrowed) */
     bool tok_borrowed;
     bool tok_tried;
+    di_vocab_trie *vtrie; /* the tokenizer's vocabulary as a byte trie, built on the first
+                             request with a grammar (under lock); owned */
     int64_t vocab, max_model_len;
     int32_t eos;
 

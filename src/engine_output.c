@@ -104,10 +104,33 @@ static void append_token(di_engine *e, eng_sample *s, int32_t tok, const di_samp
     eng_history_add(s, tok, 1);
     e->stats.n_generated_tokens++;
     eng_mark_dirty(e, s);
-    if (!s->detok) return;
+    if (s->matcher && tok != e->eos) { /* the grammar moves on by the token's bytes */
+        size_t n = 0;
+        const char *bytes = e->tok ? di_tokenizer_id_bytes(e->tok, tok, &n) : NULL;
+        if (!bytes || !di_matcher_accept(s->matcher, bytes, n)) { /* the mask allowed it: OOM */
+            di_sched_finish(e->sched, s->sched_id, DI_FINISH_ERROR);
+            eng_finish_sample(e, s, DI_ENGINE_FINISH_ERROR,
+                              "grammar: the matcher could not take the sampled token");
+            return;
+        }
+    }
+    const bool grammar_done = s->matcher && di_matcher_done(s->matcher);
+    if (!s->detok) {
+        if (grammar_done) {
+            di_sched_finish(e->sched, s->sched_id, DI_FINISH_STOP);
+            eng_finish_sample(e, s, DI_ENGINE_FINISH_STOP, "");
+        }
+        return;
+    }
     int64_t before = s->text_len;
     text_append_detok(s, tok, false);
     if (r->sp.n_stop > 0 && s->n_out >= r->sp.min_tokens && match_stop(s, before)) {
+        di_sched_finish(e->sched, s->sched_id, DI_FINISH_STOP);
+        eng_finish_sample(e, s, DI_ENGINE_FINISH_STOP, "");
+        return;
+    }
+    if (grammar_done) { /* nothing can follow: finished */
+        s->emit = s->text_len;
         di_sched_finish(e->sched, s->sched_id, DI_FINISH_STOP);
         eng_finish_sample(e, s, DI_ENGINE_FINISH_STOP, "");
         return;
@@ -160,7 +183,9 @@ di_status eng_after_postprocess(di_engine *e, const eng_batch *b) {
         if (info.n_output > s->n_out && !e->row_ok[i]) {
             di_sched_finish(e->sched, s->sched_id, DI_FINISH_ERROR);
             eng_finish_sample(e, s, DI_ENGINE_FINISH_ERROR,
-                              "the model produced logits the sampler cannot use (NaN or +inf)");
+                              s->row_error ? s->row_error
+                                           : "the model produced logits the sampler cannot use "
+                                             "(NaN or +inf)");
             continue;
         }
         while (s->n_out < info.n_output && !s->finished)

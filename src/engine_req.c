@@ -126,6 +126,8 @@ static void sample_free_buffers(eng_sample *s) {
     di_free(s->h_index);
     di_free(s->text);
     if (s->detok) di_detok_free(s->detok);
+    di_matcher_free(s->matcher);
+    di_free(s->allowed);
     memset(s, 0, sizeof *s);
 }
 
@@ -134,6 +136,8 @@ void eng_req_free(eng_req *r) {
     for (int32_t i = 0; r->samples && i < r->sp.n; i++)
         sample_free_buffers(&r->samples[i]);
     di_free(r->samples);
+    di_grammar_free(r->grammar);
+    di_free(r->grammar_text);
     di_free(r->plp);
     di_free(r->plp_ids);
     di_free(r->plp_vals);
@@ -191,6 +195,10 @@ static di_status sample_init(di_engine *e, eng_req *r, eng_sample *s, int32_t in
                 eng_history_add(s, r->prompt[i], 0);
         }
     }
+    if (ok && r->grammar) {
+        ok = di_matcher_create(r->grammar, &s->matcher) == DI_OK;
+        if (ok) ok = (s->allowed = di_malloc((size_t)((e->vocab + 31) / 32) * sizeof(uint32_t)));
+    }
     if (!ok) return di_error(DI_ERR_OUT_OF_MEMORY, "engine: out of memory for a request");
     return DI_OK;
 }
@@ -215,19 +223,30 @@ di_status di_engine_add_request(di_engine *e, const di_engine_request *q) {
     di_sampling_params sp = q->sampling ? *q->sampling : di_sampling_default_params();
     di_status st = di_sampling_params_validate(&sp, NULL, 0);
     if (st) return st;
-    bool need_tok = (!q->prompt_ids && q->prompt_text) || sp.n_stop > 0;
+    const bool constrained = sp.grammar || sp.json_schema || sp.regex;
+    if ((sp.grammar != NULL) + (sp.json_schema != NULL) + (sp.regex != NULL) > 1)
+        return di_error(DI_ERR_INVALID_ARG,
+                        "request %llu: give at most one of grammar, json_schema and regex",
+                        (unsigned long long)q->id);
+    bool need_tok = (!q->prompt_ids && q->prompt_text) || sp.n_stop > 0 || constrained;
     di_tokenizer *tok = NULL;
     if (need_tok) {
         pthread_mutex_lock(&e->lock);
         tok = get_tokenizer(e);
+        /* a grammar's token masks walk the vocabulary's byte trie: built once, here */
+        if (tok && constrained && !e->vtrie)
+            st = di_vocab_trie_build(tok, (int32_t)e->vocab, &e->vtrie);
         pthread_mutex_unlock(&e->lock);
         if (!tok)
             return di_error(DI_ERR_NOT_FOUND,
                             "request %llu: %s needs a tokenizer, and none could be loaded from "
                             "%s (set di_engine_params.tokenizer_path)",
                             (unsigned long long)q->id,
-                            sp.n_stop > 0 ? "stop strings" : "a text prompt",
+                            constrained     ? "a grammar, JSON schema or regex"
+                            : sp.n_stop > 0 ? "stop strings"
+                                            : "a text prompt",
                             e->tokenizer_path ? e->tokenizer_path : e->model->dir);
+        if (st) return st;
     }
 
     eng_req *r = di_calloc(1, sizeof *r);
@@ -278,9 +297,25 @@ di_status di_engine_add_request(di_engine *e, const di_engine_request *q) {
             return rs;
         }
 
-    /* Own copies of the borrowed arrays. */
+    /* Own copies of the borrowed arrays; the grammar compiled. */
     bool ok = true;
     if (q->id_str) ok = (r->id_str = di_strdup(q->id_str)) != NULL;
+    if (ok && constrained) { /* JSON Schema and regex become GBNF first (gbnf_text.h) */
+        if (sp.json_schema)
+            st = di_json_schema_to_gbnf(sp.json_schema, strlen(sp.json_schema), &r->grammar_text);
+        else if (sp.regex)
+            st = di_regex_to_gbnf(sp.regex, strlen(sp.regex), &r->grammar_text);
+        else
+            st = (r->grammar_text = di_strdup(sp.grammar)) ? DI_OK : DI_ERR_OUT_OF_MEMORY;
+        if (!st) st = di_grammar_from_gbnf(r->grammar_text, strlen(r->grammar_text), &r->grammar);
+        if (st) {
+            st = di_error_prefix(st, "request %llu", (unsigned long long)q->id);
+            eng_req_free(r);
+            return st;
+        }
+        /* the request keeps the grammar it runs (the caller's strings are borrowed) */
+        sp.grammar = r->grammar_text, sp.json_schema = NULL, sp.regex = NULL;
+    }
     if (ok && sp.n_stop > 0) {
         r->stop = di_calloc((size_t)sp.n_stop, sizeof *r->stop);
         ok = r->stop != NULL;
@@ -494,6 +529,7 @@ void eng_device_sample(const di_engine *e, const di_sched_seq *q, di_batch_seq *
     bs->device_draw = false;
     eng_sample *s = q->req_id < e->n_sid ? e->by_sid[q->req_id] : NULL;
     if (!s || s->finished || q->n_logits != 1 || q->n_logit_rows != 1) return;
+    if (s->matcher) return; /* the grammar's mask is applied on the host */
     di_token_counts h;
     di_sample_input in = sample_input(e, q, s, NULL, &h);
     bs->device_draw = di_sampler_device_draw(&s->req->sp, &in);
@@ -515,7 +551,18 @@ void eng_sample_row(di_engine *e, const di_sched_seq *q, int32_t row, const floa
     }
     di_token_counts h;
     di_sample_input in = sample_input(e, q, s, logits, &h);
+    s->row_error = NULL;
+    if (s->matcher) {
+        if (di_matcher_mask(s->matcher, e->vtrie, e->eos, s->allowed, e->vocab) != DI_OK) {
+            s->row_error = "grammar: out of memory computing the token mask";
+            return;
+        }
+        in.allowed = s->allowed;
+    }
     di_status st = di_sampler_sample(&s->req->sp, &in, scratch, &e->results[row]);
+    if (st != DI_OK && s->matcher)
+        s->row_error = "grammar: no token the grammar allows can follow here (every allowed "
+                       "token is masked, e.g. EOS by min_tokens)";
     if (st == DI_OK && e->results[row].token >= 0) {
         e->sampled[row] = e->results[row].token;
         e->row_ok[row] = true;

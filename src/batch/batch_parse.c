@@ -130,6 +130,12 @@ static const char *const k_common_fields[] = {
     "stop_token_ids",
     "prompt_logprobs",
     "logprobs",
+    "structured_outputs",
+    "guided_grammar",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "response_format",
 };
 static const char *const k_completion_fields[] = {"prompt"};
 static const char *const k_chat_fields[] = {"messages", "max_completion_tokens", "top_logprobs",
@@ -361,6 +367,142 @@ static di_status parse_stop_ids(const json_t *body, di_batch_request *r, di_batc
     return DI_OK;
 }
 
+/* A choice list as GBNF: root ::= "a" | "b" | ... (each string escaped as a literal). */
+static char *choice_gbnf(const json_t *list) {
+    size_t cap = 16, n = 0;
+    for (size_t i = 0; i < json_array_size(list); i++)
+        cap += 4 * json_string_length(json_array_get(list, i)) + 8;
+    char *g = di_malloc(cap);
+    if (!g) return NULL;
+    n += (size_t)snprintf(g, cap, "root ::= ");
+    for (size_t i = 0; i < json_array_size(list); i++) {
+        const char *s = json_string_value(json_array_get(list, i));
+        size_t len = json_string_length(json_array_get(list, i));
+        if (i) g[n++] = ' ', g[n++] = '|', g[n++] = ' ';
+        g[n++] = '"';
+        for (size_t k = 0; k < len; k++) {
+            unsigned char c = (unsigned char)s[k];
+            if (c == '"' || c == '\\')
+                g[n++] = '\\', g[n++] = (char)c;
+            else if (c < 0x20 || c == 0x7F)
+                n += (size_t)snprintf(g + n, cap - n, "\\x%02X", c);
+            else
+                g[n++] = (char)c;
+        }
+        g[n++] = '"';
+    }
+    g[n++] = '\n';
+    g[n] = '\0';
+    return g;
+}
+
+/* One constraint kind's value: kind is "grammar", "json", "regex" or "choice"; where names
+ * the field for errors. */
+static di_status set_constraint(di_batch_request *r, const char *kind, const json_t *v,
+                                const char *where, di_batch_error *err) {
+    if (r->grammar || r->json_schema || r->regex)
+        return fail(err, "invalid_parameter",
+                    "body.%s: only one structured output constraint "
+                    "may be given",
+                    where);
+    if (!strcmp(kind, "json")) {
+        if (!json_is_object(v) && !json_is_string(v) && !json_is_boolean(v))
+            return fail(err, "invalid_parameter",
+                        "body.%s must be a JSON Schema (an object or "
+                        "its text), got %s",
+                        where, type_name(v));
+        r->json_schema = json_is_string(v) ? di_strdup(json_string_value(v)) : NULL;
+        if (!json_is_string(v)) {
+            char *t = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY | JSON_PRESERVE_ORDER);
+            r->json_schema = t ? di_strdup(t) : NULL;
+            free(t);
+        }
+        if (!r->json_schema) return oom(err);
+        r->sampling.json_schema = r->json_schema;
+        return DI_OK;
+    }
+    if (!strcmp(kind, "choice")) {
+        bool ok = json_is_array(v) && json_array_size(v) > 0;
+        for (size_t i = 0; ok && i < json_array_size(v); i++)
+            ok = json_is_string(json_array_get(v, i));
+        if (!ok)
+            return fail(err, "invalid_parameter", "body.%s must be a non-empty list of strings",
+                        where);
+        if (!(r->grammar = choice_gbnf(v))) return oom(err);
+        r->sampling.grammar = r->grammar;
+        return DI_OK;
+    }
+    if (!json_is_string(v))
+        return fail(err, "invalid_parameter", "body.%s must be a string, got %s", where,
+                    type_name(v));
+    char *t = di_strdup(json_string_value(v));
+    if (!t) return oom(err);
+    if (!strcmp(kind, "regex"))
+        r->regex = t, r->sampling.regex = t;
+    else
+        r->grammar = t, r->sampling.grammar = t;
+    return DI_OK;
+}
+
+/* Constrained generation, as vLLM's OpenAI server and OpenAI take it (batch_parse.h). Other
+ * structured-output kinds (structural_tag, ...) are refused by name. */
+static di_status parse_constraints(const json_t *body, di_batch_request *r, di_batch_error *err) {
+    static const char *kinds[] = {"grammar", "json", "regex", "choice"};
+    di_status st = DI_OK;
+    const json_t *so = json_object_get(body, "structured_outputs");
+    if (so && !json_is_null(so)) {
+        if (!json_is_object(so))
+            return fail(err, "invalid_parameter",
+                        "body.structured_outputs must be an object, got %s", type_name(so));
+        const char *key;
+        const json_t *val;
+        json_object_foreach((json_t *)so, key, val) {
+            if (json_is_null(val)) continue;
+            size_t k = 0;
+            while (k < 4 && strcmp(key, kinds[k]) != 0)
+                k++;
+            if (k == 4)
+                return fail(err, "invalid_parameter",
+                            "body.structured_outputs.%.40s is not supported (grammar, json, "
+                            "regex or choice)",
+                            key);
+            char where[64];
+            snprintf(where, sizeof where, "structured_outputs.%s", key);
+            if ((st = set_constraint(r, kinds[k], val, where, err))) return st;
+        }
+    }
+    for (size_t k = 0; k < 4; k++) { /* vLLM's older guided_* fields */
+        char field[32];
+        snprintf(field, sizeof field, "guided_%s", kinds[k]);
+        const json_t *v = json_object_get(body, field);
+        if (v && !json_is_null(v) && (st = set_constraint(r, kinds[k], v, field, err))) return st;
+    }
+    const json_t *rf = json_object_get(body, "response_format");
+    if (rf && !json_is_null(rf)) {
+        const char *type = json_string_value(json_object_get(rf, "type"));
+        if (!json_is_object(rf) || !type)
+            return fail(err, "invalid_parameter",
+                        "body.response_format must be an object with a \"type\"");
+        if (!strcmp(type, "json_object")) {
+            json_t *any = json_pack("{s:s}", "type", "object");
+            st = any ? set_constraint(r, "json", any, "response_format", err) : oom(err);
+            json_decref(any);
+        } else if (!strcmp(type, "json_schema")) {
+            const json_t *schema = json_object_get(json_object_get(rf, "json_schema"), "schema");
+            if (!schema)
+                return fail(err, "invalid_parameter",
+                            "body.response_format.json_schema.schema is missing");
+            st = set_constraint(r, "json", schema, "response_format.json_schema.schema", err);
+        } else if (strcmp(type, "text") != 0) {
+            return fail(err, "invalid_parameter",
+                        "body.response_format.type \"%.40s\" is not supported (text, "
+                        "json_object, json_schema)",
+                        type);
+        }
+    }
+    return st;
+}
+
 /* "logit_bias": {"<token id>": bias in [-100, 100], ...} as OpenAI defines it. */
 static di_status parse_logit_bias(const json_t *body, di_batch_request *r, di_batch_error *err) {
     const json_t *v = json_object_get(body, "logit_bias");
@@ -460,7 +602,8 @@ static di_status parse_sampling(const json_t *body, di_batch_request *r, di_batc
     if (user && !json_is_null(user) && !json_is_string(user))
         return fail(err, "invalid_parameter", "body.user must be a string");
     if ((st = parse_logprobs(body, r, err)) || (st = parse_stop(body, r, err)) ||
-        (st = parse_stop_ids(body, r, err)) || (st = parse_logit_bias(body, r, err)))
+        (st = parse_stop_ids(body, r, err)) || (st = parse_logit_bias(body, r, err)) ||
+        (st = parse_constraints(body, r, err)))
         return st;
     /* The defaults of max_tokens are resolved by the caller; validate with a stand-in. */
     di_sampling_params check = *p;
@@ -584,6 +727,9 @@ void di_batch_request_free(di_batch_request *r) {
     di_free(r->stop);
     di_free(r->stop_token_ids);
     di_free(r->logit_bias);
+    di_free(r->grammar);
+    di_free(r->json_schema);
+    di_free(r->regex);
     di_free(r->custom_id);
     di_free(r->model);
     di_free(r->messages_json);

@@ -68,6 +68,12 @@ typedef struct di_batch_request {
     char **stop;        /* [sampling.n_stop] */
     int32_t *stop_token_ids;
     di_logit_bias *logit_bias;
+    /* Constrained generation (owned; sampling.grammar / json_schema / regex point at them;
+     * the engine compiles them): vLLM's "structured_outputs" {"grammar" | "json" | "regex" |
+     * "choice"}, its older "guided_grammar" / "guided_json" / "guided_regex" /
+     * "guided_choice", or OpenAI's "response_format" (json_object, json_schema). A choice
+     * list becomes a grammar of its strings. */
+    char *grammar, *json_schema, *regex;
 } di_batch_request;
 
 /* Why a line was refused: code is a short machine-readable word (see below), message a

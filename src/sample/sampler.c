@@ -150,7 +150,8 @@ static bool penalties_active(const di_sampling_params *p, const di_sample_input 
 }
 
 static bool processing_needed(const di_sampling_params *p, const di_sample_input *in) {
-    return p->n_logit_bias > 0 || min_tokens_active(p, in) || penalties_active(p, in);
+    return p->n_logit_bias > 0 || in->allowed || min_tokens_active(p, in) ||
+           penalties_active(p, in);
 }
 
 /* Keeps a processed logit finite or -inf: a huge penalty may overflow, but never to +inf. */
@@ -162,6 +163,18 @@ static void apply_logit_bias(const di_sampling_params *p, float *row) {
     for (int64_t i = 0; i < p->n_logit_bias; i++) {
         int32_t id = p->logit_bias[i].id;
         row[id] = clamp_logit(row[id] + p->logit_bias[i].bias);
+    }
+}
+
+/* Tokens the grammar does not allow -> -inf (a 32-bit word of the mask at a time). */
+static void apply_allowed(const di_sample_input *in, float *row) {
+    if (!in->allowed) return;
+    for (int64_t w = 0; w * 32 < in->vocab; w++) {
+        uint32_t bits = in->allowed[w];
+        if (bits == 0xFFFFFFFFu) continue;
+        int64_t end = DI_MIN(in->vocab, (w + 1) * 32);
+        for (int64_t i = w * 32; i < end; i++)
+            if (!(bits >> (i & 31) & 1u)) row[i] = -INFINITY;
     }
 }
 
@@ -191,6 +204,7 @@ static const float *process(const di_sampling_params *p, const di_sample_input *
     if (!processing_needed(p, in)) return in->logits;
     memcpy(row, in->logits, sizeof(float) * (size_t)in->vocab);
     apply_logit_bias(p, row);
+    apply_allowed(in, row);
     apply_min_tokens(p, in, row);
     apply_penalties(p, in->history, row);
     return row;
@@ -220,7 +234,7 @@ static di_status prepare(const di_sampling_params *p, const di_sample_input *in,
     if (*x != in->logits) max = kern->scan(*x, in->vocab, &bad, &first);
     if (max == -INFINITY)
         return di_error(DI_ERR_RANGE, "sampler: every token is masked (all logits -inf after "
-                                      "logit_bias, min_tokens and penalties)");
+                                      "logit_bias, the grammar, min_tokens and penalties)");
     *best = (int32_t)first;
     return DI_OK;
 }

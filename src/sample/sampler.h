@@ -6,8 +6,8 @@
  * Order (vLLM v1's Sampler):
  *   1. logprobs, when requested, from the log-softmax of the RAW logits (vLLM's default
  *      logprobs_mode "raw_logprobs": what the model said, before any processing);
- *   2. logit_bias; min_tokens (EOS and stop_token_ids -> -inf while fewer than min_tokens
- *      tokens have been generated);
+ *   2. logit_bias; the grammar's mask (tokens it does not allow -> -inf); min_tokens (EOS
+ *      and stop_token_ids -> -inf while fewer than min_tokens tokens have been generated);
  *   3. penalties: repetition (tokens of prompt + output: positive logits divided by it,
  *      negative ones multiplied), then frequency (times the output count) and presence
  *      (once per token present in the output), both subtracted;
@@ -54,6 +54,9 @@ typedef struct di_sample_input {
     int64_t seed;                   /* the request's resolved seed */
     int32_t sample_index;           /* which of the request's n completions */
     int64_t position;               /* sequence position of the token being chosen */
+    /* NULL, or [(vocab + 31) / 32] bits: only tokens whose bit is set may be chosen
+     * (constrained generation's mask; applied with logit_bias, before the penalties) */
+    const uint32_t *allowed;
 } di_sample_input;
 
 typedef struct di_sample_result {

@@ -21,6 +21,13 @@ static const char *id_bytes(const di_tokenizer *t, int32_t id, bool skip_special
     return t->arena + t->tok_dec[id].off;
 }
 
+const char *di_tokenizer_id_bytes(const di_tokenizer *t, int32_t id, size_t *len) {
+    size_t n = 0;
+    const char *b = t && len ? id_bytes(t, id, false, &n) : NULL;
+    if (len) *len = b ? n : 0;
+    return b;
+}
+
 int64_t di_tokenizer_decode(const di_tokenizer *t, const int32_t *ids, int64_t n_ids,
                             bool skip_special, char *out, int64_t cap) {
     if (!t || n_ids < 0 || (!ids && n_ids) || cap < 0 || (!out && cap)) {

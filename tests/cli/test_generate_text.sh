@@ -43,6 +43,20 @@ d=$("$BIN" generate --model "$MODEL" --ids "$cids" --max-tokens 6 --format json)
 check "chat ids == rendered+tokenized ids" "$(echo "$d" | field ids)" "$(echo "$c" | field ids)"
 check "chat prompt tokens" "$(echo "$cids" | wc -w)" "$(echo "$c" | python3 -c 'import json,sys; print(json.load(sys.stdin)["usage"]["prompt_tokens"], end="")')"
 
+# Constrained generation: the bundled model's output follows the grammar, given as text and
+# as a file; a bad grammar fails naming the place.
+BUNDLED=models/deepseek-v4-tiny
+g=$("$BIN" generate --model "$BUNDLED" --prompt "Install it with" --max-tokens 40 --temperature 0.8 \
+    --seed 7 --grammar 'root ::= "apt-get install " [a-z]+ ("-" [a-z0-9]+)? "." ' --format json)
+gt=$(echo "$g" | field text)
+check "grammar: text follows it" "yes stop" \
+    "$(echo "$gt" | grep -Eqx 'apt-get install [a-z]+(-[a-z0-9]+)?\.' && echo yes || echo no) $(echo "$g" | field finish_reason)"
+printf 'root ::= ("yes" | "no") "!"\n' >"$TMP/yn.gbnf"
+g=$("$BIN" generate --model "$BUNDLED" --prompt "Is it?" --max-tokens 10 --grammar-file "$TMP/yn.gbnf" --format json)
+check "grammar file: one of its sentences" "yes" "$(echo "$g" | field text | grep -Eqx '(yes|no)!' && echo yes || echo no)"
+"$BIN" generate --model "$BUNDLED" --prompt "x" --grammar 'root ::= item' >"$TMP/out" 2>"$TMP/err"
+check "bad grammar fails naming the rule" "1 yes" "$? $(grep -q 'line 1:10: undefined rule "item"' "$TMP/err" && echo yes || echo no)"
+
 # Errors: no tokenizer in the model folder; --chat without --prompt.
 "$BIN" generate --model "$MODEL" --prompt "hi" >"$TMP/out" 2>"$TMP/err"
 rc=$?

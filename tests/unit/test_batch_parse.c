@@ -203,6 +203,61 @@ TEST(body_errors) {
                  "invalid_parameter", "max_tokens");
 }
 
+TEST(grammar_fields) {
+    di_batch_request r;
+    di_batch_error e;
+    CHECK(parse(CL("{\"prompt\": \"x\", \"structured_outputs\": {\"grammar\": \"root ::= "
+                   "\\\"a\\\"\"}}"),
+                &r, &e) == DI_OK);
+    CHECK(r.sampling.grammar && !strcmp(r.sampling.grammar, "root ::= \"a\""));
+    di_batch_request_free(&r);
+    CHECK(parse(CH("{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}], "
+                   "\"guided_grammar\": \"root ::= [0-9]+\"}"),
+                &r, &e) == DI_OK);
+    CHECK(r.sampling.grammar && !strcmp(r.sampling.grammar, "root ::= [0-9]+"));
+    di_batch_request_free(&r);
+    CHECK(parse(CL("{\"prompt\": \"x\", \"structured_outputs\": null}"), &r, &e) == DI_OK);
+    CHECK(r.sampling.grammar == NULL);
+    di_batch_request_free(&r);
+    CHECK(
+        parse(
+            CL("{\"prompt\": \"x\", \"structured_outputs\": {\"json\": {\"type\": \"integer\"}}}"),
+            &r, &e) == DI_OK);
+    CHECK(r.sampling.json_schema && !strcmp(r.sampling.json_schema, "{\"type\":\"integer\"}"));
+    di_batch_request_free(&r);
+    CHECK(parse(CL("{\"prompt\": \"x\", \"guided_choice\": [\"yes\", \"n\\\"o\"]}"), &r, &e) ==
+          DI_OK);
+    CHECK(r.sampling.grammar && !strcmp(r.sampling.grammar, "root ::= \"yes\" | \"n\\\"o\"\n"));
+    di_batch_request_free(&r);
+    CHECK(parse(CL("{\"prompt\": \"x\", \"guided_regex\": \"[0-9]+\"}"), &r, &e) == DI_OK);
+    CHECK(r.sampling.regex && !strcmp(r.sampling.regex, "[0-9]+"));
+    di_batch_request_free(&r);
+    CHECK(
+        parse(CH("{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}], \"response_format\": "
+                 "{\"type\": \"json_schema\", \"json_schema\": {\"name\": \"a\", \"schema\": "
+                 "{\"type\": \"array\"}}}}"),
+              &r, &e) == DI_OK);
+    CHECK(r.sampling.json_schema && !strcmp(r.sampling.json_schema, "{\"type\":\"array\"}"));
+    di_batch_request_free(&r);
+    CHECK(
+        parse(CH("{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}], \"response_format\": "
+                 "{\"type\": \"json_object\"}}"),
+              &r, &e) == DI_OK);
+    CHECK(r.sampling.json_schema && !strcmp(r.sampling.json_schema, "{\"type\":\"object\"}"));
+    di_batch_request_free(&r);
+    expect_error(CL("{\"prompt\": \"x\", \"structured_outputs\": {\"structural_tag\": {}}}"),
+                 "invalid_parameter", "structured_outputs.structural_tag is not supported");
+    expect_error(CL("{\"prompt\": \"x\", \"response_format\": {\"type\": \"xml\"}}"),
+                 "invalid_parameter", "response_format.type \"xml\" is not supported");
+    expect_error(CL("{\"prompt\": \"x\", \"guided_choice\": []}"), "invalid_parameter",
+                 "non-empty list of strings");
+    expect_error(CL("{\"prompt\": \"x\", \"guided_grammar\": 3}"), "invalid_parameter",
+                 "guided_grammar must be a string");
+    expect_error(CL("{\"prompt\": \"x\", \"guided_grammar\": \"a\", "
+                    "\"structured_outputs\": {\"grammar\": \"b\"}}"),
+                 "invalid_parameter", "only one structured output constraint");
+}
+
 TEST(custom_id_kept_on_error) {
     di_batch_request r;
     di_batch_error e;
@@ -224,6 +279,7 @@ int main(void) {
     RUN(chat_fields);
     RUN(envelope_errors);
     RUN(body_errors);
+    RUN(grammar_fields);
     RUN(custom_id_kept_on_error);
     return test_summary();
 }
