@@ -6,8 +6,10 @@
  * pass over the whole text, not the token-by-token state the engine kept), and jansson for
  * outputs of llama.cpp's json.gbnf that finished. Also: a grammar with a single possible
  * answer under greedy decoding, a bad grammar's error, and batch invariance with a grammar
- * (the same tokens alone and beside other requests).
+ * (the same tokens alone and beside other requests). With a CUDA device, everything again
+ * with the model on the GPU (constrained rows are sampled on the host from downloaded logits).
  */
+#include "backend/backend.h"
 #include "constrain/grammar.h"
 #include "constrain/matcher.h"
 #include "core/core.h"
@@ -240,18 +242,44 @@ TEST(batch_invariant_with_grammar) {
            alone[0].text);
 }
 
-int main(void) {
+static bool load(const char *device) {
     di_model_params mp = di_model_default_params();
     mp.n_threads = 2;
+    mp.device = device;
     if (di_model_load(MODEL_DIR, &mp, &model) != DI_OK) {
-        printf("cannot load %s: %s\n", MODEL_DIR, di_last_error());
-        return 1;
+        printf("cannot load %s on %s: %s\n", MODEL_DIR, device, di_last_error());
+        return false;
     }
+    return true;
+}
+
+/* The same tests with the model on the GPU (each a check of this one). */
+TEST(all_on_cuda) {
+    di_backend be;
+    if (di_backend_cuda_init(&be, 0, 16) != DI_OK) SKIP("%s", di_last_error());
+    di_backend_free(&be);
+    if (!load("cuda")) {
+        CHECK(false);
+        return;
+    }
+    test_json_grammar_sampled();
+    test_json_schema_and_regex();
+    test_single_answer_greedy();
+    test_bad_grammar_is_refused();
+    test_batch_invariant_with_grammar();
+    di_model_free(model);
+    model = NULL;
+}
+
+int main(void) {
+    if (!load("cpu")) return 1;
     RUN(json_grammar_sampled);
     RUN(json_schema_and_regex);
     RUN(single_answer_greedy);
     RUN(bad_grammar_is_refused);
     RUN(batch_invariant_with_grammar);
     di_model_free(model);
+    model = NULL;
+    RUN(all_on_cuda);
     return test_summary();
 }
