@@ -69,13 +69,6 @@ static void skip_space(gbnf *g, bool newline_ok) {
     }
 }
 
-static int hex_val(char c) {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-}
-
 /* Decodes one UTF-8 character at the cursor; -1 when ill-formed. */
 static int64_t next_utf8(gbnf *g) {
     const unsigned char *q = (const unsigned char *)g->p;
@@ -114,7 +107,7 @@ static di_status parse_char(gbnf *g, uint32_t *cp) {
     if (digits) {
         uint32_t v = 0;
         for (int i = 0; i < digits; i++) {
-            int h = g->p < g->end ? hex_val(*g->p) : -1;
+            int h = g->p < g->end ? gb_hex_digit(*g->p) : -1;
             if (h < 0) return fail_at(g, g->p, "bad hexadecimal escape");
             v = v << 4 | (uint32_t)h;
             g->p++;
@@ -150,17 +143,7 @@ static di_status parse_char(gbnf *g, uint32_t *cp) {
 
 static di_status push_bytes(gbnf *g, gb_seq *s, uint32_t cp) {
     uint8_t u[4];
-    int n;
-    if (cp < 0x80)
-        u[0] = (uint8_t)cp, n = 1;
-    else if (cp < 0x800)
-        u[0] = (uint8_t)(0xC0 | cp >> 6), u[1] = (uint8_t)(0x80 | (cp & 0x3F)), n = 2;
-    else if (cp < 0x10000)
-        u[0] = (uint8_t)(0xE0 | cp >> 12), u[1] = (uint8_t)(0x80 | (cp >> 6 & 0x3F)),
-        u[2] = (uint8_t)(0x80 | (cp & 0x3F)), n = 3;
-    else
-        u[0] = (uint8_t)(0xF0 | cp >> 18), u[1] = (uint8_t)(0x80 | (cp >> 12 & 0x3F)),
-        u[2] = (uint8_t)(0x80 | (cp >> 6 & 0x3F)), u[3] = (uint8_t)(0x80 | (cp & 0x3F)), n = 4;
+    int n = gb_utf8_encode(cp, u);
     for (int i = 0; i < n; i++) {
         di_status st =
             gb_seq_push(&g->b, s, (di_gram_elem){.kind = DI_GE_BYTES, .lo = u[i], .hi = u[i]});

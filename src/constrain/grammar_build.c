@@ -224,7 +224,7 @@ di_status gb_cls_close(gb_class *c, bool negate) {
     return DI_OK;
 }
 
-static int utf8_encode(uint32_t cp, uint8_t *o) {
+int gb_utf8_encode(uint32_t cp, uint8_t *o) {
     if (cp < 0x80) return o[0] = (uint8_t)cp, 1;
     if (cp < 0x800)
         return o[0] = (uint8_t)(0xC0 | cp >> 6), o[1] = (uint8_t)(0x80 | (cp & 0x3F)), 2;
@@ -236,6 +236,13 @@ static int utf8_encode(uint32_t cp, uint8_t *o) {
     o[0] = (uint8_t)(0xF0 | cp >> 18), o[1] = (uint8_t)(0x80 | (cp >> 12 & 0x3F));
     o[2] = (uint8_t)(0x80 | (cp >> 6 & 0x3F)), o[3] = (uint8_t)(0x80 | (cp & 0x3F));
     return 4;
+}
+
+int gb_hex_digit(char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
 }
 
 /* Where the byte-range sequences of a class go: alternatives of a helper rule. */
@@ -314,7 +321,7 @@ di_status gb_cls_emit(gb_builder *b, int32_t parent, const gb_class *c, gb_seq *
             uint32_t a = lo > start ? lo : start, z = hi < len_end[n - 1] ? hi : len_end[n - 1];
             if (a > z) continue;
             uint8_t L[4], H[4];
-            utf8_encode(a, L), utf8_encode(z, H);
+            gb_utf8_encode(a, L), gb_utf8_encode(z, H);
             di_status st = utf8_between(&k, L, H, 0, n);
             if (st != DI_OK) return st;
         }

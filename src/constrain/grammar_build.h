@@ -61,6 +61,11 @@ di_status gb_cls_close(gb_class *c, bool negate);
 di_status gb_cls_emit(gb_builder *b, int32_t parent, const gb_class *c, gb_seq *s);
 void gb_cls_free(gb_class *c);
 
+/* The UTF-8 bytes of code point cp into o[0..3]; returns their count. */
+int gb_utf8_encode(uint32_t cp, uint8_t *o);
+/* The value of a hexadecimal digit, or -1. */
+int gb_hex_digit(char c);
+
 /* Replaces unit (the elements of one parsed item) by its repetition {min, max} (max < 0:
  * unbounded) appended to s, through helper rules of parent. */
 di_status gb_repeat(gb_builder *b, int32_t parent, const gb_seq *unit, int64_t min, int64_t max,

@@ -21,6 +21,7 @@
  * within the shape, the bounds are not guaranteed). Unsupported by design: remote $ref.
  */
 #include "constrain/gbnf_text.h"
+#include "constrain/grammar_build.h"
 
 #include <jansson.h>
 #include <string.h>
@@ -88,13 +89,6 @@ static void emit_json_literal(js *j, gt_buf *o, const json_t *v) {
     free(text);
 }
 
-static int hexd(char c) {
-    return c >= '0' && c <= '9'   ? c - '0'
-           : c >= 'a' && c <= 'f' ? c - 'a' + 10
-           : c >= 'A' && c <= 'F' ? c - 'A' + 10
-                                  : -1;
-}
-
 /* Resolves "#", "#/a/b" (JSON pointer, ~0 ~1 and %XX escapes) inside the document. */
 static const json_t *resolve_ref(js *j, const char *ref) {
     if (ref[0] != '#') {
@@ -112,8 +106,9 @@ static const json_t *resolve_ref(js *j, const char *ref) {
                 key[k++] = '~', p += 2;
             } else if (p[0] == '~' && p[1] == '1') {
                 key[k++] = '/', p += 2;
-            } else if (p[0] == '%' && hexd(p[1]) >= 0 && hexd(p[2]) >= 0) { /* a URI escape */
-                key[k++] = (char)(hexd(p[1]) * 16 + hexd(p[2])), p += 3;
+            } else if (p[0] == '%' && gb_hex_digit(p[1]) >= 0 &&
+                       gb_hex_digit(p[2]) >= 0) { /* a URI escape */
+                key[k++] = (char)(gb_hex_digit(p[1]) * 16 + gb_hex_digit(p[2])), p += 3;
             } else {
                 key[k++] = *p++;
             }

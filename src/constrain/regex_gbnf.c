@@ -191,18 +191,8 @@ static void emit_char(rx *r, uint32_t c) {
     gb_class k = {0};
     gb_cls_add(&k, c, c);
     if (!r->json || (c >= 0x20 && c != '"' && c != '\\')) { /* a literal */
-        uint8_t u[5];
-        int n = c < 0x80 ? 1 : c < 0x800 ? 2 : c < 0x10000 ? 3 : 4;
-        if (n == 1)
-            u[0] = (uint8_t)c;
-        else if (n == 2)
-            u[0] = (uint8_t)(0xC0 | c >> 6), u[1] = (uint8_t)(0x80 | (c & 0x3F));
-        else if (n == 3)
-            u[0] = (uint8_t)(0xE0 | c >> 12), u[1] = (uint8_t)(0x80 | (c >> 6 & 0x3F)),
-            u[2] = (uint8_t)(0x80 | (c & 0x3F));
-        else
-            u[0] = (uint8_t)(0xF0 | c >> 18), u[1] = (uint8_t)(0x80 | (c >> 12 & 0x3F)),
-            u[2] = (uint8_t)(0x80 | (c >> 6 & 0x3F)), u[3] = (uint8_t)(0x80 | (c & 0x3F));
+        uint8_t u[4];
+        int n = gb_utf8_encode(c, u);
         gt_puts(r->out, "\"");
         gt_literal(r->out, (const char *)u, (size_t)n);
         gt_puts(r->out, "\"");
@@ -229,13 +219,6 @@ static int64_t rx_utf8(rx *r) {
     }
     r->p += n;
     return cp;
-}
-
-static int hexv(char c) {
-    return c >= '0' && c <= '9'   ? c - '0'
-           : c >= 'a' && c <= 'f' ? c - 'a' + 10
-           : c >= 'A' && c <= 'F' ? c - 'A' + 10
-                                  : -1;
 }
 
 /* A shorthand class (\d \w \s and negations) into c; false if e is not one. */
@@ -292,16 +275,16 @@ static int rx_escape(rx *r, uint32_t *cp, gb_class *cls) {
         if (e == 'u' && r->p < r->end && *r->p == '{') { /* \u{...} */
             r->p++;
             int k = 0;
-            while (r->p < r->end && *r->p != '}' && k < 6 && hexv(*r->p) >= 0)
-                v = v << 4 | (uint32_t)hexv(*r->p++), k++;
+            while (r->p < r->end && *r->p != '}' && k < 6 && gb_hex_digit(*r->p) >= 0)
+                v = v << 4 | (uint32_t)gb_hex_digit(*r->p++), k++;
             if (r->p >= r->end || *r->p != '}' || k == 0)
                 return rx_fail(r, "a bad \\u{...} escape"), -1;
             r->p++;
         } else {
             for (int i = 0; i < digits; i++) {
-                if (r->p >= r->end || hexv(*r->p) < 0)
+                if (r->p >= r->end || gb_hex_digit(*r->p) < 0)
                     return rx_fail(r, "a bad hexadecimal escape"), -1;
-                v = v << 4 | (uint32_t)hexv(*r->p++);
+                v = v << 4 | (uint32_t)gb_hex_digit(*r->p++);
             }
         }
         if (v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF))
