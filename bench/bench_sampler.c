@@ -116,14 +116,8 @@ int main(int argc, char **argv) {
         printf("  %% of %g ms", steps_ms[s]);
     printf("\n");
     for (int i = 0; i < 7; i++) {
-        di_sample_input in = {cfg[i].flat ? flat : x,
-                              VOCAB,
-                              cfg[i].with_history ? &history : NULL,
-                              1,
-                              42,
-                              0,
-                              0,
-                              NULL};
+        di_sample_input in = {cfg[i].flat ? flat : x, VOCAB,
+                              cfg[i].with_history ? &history : NULL, 1, 42, 0, 0, NULL};
         double ns = time_config(&cfg[i].p, in, scratch);
         printf("  %-36s %10.0f", cfg[i].name, ns);
         for (int s = 0; s < n_steps; s++)

@@ -34,16 +34,16 @@ extern "C" {
 /* ---------------------------------------------------------------------------------------- */
 
 /* One X-macro generates the enum and di_status_str(). */
-#define DI_STATUS_LIST(X)                                                                          \
-    X(DI_OK, "ok")                                                                                 \
-    X(DI_ERR_INVALID_ARG, "invalid argument")                                                      \
-    X(DI_ERR_IO, "i/o error")                                                                      \
-    X(DI_ERR_FORMAT, "malformed file")                                                             \
-    X(DI_ERR_CONFIG, "invalid model configuration")                                                \
-    X(DI_ERR_UNSUPPORTED, "unsupported")                                                           \
-    X(DI_ERR_OUT_OF_MEMORY, "out of memory")                                                       \
-    X(DI_ERR_NOT_FOUND, "not found")                                                               \
-    X(DI_ERR_RANGE, "value out of range")                                                          \
+#define DI_STATUS_LIST(X)                                                                      \
+    X(DI_OK, "ok")                                                                             \
+    X(DI_ERR_INVALID_ARG, "invalid argument")                                                  \
+    X(DI_ERR_IO, "i/o error")                                                                  \
+    X(DI_ERR_FORMAT, "malformed file")                                                         \
+    X(DI_ERR_CONFIG, "invalid model configuration")                                            \
+    X(DI_ERR_UNSUPPORTED, "unsupported")                                                       \
+    X(DI_ERR_OUT_OF_MEMORY, "out of memory")                                                   \
+    X(DI_ERR_NOT_FOUND, "not found")                                                           \
+    X(DI_ERR_RANGE, "value out of range")                                                      \
     X(DI_ERR_INTERNAL, "internal error")
 
 typedef enum {
@@ -126,8 +126,8 @@ DI_API di_status di_model_load(const char *dir, const di_model_params *params, d
 DI_API void di_model_free(di_model *model);
 
 typedef struct di_model_info {
-    char architecture[64]; /* e.g. "DeepseekV3ForCausalLM" */
-    char family[32];       /* "deepseek_v2", "deepseek_v3", ... */
+    char architecture[64];      /* e.g. "DeepseekV3ForCausalLM" */
+    char family[32];            /* "deepseek_v2", "deepseek_v3", ... */
     int64_t vocab_size;
     int64_t hidden_size;
     int64_t n_layers;
@@ -178,8 +178,8 @@ DI_API int64_t di_context_n_past(const di_context *ctx);
 /* Appends n_ids tokens to the sequence and runs them through the model. If logits is not
  * NULL, writes float32 logits for the last n_logits of those positions, row-major
  * [n_logits][vocab_size] (1 <= n_logits <= n_ids). */
-DI_API di_status di_context_eval(di_context *ctx, const int32_t *ids, int64_t n_ids, float *logits,
-                                 int64_t n_logits);
+DI_API di_status di_context_eval(di_context *ctx, const int32_t *ids, int64_t n_ids,
+                                 float *logits, int64_t n_logits);
 
 /* ---------------------------------------------------------------------------------------- */
 /* Engine: continuous batching of many requests over one model                              */
@@ -254,7 +254,8 @@ DI_API di_engine_params di_engine_default_params(void);
  * share one model). Allocates the KV pool and every per-step buffer now, on the model's
  * device (di_model_params.device: the KV pool in device memory on CUDA; sampling stays on
  * the host over downloaded logits rows). */
-DI_API di_status di_engine_create(di_model *model, const di_engine_params *params, di_engine **out);
+DI_API di_status di_engine_create(di_model *model, const di_engine_params *params,
+                                  di_engine **out);
 DI_API void di_engine_free(di_engine *e);
 
 /* One request. Exactly one of prompt_ids / prompt_text is used (ids win when both are set).
@@ -295,11 +296,11 @@ DI_API const char *di_engine_finish_str(di_engine_finish r);
 
 /* One token's logprobs (vLLM's raw logprobs: log-softmax of the model's logits). */
 typedef struct di_engine_logprobs {
-    int32_t token;             /* the chosen (or, for prompt logprobs, the given) token */
-    float logprob;             /* its logprob */
-    int32_t n_top;             /* entries below: the request's logprobs N */
-    const int32_t *top_ids;    /* [n_top] by decreasing logprob, ties: lower id */
-    const float *top_logprobs; /* [n_top] */
+    int32_t token;              /* the chosen (or, for prompt logprobs, the given) token */
+    float logprob;              /* its logprob */
+    int32_t n_top;              /* entries below: the request's logprobs N */
+    const int32_t *top_ids;     /* [n_top] by decreasing logprob, ties: lower id */
+    const float *top_logprobs;  /* [n_top] */
 } di_engine_logprobs;
 
 typedef struct di_engine_usage {
@@ -311,10 +312,10 @@ typedef struct di_engine_usage {
 /* What one sample (sample_index < n) of one request produced in a step. Pointers are owned
  * by the engine and valid until the next di_engine_step or di_engine_free. */
 typedef struct di_engine_output {
-    uint64_t id;           /* the caller's id */
-    const char *id_str;    /* the caller's string id, or NULL */
-    int32_t sample_index;  /* 0 .. n - 1 */
-    int64_t seed;          /* the seed used (the caller's, or the one drawn at submission) */
+    uint64_t id;          /* the caller's id */
+    const char *id_str;   /* the caller's string id, or NULL */
+    int32_t sample_index; /* 0 .. n - 1 */
+    int64_t seed;         /* the seed used (the caller's, or the one drawn at submission) */
     const int32_t *tokens; /* [n_tokens] ids generated this step (usually 0 or 1) */
     int64_t n_tokens;
     /* Text those tokens complete (streaming detokenizer: whole UTF-8 characters only, held
@@ -334,7 +335,7 @@ typedef struct di_engine_output {
     int64_t n_prompt_logprobs;
     bool finished; /* last output of this sample */
     di_engine_finish finish_reason;
-    const char *error;     /* message when finish_reason is DI_ENGINE_FINISH_ERROR, else "" */
+    const char *error; /* message when finish_reason is DI_ENGINE_FINISH_ERROR, else "" */
     di_engine_usage usage; /* so far; final when finished */
 } di_engine_output;
 
@@ -344,7 +345,8 @@ typedef struct di_engine_output {
  * then runs no new step); cap >= di_engine_output_cap(e) always suffices. Returns the count
  * written in *n_out. A failure of the model runner is not an error of the step: the step's
  * requests are recomputed later. */
-DI_API di_status di_engine_step(di_engine *e, di_engine_output *out, int64_t cap, int64_t *n_out);
+DI_API di_status di_engine_step(di_engine *e, di_engine_output *out, int64_t cap,
+                                int64_t *n_out);
 
 /* The most records one step can produce (so the caller can size its array once). */
 DI_API int64_t di_engine_output_cap(const di_engine *e);
@@ -353,9 +355,9 @@ DI_API int64_t di_engine_output_cap(const di_engine *e);
 DI_API bool di_engine_has_unfinished(di_engine *e);
 
 typedef struct di_engine_stats {
-    int32_t n_running;      /* sequences holding KV (a request with n > 1 counts n) */
-    int32_t n_waiting;      /* queued, preempted, or in the inbox */
-    int32_t kv_blocks_used; /* blocks held by running sequences */
+    int32_t n_running;              /* sequences holding KV (a request with n > 1 counts n) */
+    int32_t n_waiting;              /* queued, preempted, or in the inbox */
+    int32_t kv_blocks_used;         /* blocks held by running sequences */
     int32_t kv_blocks_total;
     int64_t prefix_cache_hit_tokens; /* cumulative */
     int64_t n_preemptions;           /* cumulative */
@@ -395,27 +397,27 @@ typedef struct di_logit_bias {
  * SamplingParams. The arrays are borrowed: the caller keeps them alive for as long as the
  * struct is used (the engine copies them when a request is added). */
 typedef struct di_sampling_params {
-    float temperature;               /* 1.0; 0 (below 1e-5) = greedy: argmax, lowest id on ties */
-    int32_t top_k;                   /* -1 = off (0 is also off); else keep the k most likely */
-    float top_p;                     /* 1.0 = off; in (0, 1]: smallest set with mass >= top_p */
-    float min_p;                     /* 0.0 = off; in [0, 1]: drop p < min_p * p_max */
-    float repetition_penalty;        /* 1.0 = off; > 0, on tokens of the prompt and the output */
-    float presence_penalty;          /* 0.0; in [-2, 2], subtracted once per token in the output */
-    float frequency_penalty;         /* 0.0; in [-2, 2], times the token's count in the output */
+    float temperature;        /* 1.0; 0 (below 1e-5) = greedy: argmax, lowest id on ties */
+    int32_t top_k;            /* -1 = off (0 is also off); else keep the k most likely */
+    float top_p;              /* 1.0 = off; in (0, 1]: smallest set with mass >= top_p */
+    float min_p;              /* 0.0 = off; in [0, 1]: drop p < min_p * p_max */
+    float repetition_penalty; /* 1.0 = off; > 0, on tokens of the prompt and the output */
+    float presence_penalty;   /* 0.0; in [-2, 2], subtracted once per token in the output */
+    float frequency_penalty;  /* 0.0; in [-2, 2], times the token's count in the output */
     const di_logit_bias *logit_bias; /* [n_logit_bias] or NULL */
     int64_t n_logit_bias;
     const char *const *stop; /* [n_stop] stop strings, matched by the engine on the text */
     int64_t n_stop;
     const int32_t *stop_token_ids; /* [n_stop_token_ids] or NULL */
     int64_t n_stop_token_ids;
-    bool ignore_eos;         /* false; true: keep generating after the EOS token */
-    int64_t max_tokens;      /* 16; most tokens to generate, >= 1 */
-    int64_t min_tokens;      /* 0; EOS and stop_token_ids are masked until this many */
-    int32_t n;               /* 1; completions per prompt */
-    int32_t logprobs;        /* -1 = none; N in [0, 20]: the sampled token's and top-N */
-    int32_t prompt_logprobs; /* -1 = none; N in [0, 20]: each prompt token's logprob and the
-                                top N per prompt position (di_engine_output) */
-    int64_t seed;            /* -1 = none: the engine draws one and reports it */
+    bool ignore_eos;          /* false; true: keep generating after the EOS token */
+    int64_t max_tokens;       /* 16; most tokens to generate, >= 1 */
+    int64_t min_tokens;       /* 0; EOS and stop_token_ids are masked until this many */
+    int32_t n;                /* 1; completions per prompt */
+    int32_t logprobs;         /* -1 = none; N in [0, 20]: the sampled token's and top-N */
+    int32_t prompt_logprobs;  /* -1 = none; N in [0, 20]: each prompt token's logprob and the
+                                 top N per prompt position (di_engine_output) */
+    int64_t seed;             /* -1 = none: the engine draws one and reports it */
     /* Constrained generation (vLLM's structured outputs): at most one of these; NULL = none.
      *   grammar:     a GBNF grammar (llama.cpp's format, start rule "root");
      *   json_schema: a JSON Schema (text); the output is a JSON document valid under it, with
@@ -526,17 +528,18 @@ DI_API di_status di_chat_template_load(const char *path, di_chat_template **out)
 
 /* A template from its text; special tokens come from special_tokens_from (a model folder or
  * a tokenizer_config.json), or none when it is NULL. Syntax errors report "line L:C". */
-DI_API di_status di_chat_template_from_text(const char *jinja_text, const char *special_tokens_from,
+DI_API di_status di_chat_template_from_text(const char *jinja_text,
+                                            const char *special_tokens_from,
                                             di_chat_template **out);
 
 typedef struct di_chat_render_params {
     /* JSON array of messages ({"role": ..., "content": ..., ...}), or an object
      * {"messages": [...], "tools": [...]}. Required. */
     const char *messages_json;
-    const char *tools_json; /* JSON array, or NULL (tools is none, unless messages_json
-                               is an object with "tools") */
-    const char *extra_json; /* JSON object of further variables, e.g. {"thinking": true};
-                               NULL for none */
+    const char *tools_json;     /* JSON array, or NULL (tools is none, unless messages_json
+                                   is an object with "tools") */
+    const char *extra_json;     /* JSON object of further variables, e.g. {"thinking": true};
+                                   NULL for none */
     bool add_generation_prompt;
 } di_chat_render_params;
 
@@ -544,8 +547,10 @@ typedef struct di_chat_render_params {
  * JSON (DI_ERR_INVALID_ARG), the template's raise_exception or a failing expression
  * (DI_ERR_INVALID_ARG, message "line L:C: ..."), limits on work or size (DI_ERR_RANGE). */
 DI_API di_status di_chat_template_render_ex(const di_chat_template *tmpl,
-                                            const di_chat_render_params *params, char **out_text);
-DI_API di_status di_chat_template_render(const di_chat_template *tmpl, const char *messages_json,
+                                            const di_chat_render_params *params,
+                                            char **out_text);
+DI_API di_status di_chat_template_render(const di_chat_template *tmpl,
+                                         const char *messages_json,
                                          bool add_generation_prompt, const char *tools_json,
                                          char **out_text);
 /* The template's Jinja text. */

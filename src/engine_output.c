@@ -81,6 +81,12 @@ static bool match_stop(eng_sample *s, int64_t from) {
     return true;
 }
 
+/* A stop string matched, or the grammar is complete: the sample ends with "stop". */
+static void finish_stop(di_engine *e, eng_sample *s) {
+    di_sched_finish(e->sched, s->sched_id, DI_FINISH_STOP);
+    eng_finish_sample(e, s, DI_ENGINE_FINISH_STOP, "");
+}
+
 /* Appends one token the scheduler accepted: logprobs, penalty history, text, stop strings. */
 static void append_token(di_engine *e, eng_sample *s, int32_t tok, const di_sample_result *res) {
     if (s->n_out >= s->cap) return;
@@ -106,35 +112,27 @@ static void append_token(di_engine *e, eng_sample *s, int32_t tok, const di_samp
     eng_mark_dirty(e, s);
     if (s->matcher && tok != e->eos) { /* the grammar moves on by the token's bytes */
         size_t n = 0;
-        const char *bytes = e->tok ? di_tokenizer_id_bytes(e->tok, tok, &n) : NULL;
-        if (!bytes || !di_matcher_accept(s->matcher, bytes, n)) { /* the mask allowed it: OOM */
+        const char *bytes = di_tokenizer_id_bytes(e->tok, tok, &n); /* a matcher has e->tok */
+        if (!bytes || !di_matcher_accept(s->matcher, bytes, n)) {   /* the mask allowed it: OOM */
             di_sched_finish(e->sched, s->sched_id, DI_FINISH_ERROR);
             eng_finish_sample(e, s, DI_ENGINE_FINISH_ERROR,
                               "grammar: the matcher could not take the sampled token");
             return;
         }
     }
-    const bool grammar_done = s->matcher && di_matcher_done(s->matcher);
-    if (!s->detok) {
-        if (grammar_done) {
-            di_sched_finish(e->sched, s->sched_id, DI_FINISH_STOP);
-            eng_finish_sample(e, s, DI_ENGINE_FINISH_STOP, "");
+    if (s->detok) {
+        int64_t before = s->text_len;
+        text_append_detok(s, tok, false);
+        if (r->sp.n_stop > 0 && s->n_out >= r->sp.min_tokens && match_stop(s, before)) {
+            finish_stop(e, s);
+            return;
         }
+    }
+    if (s->matcher && di_matcher_done(s->matcher)) { /* nothing can follow */
+        finish_stop(e, s);
         return;
     }
-    int64_t before = s->text_len;
-    text_append_detok(s, tok, false);
-    if (r->sp.n_stop > 0 && s->n_out >= r->sp.min_tokens && match_stop(s, before)) {
-        di_sched_finish(e->sched, s->sched_id, DI_FINISH_STOP);
-        eng_finish_sample(e, s, DI_ENGINE_FINISH_STOP, "");
-        return;
-    }
-    if (grammar_done) { /* nothing can follow: finished */
-        s->emit = s->text_len;
-        di_sched_finish(e->sched, s->sched_id, DI_FINISH_STOP);
-        eng_finish_sample(e, s, DI_ENGINE_FINISH_STOP, "");
-        return;
-    }
+    if (!s->detok) return;
     /* Hold back what could still become a stop string; release whole characters only. */
     int64_t emit = r->sp.n_stop > 0 ? s->text_len - (r->max_stop_len - 1) : s->text_len;
     while (emit > s->emit && emit < s->text_len && ((unsigned char)s->text[emit] & 0xC0) == 0x80)

@@ -197,7 +197,9 @@ static di_status sample_init(di_engine *e, eng_req *r, eng_sample *s, int32_t in
     }
     if (ok && r->grammar) {
         ok = di_matcher_create(r->grammar, &s->matcher) == DI_OK;
-        if (ok) ok = (s->allowed = di_malloc((size_t)((e->vocab + 31) / 32) * sizeof(uint32_t)));
+        if (ok)
+            ok =
+                (s->allowed = di_malloc((size_t)((e->vocab + 31) / 32) * sizeof(uint32_t))) != NULL;
     }
     if (!ok) return di_error(DI_ERR_OUT_OF_MEMORY, "engine: out of memory for a request");
     return DI_OK;

@@ -7,6 +7,7 @@
  * error (and the custom_id, to name the line).
  */
 #include "batch/batch_parse.h"
+#include "constrain/gbnf_text.h"
 
 #include "core/core.h"
 
@@ -367,33 +368,19 @@ static di_status parse_stop_ids(const json_t *body, di_batch_request *r, di_batc
     return DI_OK;
 }
 
-/* A choice list as GBNF: root ::= "a" | "b" | ... (each string escaped as a literal). */
+/* A choice list as GBNF: root ::= "a" | "b" | ... (each string a GBNF literal). */
 static char *choice_gbnf(const json_t *list) {
-    size_t cap = 16, n = 0;
-    for (size_t i = 0; i < json_array_size(list); i++)
-        cap += 4 * json_string_length(json_array_get(list, i)) + 8;
-    char *g = di_malloc(cap);
-    if (!g) return NULL;
-    n += (size_t)snprintf(g, cap, "root ::= ");
+    gt_buf g = {0};
+    gt_puts(&g, "root ::= ");
     for (size_t i = 0; i < json_array_size(list); i++) {
-        const char *s = json_string_value(json_array_get(list, i));
-        size_t len = json_string_length(json_array_get(list, i));
-        if (i) g[n++] = ' ', g[n++] = '|', g[n++] = ' ';
-        g[n++] = '"';
-        for (size_t k = 0; k < len; k++) {
-            unsigned char c = (unsigned char)s[k];
-            if (c == '"' || c == '\\')
-                g[n++] = '\\', g[n++] = (char)c;
-            else if (c < 0x20 || c == 0x7F)
-                n += (size_t)snprintf(g + n, cap - n, "\\x%02X", c);
-            else
-                g[n++] = (char)c;
-        }
-        g[n++] = '"';
+        const json_t *c = json_array_get(list, i);
+        gt_puts(&g, i ? " | \"" : "\"");
+        gt_literal(&g, json_string_value(c), json_string_length(c));
+        gt_puts(&g, "\"");
     }
-    g[n++] = '\n';
-    g[n] = '\0';
-    return g;
+    gt_puts(&g, "\n");
+    if (g.oom) gt_free(&g);
+    return g.s;
 }
 
 /* One constraint kind's value: kind is "grammar", "json", "regex" or "choice"; where names

@@ -71,22 +71,9 @@ static void skip_space(gbnf *g, bool newline_ok) {
 
 /* Decodes one UTF-8 character at the cursor; -1 when ill-formed. */
 static int64_t next_utf8(gbnf *g) {
-    const unsigned char *q = (const unsigned char *)g->p;
-    size_t left = (size_t)(g->end - g->p);
-    unsigned char c = q[0];
-    int n = c < 0x80             ? 1
-            : (c & 0xE0) == 0xC0 ? 2
-            : (c & 0xF0) == 0xE0 ? 3
-            : (c & 0xF8) == 0xF0 ? 4
-                                 : 0;
-    if (n == 0 || (size_t)n > left) return -1;
-    uint32_t cp = n == 1 ? c : n == 2 ? c & 0x1Fu : n == 3 ? c & 0x0Fu : c & 0x07u;
-    for (int i = 1; i < n; i++) {
-        if ((q[i] & 0xC0) != 0x80) return -1;
-        cp = cp << 6 | (q[i] & 0x3Fu);
-    }
-    static const uint32_t min_cp[5] = {0, 0, 0x80, 0x800, 0x10000};
-    if (cp < min_cp[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return -1;
+    uint32_t cp;
+    int n = gb_utf8_decode(g->p, (size_t)(g->end - g->p), &cp);
+    if (!n) return -1;
     g->p += n;
     return cp;
 }

@@ -238,6 +238,26 @@ int gb_utf8_encode(uint32_t cp, uint8_t *o) {
     return 4;
 }
 
+int gb_utf8_decode(const char *p, size_t left, uint32_t *cp) {
+    const unsigned char *q = (const unsigned char *)p;
+    const unsigned c = left ? q[0] : 0;
+    const int n = c < 0x80             ? 1
+                  : (c & 0xE0) == 0xC0 ? 2
+                  : (c & 0xF0) == 0xE0 ? 3
+                  : (c & 0xF8) == 0xF0 ? 4
+                                       : 0;
+    if (!left || !n || (size_t)n > left) return 0;
+    uint32_t v = n == 1 ? c : n == 2 ? c & 0x1Fu : n == 3 ? c & 0x0Fu : c & 0x07u;
+    for (int i = 1; i < n; i++) {
+        if ((q[i] & 0xC0) != 0x80) return 0;
+        v = v << 6 | (q[i] & 0x3Fu);
+    }
+    static const uint32_t min_cp[5] = {0, 0, 0x80, 0x800, 0x10000};
+    if (v < min_cp[n] || v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF)) return 0;
+    *cp = v;
+    return n;
+}
+
 int gb_hex_digit(char c) {
     if (c >= '0' && c <= '9') return c - '0';
     if (c >= 'a' && c <= 'f') return c - 'a' + 10;

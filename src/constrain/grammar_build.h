@@ -63,6 +63,9 @@ void gb_cls_free(gb_class *c);
 
 /* The UTF-8 bytes of code point cp into o[0..3]; returns their count. */
 int gb_utf8_encode(uint32_t cp, uint8_t *o);
+/* The code point UTF-8 encodes at p[0, left) into *cp; returns the bytes it took, or 0 when
+ * they are ill-formed (overlong, a surrogate, past U+10FFFF, cut short). */
+int gb_utf8_decode(const char *p, size_t left, uint32_t *cp);
 /* The value of a hexadecimal digit, or -1. */
 int gb_hex_digit(char c);
 

@@ -86,7 +86,7 @@ static void emit_json_literal(js *j, gt_buf *o, const json_t *v) {
     gt_puts(o, "\"");
     gt_literal(o, text, strlen(text));
     gt_puts(o, "\"");
-    free(text);
+    free(text); /* jansson's */
 }
 
 /* Resolves "#", "#/a/b" (JSON pointer, ~0 ~1 and %XX escapes) inside the document. */
@@ -188,12 +188,12 @@ static void emit_object(js *j, gt_buf *o, const json_t *node, int id) {
         return;
     }
     if (n > 2000) return js_fail(j, "more than 2000 properties");
-    const char **names = calloc(n ? n : 1, sizeof *names);
-    const json_t **subs = calloc(n ? n : 1, sizeof *subs);
-    int *rules = calloc(n ? n : 1, sizeof *rules);
-    bool *required = calloc(n ? n : 1, sizeof *required);
+    const char **names = di_calloc(n ? n : 1, sizeof *names);
+    const json_t **subs = di_calloc(n ? n : 1, sizeof *subs);
+    int *rules = di_calloc(n ? n : 1, sizeof *rules);
+    bool *required = di_calloc(n ? n : 1, sizeof *required);
     if (!names || !subs || !rules || !required) {
-        free(names), free(subs), free(rules), free(required);
+        di_free(names), di_free(subs), di_free(rules), di_free(required);
         return js_fail(j, "out of memory");
     }
     size_t k = 0;
@@ -207,7 +207,7 @@ static void emit_object(js *j, gt_buf *o, const json_t *node, int id) {
                 required[k] = true;
         if (json_is_false(val)) { /* this key may not appear */
             if (required[k]) {
-                free(names), free(subs), free(rules), free(required);
+                di_free(names), di_free(subs), di_free(rules), di_free(required);
                 return js_fail(j, "a required property whose schema is false");
             }
             continue;
@@ -300,7 +300,7 @@ static void emit_object(js *j, gt_buf *o, const json_t *node, int id) {
             free(kjson);
         }
 done:
-    free(names), free(subs), free(rules), free(required);
+    di_free(names), di_free(subs), di_free(rules), di_free(required);
 }
 
 static void emit_array(js *j, gt_buf *o, const json_t *node, int id) {
@@ -324,7 +324,7 @@ static void emit_array(js *j, gt_buf *o, const json_t *node, int id) {
         item_rule = node_rule(j, items);
         j->path[pl] = '\0';
     }
-    int *pr = calloc(np ? np : 1, sizeof *pr);
+    int *pr = di_calloc(np ? np : 1, sizeof *pr);
     if (!pr) return js_fail(j, "out of memory");
     for (size_t i = 0; i < np && j->st == DI_OK; i++) {
         snprintf(j->path + pl, sizeof j->path - pl, "/prefixItems/%zu", i);
@@ -332,7 +332,7 @@ static void emit_array(js *j, gt_buf *o, const json_t *node, int id) {
         j->path[pl] = '\0';
     }
     if (j->st != DI_OK) {
-        free(pr);
+        di_free(pr);
         return;
     }
     char item[32];
@@ -357,7 +357,7 @@ static void emit_array(js *j, gt_buf *o, const json_t *node, int id) {
             gt_printf(o, "\"[\" ws %s ( \",\" ws %s ){%ld,%ld} \"]\" ws\n", item, item, lo - 1,
                       hi - 1);
         }
-        free(pr);
+        di_free(pr);
         return;
     }
     /* prefix items: position i typed by pr[i]; later ones by items (unless false); items at
@@ -372,7 +372,7 @@ static void emit_array(js *j, gt_buf *o, const json_t *node, int id) {
         gt_printf(o, "r%d-a%zu ::= \"\"\n", id, np);
     else
         gt_printf(o, "r%d-a%zu ::= ( \",\" ws %s )*\n", id, np, item);
-    free(pr);
+    di_free(pr);
 }
 
 /* One type's body for node (its other keywords apply to that type). */
@@ -597,9 +597,9 @@ static int node_rule(js *j, const json_t *node) {
     if (id < 0) return 0;
     if (j->n_done == j->cap_done) {
         int cap = j->cap_done ? 2 * j->cap_done : 64;
-        const json_t **d = realloc(j->done, (size_t)cap * sizeof *d);
+        const json_t **d = di_realloc(j->done, (size_t)cap * sizeof *d);
         if (d) j->done = d;
-        int *di = d ? realloc(j->done_id, (size_t)cap * sizeof *di) : NULL;
+        int *di = d ? di_realloc(j->done_id, (size_t)cap * sizeof *di) : NULL;
         if (!d || !di) {
             js_fail(j, "out of memory");
             return 0;
@@ -636,7 +636,7 @@ di_status di_json_schema_to_gbnf(const char *schema, size_t len, char **out) {
     gt_puts(&j.out, k_prims);
     di_status st = j.st;
     if (st == DI_OK && j.out.oom) st = di_error(DI_ERR_OUT_OF_MEMORY, "json_schema: out of memory");
-    free(j.done), free(j.done_id);
+    di_free(j.done), di_free(j.done_id);
     json_decref(j.merged);
     json_decref(root);
     if (st != DI_OK) {

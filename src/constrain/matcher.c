@@ -414,50 +414,6 @@ static void reset_tables(di_matcher *m) {
     m->pos[0] = m->parent[0] = -1, m->n_nodes = 1;
 }
 
-/* Rebuilds the tables around the current state alone (they grew past their bounds). */
-static void compact(di_matcher *m) {
-    int32_t k = m->st_len[m->cur];
-    int32_t *stk = di_malloc((size_t)(k ? k : 1) * sizeof *stk);
-    int32_t *depth_pos = NULL, *depth_par = NULL;
-    if (!stk) {
-        m->oom = true;
-        return;
-    }
-    memcpy(stk, m->pool + m->st_off[m->cur], (size_t)k * sizeof *stk);
-    /* copy each stack's chain of (pos) out before the node table goes */
-    int64_t total = 0;
-    for (int32_t i = 0; i < k; i++)
-        for (int32_t n = stk[i]; n != 0; n = m->parent[n])
-            total++;
-    depth_pos = di_malloc((size_t)(total ? total : 1) * sizeof *depth_pos);
-    depth_par = di_malloc((size_t)(k + 1) * sizeof *depth_par); /* chain lengths */
-    if (!depth_pos || !depth_par) {
-        di_free(stk), di_free(depth_pos), di_free(depth_par);
-        m->oom = true;
-        return;
-    }
-    int64_t w = 0;
-    for (int32_t i = 0; i < k; i++) {
-        int32_t len = 0;
-        for (int32_t n = stk[i]; n != 0; n = m->parent[n])
-            depth_pos[w++] = m->pos[n], len++;
-        depth_par[i] = len;
-    }
-    reset_tables(m);
-    m->n_out = 0;
-    w = 0;
-    for (int32_t i = 0; i < k && !m->oom; i++) {
-        /* rebuild the chain from the bottom: its entries are top-first */
-        int32_t node = 0;
-        for (int32_t j = depth_par[i] - 1; j >= 0; j--)
-            node = intern_node(m, depth_pos[w + j], node);
-        w += depth_par[i];
-        push_out(m, node);
-    }
-    di_free(stk), di_free(depth_pos), di_free(depth_par);
-    m->cur = intern_state(m);
-}
-
 static di_matcher *alloc_matcher(const di_grammar *g) {
     di_matcher *m = di_calloc(1, sizeof *m);
     if (!m) return NULL;
@@ -486,44 +442,22 @@ di_status di_matcher_create(const di_grammar *g, di_matcher **out) {
     return DI_OK;
 }
 
+/* Stack node n of src as a node of dst (interned bottom first; its depth is the nesting of
+ * the output, so the recursion is as deep as the stack). */
+static int32_t copy_chain(di_matcher *dst, const di_matcher *src, int32_t n) {
+    if (n == 0) return 0;
+    int32_t parent = copy_chain(dst, src, src->parent[n]);
+    return parent < 0 ? -1 : intern_node(dst, src->pos[n], parent);
+}
+
 di_status di_matcher_clone(const di_matcher *src, di_matcher **out) {
     *out = NULL;
     di_matcher *m = alloc_matcher(src->g);
     if (!m) return di_error(DI_ERR_OUT_OF_MEMORY, "grammar matcher: out of memory");
-    /* re-intern the source's current stacks, chain by chain, bottom first */
     m->n_out = 0;
-    int32_t k = src->st_len[src->cur];
-    for (int32_t i = 0; i < k && !m->oom; i++) {
-        int32_t chain[512], len = 0, node = 0;
-        int32_t n = src->pool[src->st_off[src->cur] + i];
-        bool deep = false;
-        for (; n != 0; n = src->parent[n]) {
-            if (len == 512) {
-                deep = true;
-                break;
-            }
-            chain[len++] = src->pos[n];
-        }
-        if (deep) { /* rare: copy through a heap buffer */
-            int64_t total = 0;
-            for (n = src->pool[src->st_off[src->cur] + i]; n != 0; n = src->parent[n])
-                total++;
-            int32_t *c = di_malloc((size_t)total * sizeof *c);
-            if (!c) {
-                m->oom = true;
-                break;
-            }
-            total = 0;
-            for (n = src->pool[src->st_off[src->cur] + i]; n != 0; n = src->parent[n])
-                c[total++] = src->pos[n];
-            for (int64_t j = total - 1; j >= 0; j--)
-                node = intern_node(m, c[j], node);
-            di_free(c);
-        } else {
-            for (int32_t j = len - 1; j >= 0; j--)
-                node = intern_node(m, chain[j], node);
-        }
-        push_out(m, node);
+    for (int32_t i = 0; i < src->st_len[src->cur] && !m->oom; i++) {
+        int32_t node = copy_chain(m, src, src->pool[src->st_off[src->cur] + i]);
+        if (node >= 0) push_out(m, node);
     }
     m->cur = intern_state(m);
     if (m->oom || m->cur < 0) {
@@ -532,6 +466,21 @@ di_status di_matcher_clone(const di_matcher *src, di_matcher **out) {
     }
     *out = m;
     return DI_OK;
+}
+
+/* Once the tables grow past their bounds, rebuilds them around the current state alone: a
+ * clone's tables replace m's. */
+static void keep_bounded(di_matcher *m) {
+    if (m->n_nodes <= DI_MATCHER_MAX_NODES && m->n_states <= DI_MATCHER_MAX_STATES) return;
+    di_matcher *c = NULL;
+    if (di_matcher_clone(m, &c) != DI_OK) {
+        m->oom = true;
+        return;
+    }
+    di_matcher old = *m;
+    *m = *c;
+    *c = old; /* m's old tables go with c */
+    di_matcher_free(c);
 }
 
 void di_matcher_free(di_matcher *m) {
@@ -544,7 +493,7 @@ void di_matcher_free(di_matcher *m) {
 
 bool di_matcher_accept(di_matcher *m, const void *bytes, size_t n) {
     if (m->oom) return false;
-    if (m->n_nodes > DI_MATCHER_MAX_NODES || m->n_states > DI_MATCHER_MAX_STATES) compact(m);
+    keep_bounded(m);
     const uint8_t *b = bytes;
     int32_t s = m->cur;
     for (size_t i = 0; i < n && s >= 0; i++)
@@ -580,7 +529,7 @@ static void walk(di_matcher *m, const di_vocab_trie *t, int32_t i, int32_t s, ui
 di_status di_matcher_mask(di_matcher *m, const di_vocab_trie *t, int32_t end_id, uint32_t *mask,
                           int64_t vocab) {
     int64_t words = (vocab + 31) / 32;
-    if (m->n_nodes > DI_MATCHER_MAX_NODES || m->n_states > DI_MATCHER_MAX_STATES) compact(m);
+    keep_bounded(m);
     if (!m->masks || m->words != words) {
         di_free(m->masks);
         m->masks = di_malloc((size_t)(MASK_CACHE * words) * sizeof *m->masks);

@@ -188,35 +188,24 @@ static void emit_class(rx *r, gb_class *c) {
 }
 
 static void emit_char(rx *r, uint32_t c) {
-    gb_class k = {0};
-    gb_cls_add(&k, c, c);
     if (!r->json || (c >= 0x20 && c != '"' && c != '\\')) { /* a literal */
         uint8_t u[4];
         int n = gb_utf8_encode(c, u);
         gt_puts(r->out, "\"");
         gt_literal(r->out, (const char *)u, (size_t)n);
         gt_puts(r->out, "\"");
-    } else {
-        emit_class(r, &k);
+        return;
     }
+    gb_class k = {0}; /* a character JSON escapes: the class form writes its escape */
+    gb_cls_add(&k, c, c);
+    emit_class(r, &k);
     gb_cls_free(&k);
 }
 
 static int64_t rx_utf8(rx *r) {
-    const unsigned char *q = (const unsigned char *)r->p;
-    size_t left = (size_t)(r->end - r->p);
-    unsigned c = q[0];
-    int n = c < 0x80             ? 1
-            : (c & 0xE0) == 0xC0 ? 2
-            : (c & 0xF0) == 0xE0 ? 3
-            : (c & 0xF8) == 0xF0 ? 4
-                                 : 0;
-    if (!n || (size_t)n > left) return -1;
-    uint32_t cp = n == 1 ? c : n == 2 ? c & 0x1F : n == 3 ? c & 0x0F : c & 0x07;
-    for (int i = 1; i < n; i++) {
-        if ((q[i] & 0xC0) != 0x80) return -1;
-        cp = cp << 6 | (q[i] & 0x3F);
-    }
+    uint32_t cp;
+    int n = gb_utf8_decode(r->p, (size_t)(r->end - r->p), &cp);
+    if (!n) return -1;
     r->p += n;
     return cp;
 }

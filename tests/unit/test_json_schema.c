@@ -284,9 +284,41 @@ static const char *k_enforced[] = {"type",     "properties",    "required",  "ad
                                    "anyOf",    "allOf",         "defs",      "ref",
                                    "pattern",  "boolean_schema"};
 
+/* How a schema's instances fared. */
+typedef struct {
+    int valid, valid_ok, invalid, invalid_rej;
+} tally;
+
+/* Runs a schema's test instances ({"description", "data", "valid"}) through its grammar:
+ * every valid one must be accepted; the invalid ones are counted. skip_int_reals leaves out
+ * reals without a fraction: integers are written as 1, not 1.0 (what JSON parsers read as
+ * integers), although JSON Schema counts 1.0 as one. */
+static void run_instances(const di_grammar *g, const json_t *schema, const json_t *tests,
+                          bool skip_int_reals, const char *where, tally *c) {
+    size_t t;
+    json_t *tc;
+    json_array_foreach((json_t *)tests, t, tc) {
+        const json_t *d = json_object_get(tc, "data");
+        if (skip_int_reals && json_is_real(d) &&
+            json_real_value(d) == (double)(long long)json_real_value(d))
+            continue;
+        char *text = instance_text(schema, d);
+        bool ok = text && accepts(g, text, strlen(text));
+        if (json_is_true(json_object_get(tc, "valid"))) {
+            c->valid++, c->valid_ok += ok;
+            CHECK_MSG(ok, "%s / \"%s\": rejects a valid instance: %.300s", where,
+                      json_string_value(json_object_get(tc, "description")), text);
+        } else {
+            c->invalid++, c->invalid_rej += !ok;
+        }
+        free(text);
+    }
+}
+
 TEST(json_schema_test_suite) {
     const char *dir = CONF "/json-schema-test-suite/tests/draft2020-12";
-    int files = 0, groups = 0, converted = 0, valid = 0, valid_ok = 0, invalid = 0, invalid_rej = 0;
+    int files = 0, groups = 0, converted = 0;
+    tally c = {0};
     for (size_t f = 0; f < sizeof k_enforced / sizeof *k_enforced; f++) {
         char path[512];
         snprintf(path, sizeof path, "%s/%s.json", dir, k_enforced[f]);
@@ -299,36 +331,18 @@ TEST(json_schema_test_suite) {
         json_array_foreach(doc, i, grp) {
             groups++;
             const json_t *schema = json_object_get(grp, "schema");
+            char where[300];
+            snprintf(where, sizeof where, "%s: \"%s\"", k_enforced[f],
+                     json_string_value(json_object_get(grp, "description")));
             di_grammar *g = schema_grammar(schema);
             if (!g) {
                 if (getenv("DI_TEST_VERBOSE"))
-                    printf("  not converted: %s: %s: %s\n", k_enforced[f],
-                           json_string_value(json_object_get(grp, "description")), di_last_error());
+                    printf("  not converted: %s: %s\n", where, di_last_error());
                 continue;
             }
             converted++;
-            size_t t;
-            json_t *tc;
-            json_array_foreach(json_object_get(grp, "tests"), t, tc) {
-                char *text = instance_text(schema, json_object_get(tc, "data"));
-                bool ok = text && accepts(g, text, strlen(text));
-                /* integers are written without a fraction (1, not 1.0: what JSON parsers
-                 * read as integers), although JSON Schema counts 1.0 as one */
-                const json_t *d = json_object_get(tc, "data");
-                if (json_is_real(d) &&
-                    json_real_value(d) == (double)(long long)json_real_value(d) &&
-                    !strcmp(k_enforced[f], "type"))
-                    continue;
-                if (json_is_true(json_object_get(tc, "valid"))) {
-                    valid++, valid_ok += ok;
-                    CHECK_MSG(ok, "%s: \"%s\" / \"%s\": rejects valid %s", k_enforced[f],
-                              json_string_value(json_object_get(grp, "description")),
-                              json_string_value(json_object_get(tc, "description")), text);
-                } else {
-                    invalid++, invalid_rej += !ok;
-                }
-                free(text);
-            }
+            run_instances(g, schema, json_object_get(grp, "tests"), !strcmp(k_enforced[f], "type"),
+                          where, &c);
             di_grammar_free(g);
         }
         json_decref(doc);
@@ -336,14 +350,15 @@ TEST(json_schema_test_suite) {
     if (files == 0) SKIP("no JSON-Schema-Test-Suite under " CONF);
     printf("  %d files, %d of %d schemas converted; valid instances accepted %d / %d, invalid "
            "rejected %d / %d\n",
-           files, converted, groups, valid_ok, valid, invalid_rej, invalid);
+           files, converted, groups, c.valid_ok, c.valid, c.invalid_rej, c.invalid);
 }
 
 TEST(jsonschemabench) {
     const char *dir = CONF "/schemas/jsonschemabench-maskbench";
     DIR *d = opendir(dir);
     if (!d) SKIP("no JSONSchemaBench sample under " CONF);
-    int files = 0, converted = 0, valid = 0, valid_ok = 0, invalid = 0, invalid_rej = 0;
+    int files = 0, converted = 0;
+    tally c = {0};
     struct dirent *e;
     while ((e = readdir(d))) {
         if (!strstr(e->d_name, ".json")) continue;
@@ -355,33 +370,19 @@ TEST(jsonschemabench) {
         files++;
         const json_t *schema = json_object_get(doc, "schema");
         di_grammar *g = schema_grammar(schema);
-        if (!g) {
-            if (getenv("DI_TEST_VERBOSE"))
-                printf("  not converted: %s: %s\n", e->d_name, di_last_error());
-            json_decref(doc);
-            continue;
+        if (g) {
+            converted++;
+            run_instances(g, schema, json_object_get(doc, "tests"), false, e->d_name, &c);
+            di_grammar_free(g);
+        } else if (getenv("DI_TEST_VERBOSE")) {
+            printf("  not converted: %s: %s\n", e->d_name, di_last_error());
         }
-        converted++;
-        size_t t;
-        json_t *tc;
-        json_array_foreach(json_object_get(doc, "tests"), t, tc) {
-            char *text = instance_text(schema, json_object_get(tc, "data"));
-            bool ok = text && accepts(g, text, strlen(text));
-            if (json_is_true(json_object_get(tc, "valid"))) {
-                valid++, valid_ok += ok;
-                CHECK_MSG(ok, "%s: rejects a valid instance: %.300s", e->d_name, text);
-            } else {
-                invalid++, invalid_rej += !ok;
-            }
-            free(text);
-        }
-        di_grammar_free(g);
         json_decref(doc);
     }
     closedir(d);
     printf("  %d of %d schemas converted; valid instances accepted %d / %d, invalid rejected "
            "%d / %d\n",
-           converted, files, valid_ok, valid, invalid_rej, invalid);
+           converted, files, c.valid_ok, c.valid, c.invalid_rej, c.invalid);
     CHECK(files > 0 && converted > 0);
 }
 

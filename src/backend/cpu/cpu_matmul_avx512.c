@@ -59,24 +59,20 @@ static inline __mmask64 e4m3_nan_mask(__m512i b) {
                                   _mm512_set1_epi8((char)0xff));
 }
 
-/* Converts len e4m3 bytes into out as f16(e4m3 * 2^-8) * mul (then * post, if post != 0),
- * the partial vector masked. 64 bytes per step: one NaN test for all of them, and a NaN
- * fix-up only when one is there (never, in published checkpoints). */
 /* 128-bit lane q of b. The intrinsic wants a constant lane: a switch gives it one in every
  * build (the loop below is unrolled when optimizing; clang at -O0, the fuzz build, does not). */
 static inline __m128i lane128(__m512i b, int q) {
     switch (q) {
-    case 0:
-        return _mm512_extracti32x4_epi32(b, 0);
-    case 1:
-        return _mm512_extracti32x4_epi32(b, 1);
-    case 2:
-        return _mm512_extracti32x4_epi32(b, 2);
-    default:
-        return _mm512_extracti32x4_epi32(b, 3);
+    case 0: return _mm512_extracti32x4_epi32(b, 0);
+    case 1: return _mm512_extracti32x4_epi32(b, 1);
+    case 2: return _mm512_extracti32x4_epi32(b, 2);
+    default: return _mm512_extracti32x4_epi32(b, 3);
     }
 }
 
+/* Converts len e4m3 bytes into out as f16(e4m3 * 2^-8) * mul (then * post, if post != 0),
+ * the partial vector masked. 64 bytes per step: one NaN test for all of them, and a NaN
+ * fix-up only when one is there (never, in published checkpoints). */
 static void e4m3_span(const uint8_t *src, int64_t len, float mul_s, float post, float *out) {
     const __m512 qnan = _mm512_set1_ps(__builtin_nanf(""));
     const __m512 mul = _mm512_set1_ps(mul_s), pv = _mm512_set1_ps(post);
@@ -536,27 +532,15 @@ static inline __attribute__((always_inline)) void t_tile(const int M, const floa
     }
 }
 
-static void t_tile_any(const float *wb, int64_t ldw, int64_t rb, const float *x, int64_t ldx, int m,
-                       float *y, int64_t ldy, int64_t nc, int init) {
+static void t_tile_any(const float *wb, int64_t ldw, int64_t rb, const float *x, int64_t ldx,
+                       int m, float *y, int64_t ldy, int64_t nc, int init) {
     switch (m) {
-    case 1:
-        t_tile(1, wb, ldw, rb, x, ldx, y, ldy, nc, init);
-        break;
-    case 2:
-        t_tile(2, wb, ldw, rb, x, ldx, y, ldy, nc, init);
-        break;
-    case 3:
-        t_tile(3, wb, ldw, rb, x, ldx, y, ldy, nc, init);
-        break;
-    case 4:
-        t_tile(4, wb, ldw, rb, x, ldx, y, ldy, nc, init);
-        break;
-    case 5:
-        t_tile(5, wb, ldw, rb, x, ldx, y, ldy, nc, init);
-        break;
-    default:
-        t_tile(6, wb, ldw, rb, x, ldx, y, ldy, nc, init);
-        break;
+    case 1: t_tile(1, wb, ldw, rb, x, ldx, y, ldy, nc, init); break;
+    case 2: t_tile(2, wb, ldw, rb, x, ldx, y, ldy, nc, init); break;
+    case 3: t_tile(3, wb, ldw, rb, x, ldx, y, ldy, nc, init); break;
+    case 4: t_tile(4, wb, ldw, rb, x, ldx, y, ldy, nc, init); break;
+    case 5: t_tile(5, wb, ldw, rb, x, ldx, y, ldy, nc, init); break;
+    default: t_tile(6, wb, ldw, rb, x, ldx, y, ldy, nc, init); break;
     }
 }
 
