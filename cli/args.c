@@ -234,10 +234,9 @@ const char *cli_model_dir(const char *cmd, const char *given) {
     return NULL;
 }
 
-/* The whole file, NUL-terminated, into *out (malloc: the caller frees); false when it cannot
- * be read. */
+/* See args.h. */
 bool cli_read_file(const char *path, char **out, size_t *len) {
-    FILE *f = fopen(path, "rb");
+    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
     if (!f) return false;
     size_t cap = 1 << 16, n = 0;
     char *buf = malloc(cap);
@@ -256,7 +255,7 @@ bool cli_read_file(const char *path, char **out, size_t *len) {
         if (got == 0) break;
     }
     bool ok = buf && !ferror(f);
-    fclose(f);
+    if (f != stdin) fclose(f);
     if (!ok) {
         free(buf);
         if (!errno) errno = EIO;

@@ -65,8 +65,8 @@ int cli_parse_format(const char *cmd, const char *format, bool *json);
  * source tree the program was built from. Returns NULL after printing an error (exit 2). */
 const char *cli_model_dir(const char *cmd, const char *given);
 
-/* Reads a whole file, NUL-terminated, into *out (malloc'ed; the caller frees) and its length
- * into *len; false when it cannot be read. */
+/* Reads a whole file ("-": standard input), NUL-terminated, into *out (malloc'ed; the caller
+ * frees) and its length into *len; false when it cannot be read. */
 bool cli_read_file(const char *path, char **out, size_t *len);
 
 /* Checks --device with the library's di_device_parse (absent, "cpu", "cuda" or "cuda:N");

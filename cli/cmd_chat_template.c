@@ -34,33 +34,11 @@ static const char *const k_usage =
     "  --tools FILE               JSON array of tool schemas\n"
     "  --extra JSON               extra template variables, e.g. '{\"thinking\": true}'\n";
 
-/* Reads a whole file, or stdin for "-" (malloc'd, NUL-terminated). */
+/* A whole file, or stdin for "-" (malloc'd, NUL-terminated); NULL when it cannot be read. */
 static char *slurp(const char *path) {
-    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
-    if (!f) return NULL;
-    size_t n = 0, cap = 4096;
-    char *buf = malloc(cap);
-    while (buf) {
-        if (n + 1 == cap) {
-            char *p = realloc(buf, cap *= 2);
-            if (!p) {
-                free(buf);
-                buf = NULL;
-                break;
-            }
-            buf = p;
-        }
-        size_t got = fread(buf + n, 1, cap - n - 1, f);
-        n += got;
-        if (got == 0) break;
-    }
-    if (buf && ferror(f)) {
-        free(buf);
-        buf = NULL;
-    }
-    if (buf) buf[n] = '\0';
-    if (f != stdin) fclose(f);
-    return buf;
+    char *text = NULL;
+    size_t len;
+    return cli_read_file(path, &text, &len) ? text : NULL;
 }
 
 static int load_template(const char *cmd, const char *model, const char *template_path,
